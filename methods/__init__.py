@@ -1,0 +1,25 @@
+"""KV-cache compression methods behind one cache seam.
+
+``METHOD_REGISTRY`` maps the command-line name to the class; importing this package registers the
+``"kvbench"`` attention implementation with transformers.
+"""
+
+from methods import attention  # noqa: F401  (registers the attention implementation)
+from methods.base import CompressionMethod
+from methods.budget import resolve_budget, validate_budget
+from methods.cache import CompressedCache, CompressedLayer
+from methods.fullkv import FullKV
+from methods.zsmerge import ZSMerge
+
+METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {cls.name: cls for cls in (FullKV, ZSMerge)}
+
+__all__ = [
+    "METHOD_REGISTRY",
+    "CompressedCache",
+    "CompressedLayer",
+    "CompressionMethod",
+    "FullKV",
+    "ZSMerge",
+    "resolve_budget",
+    "validate_budget",
+]

@@ -1,0 +1,65 @@
+"""The method contract: a small dataclass that states its rules; the seam does the rest.
+
+A method never touches the model. The attention function (``methods.attention``) calls
+:meth:`CompressionMethod.prefill` once per layer after the prompt's attention, and
+:meth:`CompressionMethod.decode_step` once per layer after each decode step's attention, passing
+that step's attention probabilities aggregated per KV head (group mean, DESIGN.md "GQA/MQA").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from methods.cache import CompressedLayer
+
+
+@dataclass
+class CompressionMethod:
+    """Base class of every KV-cache method.
+
+    Class attributes
+    ----------------
+    name : str
+        Registry key (``method=<name>`` on the command line).
+    compresses : bool
+        False for FullKV: the budget is ignored and recorded as None.
+    needs_decode_probs : bool
+        Whether :meth:`decode_step` needs the step's attention probabilities; if not, the
+        seam uses fused SDPA for decode attention.
+    state_fill : dict[str, float]
+        Per-slot state tensors the method keeps, with the value new slots start with.
+    """
+
+    name: ClassVar[str] = "base"
+    compresses: ClassVar[bool] = True
+    needs_decode_probs: ClassVar[bool] = True
+    state_fill: ClassVar[dict[str, float]] = {}
+
+    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
+        """Initialise state from the prompt and compress the layer to its budget.
+
+        Parameters
+        ----------
+        layer : CompressedLayer
+            Holds the whole prompt: ``keys``/``values`` ``[batch, kv_heads, prompt, head_dim]``.
+        query : torch.Tensor
+            Post-RoPE prompt queries ``[batch, q_heads, prompt, head_dim]``.
+        scaling : float
+            Softmax scale (``head_dim ** -0.5`` for Llama).
+        """
+
+    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
+        """Update scores from one decode step and evict/merge back down to the budget.
+
+        Parameters
+        ----------
+        layer : CompressedLayer
+            Holds the slots including the token appended this step (last slot).
+        probs : torch.Tensor | None
+            ``[batch, kv_heads, slots]`` float32 attention probabilities of this step (with the
+            ``log_weight`` bias), mean over the query heads of each group; None when
+            ``needs_decode_probs`` is False.
+        """

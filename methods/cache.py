@@ -1,0 +1,191 @@
+"""The compressed KV cache: a ``transformers.Cache`` whose layers hold only the kept slots.
+
+Every method stores its state in :class:`CompressedLayer` objects, one per decoder layer, at
+KV-head granularity (keys are never repeated to query heads). The cache is handed to the
+registered attention function (``methods.attention``) on every forward call; that function runs
+attention over the slots and lets the method compress the layer right after it (DESIGN.md,
+"The cache seam"; ZSMerge Algorithm 1 order: append, attend, update scores, evict/merge).
+
+Compression is physical: :meth:`CompressedLayer.set_slots` and :meth:`CompressedLayer.gather`
+replace the tensors by new compact ones, so the memory of evicted slots is released.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+if TYPE_CHECKING:
+    from methods.base import CompressionMethod
+
+
+class CompressedLayer(CacheLayerMixin):
+    """KV state of one decoder layer.
+
+    Attributes
+    ----------
+    keys, values : torch.Tensor
+        ``[batch, kv_heads, slots, head_dim]``, post-RoPE, in the model's dtype.
+    log_weight : torch.Tensor
+        ``[batch, kv_heads, slots]`` float32, added to the attention logits of each slot
+        (0 for plain tokens; ZSMerge: ``alpha * log(w)`` with fusion count ``w``).
+    positions : torch.Tensor
+        ``[batch, kv_heads, slots]`` int64, the original sequence index of each slot's token;
+        methods may mark slots that stand for several tokens with ``-1``.
+    state : dict[str, torch.Tensor]
+        Method state, each ``[batch, kv_heads, slots]`` (scores, fusion counts, ...). New slots
+        are filled with the method's ``state_fill`` value.
+    meta : dict[str, int]
+        Method scalars shared by all heads of the layer (e.g. number of residual slots).
+    budget : int | None
+        Slot budget resolved for the current sample (None: no compression).
+    seen_tokens : int
+        Tokens seen so far (prompt + appended); the position of the next token.
+    """
+
+    is_sliding = False
+
+    def __init__(self, method: CompressionMethod, budget: int | None) -> None:
+        super().__init__()
+        self.method = method
+        self.budget = budget
+        self.seen_tokens = 0
+        self.prefilled = False
+        self.log_weight: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+        self.state: dict[str, torch.Tensor] = {}
+        self.meta: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ transformers API
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Allocate empty tensors with the incoming dtype/device (transformers ``CacheLayerMixin``)."""
+        b, h, _, d = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states.new_empty((b, h, 0, d))
+        self.values = value_states.new_empty((b, h, 0, value_states.shape[-1]))
+        self.log_weight = torch.zeros((b, h, 0), dtype=torch.float32, device=self.device)
+        self.positions = torch.zeros((b, h, 0), dtype=torch.long, device=self.device)
+        self.state = {
+            name: torch.zeros((b, h, 0), dtype=torch.float32, device=self.device)
+            for name in self.method.state_fill
+        }
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append new tokens' keys/values ``[batch, kv_heads, new, head_dim]``; return all slots."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        b, h, new, _ = key_states.shape
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        self.log_weight = torch.cat([self.log_weight, self.log_weight.new_zeros((b, h, new))], dim=-1)
+        pos = torch.arange(self.seen_tokens, self.seen_tokens + new, device=self.device)
+        self.positions = torch.cat([self.positions, pos.expand(b, h, new)], dim=-1)
+        for name, fill in self.method.state_fill.items():
+            self.state[name] = torch.cat([self.state[name], self.state[name].new_full((b, h, new), fill)], -1)
+        self.seen_tokens += new
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """Mask sizes for transformers' mask builders: the slots plus the incoming query."""
+        return self.n_slots + query_length, 0
+
+    def get_seq_length(self) -> int:
+        """Tokens seen so far (not the slot count), so new tokens get their true position."""
+        return self.seen_tokens
+
+    def get_max_length(self) -> int:
+        """-1: no fixed maximum (the budget is enforced by the method, not by a static buffer)."""
+        return -1
+
+    # ------------------------------------------------------------------ seam helpers
+    @property
+    def n_slots(self) -> int:
+        """Number of slots currently held per KV head."""
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def gather(self, index: torch.Tensor) -> None:
+        """Keep the slots ``index`` ``[batch, kv_heads, kept]`` (per-head selection), freeing the rest."""
+        idx_d = index.unsqueeze(-1).expand(-1, -1, -1, self.keys.shape[-1])
+        self.keys = self.keys.gather(2, idx_d)
+        self.values = self.values.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, self.values.shape[-1]))
+        self.log_weight = self.log_weight.gather(2, index)
+        self.positions = self.positions.gather(2, index)
+        self.state = {name: t.gather(2, index) for name, t in self.state.items()}
+
+    def drop(self, slot: torch.Tensor) -> None:
+        """Remove one slot per head, ``slot`` ``[batch, kv_heads]`` (int64), keeping the others in order."""
+        n = self.n_slots
+        keep = torch.arange(n - 1, device=slot.device).expand(*slot.shape, n - 1)
+        self.gather(keep + (keep >= slot.unsqueeze(-1)))
+
+    def set_slots(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        log_weight: torch.Tensor,
+        positions: torch.Tensor,
+        state: dict[str, torch.Tensor],
+    ) -> None:
+        """Replace every slot tensor at once (shapes as in the class docstring)."""
+        self.keys, self.values, self.log_weight, self.positions = keys, values, log_weight, positions
+        self.state = state
+
+    def kv_bytes(self) -> int:
+        """Bytes held by keys and values (slots x kv_heads x head_dim x 2 x dtype size x batch)."""
+        if self.keys is None:
+            return 0
+        return self.keys.untyped_storage().nbytes() + self.values.untyped_storage().nbytes()
+
+    def state_bytes(self) -> int:
+        """Bytes held by log_weight, positions and method state (the method's overhead)."""
+        if self.keys is None:
+            return 0
+        tensors = [self.log_weight, self.positions, *self.state.values()]
+        return sum(t.untyped_storage().nbytes() for t in tensors)
+
+
+class CompressedCache(Cache):
+    """A ``transformers.Cache`` of :class:`CompressedLayer` for one batch of prompts.
+
+    Parameters
+    ----------
+    method : CompressionMethod
+        The rules (scoring, eviction, merging) applied to every layer.
+    num_layers : int
+        Decoder layers of the model.
+    budget : int | None
+        Slots per (layer, KV head), already resolved for this sample (``methods.budget``);
+        None disables compression.
+    """
+
+    def __init__(self, method: CompressionMethod, num_layers: int, budget: int | None) -> None:
+        super().__init__(layers=[CompressedLayer(method, budget) for _ in range(num_layers)])
+        self.method = method
+        self.budget = budget
+
+    @property
+    def n_slots(self) -> list[int]:
+        """Slots per layer (same for every head of a layer)."""
+        return [layer.n_slots for layer in self.layers]
+
+    def kv_bytes(self) -> int:
+        """Bytes of keys and values over all layers (exact, from tensor storage)."""
+        return sum(layer.kv_bytes() for layer in self.layers)
+
+    def state_bytes(self) -> int:
+        """Bytes of per-slot method state over all layers."""
+        return sum(layer.state_bytes() for layer in self.layers)
+
+    def bytes_per_token(self) -> int:
+        """Key+value bytes one token occupies over all layers (batch included)."""
+        total = 0
+        for layer in self.layers:
+            if layer.keys is not None:
+                b, h, _, d = layer.keys.shape
+                total += b * h * (d + layer.values.shape[-1]) * layer.keys.element_size()
+        return total

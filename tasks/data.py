@@ -1,0 +1,67 @@
+"""Where evaluation data comes from: a local data directory first, the Hugging Face hub otherwise.
+
+The data directory is ``task.data_dir`` in the config, which defaults to ``$KVBENCH_DATA_DIR``
+(``.ci/run`` points it at ``../shared/data``). Files are read in place, never copied.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import islice
+from pathlib import Path
+
+from runners.errors import KVBenchError
+
+
+def read_jsonl(path: Path, limit: int | None = None) -> list[dict]:
+    """The first ``limit`` rows (all if None) of a JSON-lines file."""
+    with path.open(encoding="utf-8") as fh:
+        lines = (line for line in fh if line.strip())
+        return [json.loads(line) for line in islice(lines, limit)]
+
+
+def load_rows(
+    data_dir: str | None,
+    relative_path: str,
+    hub_id: str,
+    split: str,
+    limit: int | None,
+    hub_config: str | None = None,
+) -> tuple[list[dict], str]:
+    """Rows of a benchmark: ``<data_dir>/<relative_path>`` if it exists, else the hub dataset.
+
+    Parameters
+    ----------
+    data_dir : str | None
+        Local data directory (None: go to the hub directly).
+    relative_path : str
+        JSON-lines file inside ``data_dir``.
+    hub_id, split, hub_config : str
+        ``datasets.load_dataset(hub_id, hub_config, split=split)`` fallback.
+    limit : int | None
+        Rows to keep (first N, in file order).
+
+    Returns
+    -------
+    tuple[list[dict], str]
+        The rows and a description of where they came from (recorded in the result).
+
+    Raises
+    ------
+    KVBenchError
+        If neither the local file nor the hub dataset can be read.
+    """
+    if data_dir:
+        path = Path(data_dir).expanduser() / relative_path
+        if path.is_file():
+            return read_jsonl(path, limit), str(path.resolve())
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(hub_id, hub_config, split=split)
+    except Exception as err:  # any hub/network failure means the same thing to the user
+        where = f"{Path(data_dir) / relative_path} not found and " if data_dir else "no data_dir set and "
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise KVBenchError(f"missing data: {where}hub dataset {hub_id} unavailable ({reason})") from err
+    rows = ds.select(range(min(limit, len(ds)))) if limit is not None else ds
+    return [dict(r) for r in rows], f"hf://{hub_id}/{split}"
