@@ -166,9 +166,10 @@ class ZSMerge(CompressionMethod):
         counts = torch.bincount(group, minlength=b_r).to(torch.float32)
 
         def group_mean(t: torch.Tensor) -> torch.Tensor:
-            members = t.gather(2, leftover.unsqueeze(-1).expand(-1, -1, -1, t.shape[-1])).float()
+            acc = torch.promote_types(t.dtype, torch.float32)  # fp32 or better
+            members = t.gather(2, leftover.unsqueeze(-1).expand(-1, -1, -1, t.shape[-1])).to(acc)
             sums = members.new_zeros((b, h, b_r, t.shape[-1])).index_add_(2, group, members)
-            return (sums / counts[:, None]).to(t.dtype)
+            return (sums / counts[:, None].to(acc)).to(t.dtype)
 
         scores = layer.state["scores"].gather(2, leftover)
         res_scores = scores.new_zeros((b, h, b_r)).scatter_reduce_(
@@ -226,10 +227,10 @@ class ZSMerge(CompressionMethod):
         total = w_i + w_j
         for t, item in ((layer.keys, k_i), (layer.values, v_i)):
             jd = j_idx[..., None].expand(-1, -1, 1, t.shape[-1])
-            merged = (w_j[..., None] * t.gather(2, jd).float() + w_i[..., None] * item.float()) / total[
-                ..., None
-            ]
-            t.scatter_(2, jd, merged.to(t.dtype))
+            acc = torch.promote_types(t.dtype, torch.float32)  # fp32 or better
+            w_new = (w_i.to(acc) / total.to(acc))[..., None]
+            w_old = (w_j.to(acc) / total.to(acc))[..., None]
+            t.scatter_(2, jd, (w_old * t.gather(2, jd).to(acc) + w_new * item.to(acc)).to(t.dtype))
         fusion.scatter_(2, j_idx, total)
         layer.log_weight.scatter_(2, j_idx, self.alpha * total.log())
         scores = layer.state["scores"]

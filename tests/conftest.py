@@ -1,0 +1,62 @@
+"""Shared fixtures: a tiny random GQA Llama, the embedded model, the data directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import methods  # noqa: F401  (registers the "kvbench" attention implementation)
+
+REPO = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("KVBENCH_DATA_DIR") or REPO.parent / "shared" / "data")
+
+
+def tiny_llama(seed: int = 0, layers: int = 2) -> LlamaForCausalLM:
+    """Random Llama with GQA (6 query heads on 2 KV heads, head_dim 16), fp32, 'kvbench' attention."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=layers,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        attn_implementation="kvbench",
+    )
+    model = LlamaForCausalLM(config).eval()
+    # Larger weights give peaked, input-dependent logits (random init is nearly uniform).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> LlamaForCausalLM:
+    return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """``(model, tokenizer)`` of the embedded SmolLM2-135M-Instruct."""
+    from runners.models import load_model
+
+    return load_model(OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not (DATA_DIR / "xsum" / "test.jsonl").is_file():
+        pytest.skip(f"no evaluation data under {DATA_DIR} (set KVBENCH_DATA_DIR)")
+    return DATA_DIR
+
+
+def set_attn(model, name: str) -> None:
+    """Switch a loaded model's attention implementation (e.g. to 'sdpa' for model.generate)."""
+    model.set_attn_implementation(name)
