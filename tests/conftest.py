@@ -27,6 +27,7 @@ def tiny_llama(seed: int = 0, layers: int = 2) -> LlamaForCausalLM:
         num_attention_heads=6,
         num_key_value_heads=2,
         max_position_embeddings=1024,
+        eos_token_id=2,
         attn_implementation="kvbench",
     )
     model = LlamaForCausalLM(config).eval()

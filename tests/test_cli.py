@@ -1,0 +1,80 @@
+"""``python run.py`` as a user runs it: bad input fails fast in one line; a real run writes a record."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def run_cli(tmp_path, *overrides: str, data_dir: str | None = None) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "KVBENCH_RESULTS_DIR": str(tmp_path / "results"),
+        "KVBENCH_LOG_DIR": str(tmp_path / "logs"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    if data_dir is not None:
+        env["KVBENCH_DATA_DIR"] = data_dir
+    cmd = [sys.executable, "run.py", "logger=table", "runner.progress=false", *overrides]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["method=nosuch"], "Could not find 'method/nosuch'"),
+        (["task=nosuch"], "Could not find 'task/nosuch'"),
+        (["model=nosuch"], "Could not find 'model/nosuch'"),
+        (["budget=0"], "budget must be > 0"),
+        (["budget=-3"], "budget must be > 0"),
+        (["method.alpha=7"], "alpha must be in [0, 1]"),
+    ],
+)
+def test_bad_input_is_one_error_line_before_any_model_load(tmp_path, overrides, message):
+    proc = run_cli(tmp_path, *overrides)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], proc.stderr
+    assert "loading model" not in proc.stdout
+
+
+def test_missing_data_with_no_hub_access(tmp_path):
+    proc = run_cli(tmp_path, data_dir=str(tmp_path / "empty"))
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "missing data" in lines[0], proc.stderr
+    assert "loading model" not in proc.stdout
+
+
+@pytest.mark.integration
+def test_main_job_writes_record_and_rerun_is_skipped(tmp_path, data_dir):
+    proc = run_cli(
+        tmp_path, "method=zsmerge", "task=xsum", "budget=0.05", "task.limit=2", data_dir=str(data_dir)
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = list((tmp_path / "results" / "runs").glob("*/record.json"))
+    assert len(records) == 1
+    record = json.loads(records[0].read_text())
+    assert record["status"] == "ok" and record["n_samples"] == 2 and record["method"] == "zsmerge"
+    assert 0 <= record["metrics"]["rougeL"] <= record["metrics"]["rouge1"] <= 100
+    eff = record["efficiency"]
+    assert eff["kv_bytes_end_mean"] < 0.1 * eff["fullkv_bytes_end_mean"]
+    assert eff["decode_tokens_per_s"] > 0 and eff["peak_rss_bytes"] > 0
+    predictions = (records[0].parent / "predictions.jsonl").read_text().splitlines()
+    assert len(predictions) == 2 and all(json.loads(p)["prediction"] for p in predictions)
+    assert "rouge1" in proc.stdout and "decode tokens/s" in proc.stdout
+    assert (tmp_path / "results" / "table.csv").read_text().count("\n") == 2
+
+    again = run_cli(
+        tmp_path, "method=zsmerge", "task=xsum", "budget=0.05", "task.limit=2", data_dir=str(data_dir)
+    )
+    assert again.returncode == 0 and "already finished" in again.stdout
+    assert "loading model" not in again.stdout
+    assert json.loads(records[0].read_text()) == record

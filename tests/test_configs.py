@@ -1,0 +1,55 @@
+"""Every option of every config group composes; method/task/model configs validate and build."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from methods import METHOD_REGISTRY
+from runners.models import MODEL_LOADERS, validate_model_config
+from tests.conftest import REPO
+
+CONFIGS = REPO / "configs"
+GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
+def test_every_group_option_composes(group, option):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"{group}={option}"])
+    assert cfg[group] is not None
+
+
+def test_defaults_are_the_main_job():
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config")
+    assert (cfg.model.name, cfg.task.limit, cfg.budget) == ("smollm2-135m", 20, 0.05)
+    assert cfg.logger.wandb.mode == "offline"
+
+
+@pytest.mark.parametrize("option", options("method"))
+def test_method_configs_build_registered_methods(option):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"method={option}"])
+    method = instantiate(cfg.method)
+    assert METHOD_REGISTRY[method.name] is type(method)
+    assert method.name == option
+
+
+@pytest.mark.parametrize("option", options("model"))
+def test_model_configs_validate_without_loading(option):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"model={option}"])
+    assert cfg.model.loader in MODEL_LOADERS and cfg.model.max_context > 0
+    validate_model_config(cfg.model)
+
+
+def test_overrides_reach_the_method():
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["method.alpha=0.5", "budget=512", "task.limit=100"])
+    assert instantiate(cfg.method).alpha == 0.5 and cfg.budget == 512 and cfg.task.limit == 100
