@@ -49,6 +49,15 @@ class GenerationResult:
     budget: int | None = None
 
 
+def eos_token_ids(model: torch.nn.Module, tokenizer=None) -> set[int]:
+    """Token ids that end generation: the generation config's EOS id(s) and the tokenizer's."""
+    config_eos = getattr(model.generation_config, "eos_token_id", None)
+    ids = set(config_eos) if isinstance(config_eos, list) else {config_eos}
+    if tokenizer is not None:
+        ids.add(tokenizer.eos_token_id)
+    return {int(i) for i in ids if i is not None}
+
+
 @torch.inference_mode()
 def greedy_generate(
     model: torch.nn.Module,

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget, validate_budget
 from runners.environment import device_info, git_sha, package_versions, peak_device_bytes, peak_rss_bytes
 from runners.errors import KVBenchError
-from runners.generate import GenerationResult, greedy_generate
+from runners.generate import GenerationResult, eos_token_ids, greedy_generate
 from runners.models import load_model, validate_model_config
 from runners.report import print_summary
 from runners.results import SCHEMA_VERSION, ResultStore, run_id
@@ -114,11 +114,7 @@ def run_quality(cfg: DictConfig) -> dict:
             f"a prompt of {longest} tokens + {task.max_new_tokens} new tokens exceeds the context of "
             f"{cfg.model.name} ({cfg.model.max_context} tokens)"
         )
-    eos = {
-        tokenizer.eos_token_id,
-        *([model.generation_config.eos_token_id] if model.generation_config else []),
-    }
-    eos = {int(e) for e in eos if isinstance(e, int)}
+    eos = eos_token_ids(model, tokenizer)
     record = {
         "schema_version": SCHEMA_VERSION,
         "run_id": rid,

@@ -78,3 +78,12 @@ def test_main_job_writes_record_and_rerun_is_skipped(tmp_path, data_dir):
     assert again.returncode == 0 and "already finished" in again.stdout
     assert "loading model" not in again.stdout
     assert json.loads(records[0].read_text()) == record
+
+
+@pytest.mark.integration
+def test_prompt_longer_than_context_is_one_error_line_before_generation(tmp_path, data_dir):
+    proc = run_cli(tmp_path, "model.max_context=128", "task.limit=2", data_dir=str(data_dir))
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "exceeds the context of smollm2-135m (128 tokens)" in lines[0], proc.stderr
+    assert not (tmp_path / "results" / "runs").exists()  # no run started, nothing recorded

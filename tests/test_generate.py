@@ -10,15 +10,10 @@ import torch.nn.functional as F
 
 from kernels import decode_attention
 from methods import FullKV, ZSMerge
-from runners.generate import greedy_generate
+from runners.generate import eos_token_ids, greedy_generate
 from tests.conftest import set_attn
 
 NEW = 24
-
-
-def eos_of(model) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    return set(eos) if isinstance(eos, list) else {eos}
 
 
 def hf_greedy(model, ids: torch.Tensor, new: int) -> list[int]:
@@ -49,7 +44,7 @@ def test_decode_attention_without_bias_equals_sdpa_with_gqa():
 
 def test_fullkv_matches_generate_on_tiny_gqa_llama(tiny_model):
     ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(1))
-    ours = greedy_generate(tiny_model, ids, FullKV(), None, NEW, eos_of(tiny_model)).tokens
+    ours = greedy_generate(tiny_model, ids, FullKV(), None, NEW, eos_token_ids(tiny_model)).tokens
     assert ours == hf_greedy(tiny_model, ids, NEW)
     assert len(set(ours)) > 3  # the comparison is not between two constant streams
 
@@ -110,10 +105,10 @@ def test_embedded_model_fullkv_matches_generate_on_real_article(embedded, data_d
         messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     ids = ids["input_ids"]
-    ours = greedy_generate(model, ids, FullKV(), None, 32, eos_of(model)).tokens
+    ours = greedy_generate(model, ids, FullKV(), None, 32, eos_token_ids(model)).tokens
     assert ours == hf_greedy(model, ids, 32)
     length = ids.shape[1]
-    assert greedy_generate(model, ids, ZSMerge(), length + 32, 32, eos_of(model)).tokens == ours
+    assert greedy_generate(model, ids, ZSMerge(), length + 32, 32, eos_token_ids(model)).tokens == ours
     small = greedy_generate(model, ids, ZSMerge(), int(0.05 * length), 32, set())
     assert small.slots == [int(0.05 * length)] * model.config.num_hidden_layers
     assert small.kv_bytes < 0.1 * small.fullkv_bytes
