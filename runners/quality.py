@@ -1,7 +1,7 @@
 """Quality runner: greedy generation over a task's samples with one method at one budget.
 
 Order of work (bad input fails before anything expensive): validate config -> build method and
-task -> read data -> load model -> tokenize and check prompt lengths -> generate -> score ->
+task -> read data -> tokenize and check prompt lengths -> load model -> generate -> score ->
 record (atomic) -> loggers -> summary table.
 """
 
@@ -20,7 +20,7 @@ from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget, validate
 from runners.environment import device_info, git_sha, package_versions, peak_device_bytes, peak_rss_bytes
 from runners.errors import KVBenchError
 from runners.generate import GenerationResult, eos_token_ids, greedy_generate
-from runners.models import load_model, validate_model_config
+from runners.models import load_model, load_tokenizer, validate_model_config
 from runners.report import print_summary
 from runners.results import SCHEMA_VERSION, ResultStore, run_id
 from tasks import TASK_REGISTRY, Sample, Task
@@ -105,8 +105,7 @@ def run_quality(cfg: DictConfig) -> dict:
         print_summary(done)
         return done
     samples = task.load()
-    print(f"loading model {cfg.model.name}", flush=True)
-    model, tokenizer = load_model(cfg.model)
+    tokenizer = load_tokenizer(cfg.model)
     prompts = [encode(tokenizer, s) for s in samples]
     longest = max(p.shape[1] for p in prompts)
     if longest + task.max_new_tokens > cfg.model.max_context:
@@ -114,6 +113,8 @@ def run_quality(cfg: DictConfig) -> dict:
             f"a prompt of {longest} tokens + {task.max_new_tokens} new tokens exceeds the context of "
             f"{cfg.model.name} ({cfg.model.max_context} tokens)"
         )
+    print(f"loading model {cfg.model.name}", flush=True)
+    model = load_model(cfg.model)
     eos = eos_token_ids(model, tokenizer)
     record = {
         "schema_version": SCHEMA_VERSION,

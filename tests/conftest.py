@@ -46,9 +46,10 @@ def tiny_model() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def embedded():
     """``(model, tokenizer)`` of the embedded SmolLM2-135M-Instruct."""
-    from runners.models import load_model
+    from runners.models import load_model, load_tokenizer
 
-    return load_model(OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml"))
+    cfg = OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml")
+    return load_model(cfg), load_tokenizer(cfg)
 
 
 @pytest.fixture(scope="session")

@@ -86,4 +86,4 @@ def test_prompt_longer_than_context_is_one_error_line_before_generation(tmp_path
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "exceeds the context of smollm2-135m (128 tokens)" in lines[0], proc.stderr
-    assert not (tmp_path / "results" / "runs").exists()  # no run started, nothing recorded
+    assert "loading model" not in proc.stdout and not (tmp_path / "results" / "runs").exists()

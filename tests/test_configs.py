@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from methods import METHOD_REGISTRY
-from runners.models import MODEL_LOADERS, validate_model_config
+from runners.models import MODEL_SOURCES, validate_model_config
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
@@ -45,7 +45,7 @@ def test_method_configs_build_registered_methods(option):
 def test_model_configs_validate_without_loading(option):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={option}"])
-    assert cfg.model.loader in MODEL_LOADERS and cfg.model.max_context > 0
+    assert cfg.model.loader in MODEL_SOURCES and cfg.model.max_context > 0
     validate_model_config(cfg.model)
 
 
