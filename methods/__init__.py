@@ -9,16 +9,24 @@ from methods.base import CompressionMethod
 from methods.budget import resolve_budget, validate_budget
 from methods.cache import CompressedCache, CompressedLayer
 from methods.fullkv import FullKV
+from methods.h2o import H2O
+from methods.snapkv import SnapKV
+from methods.streamingllm import StreamingLLM
 from methods.zsmerge import ZSMerge
 
-METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {cls.name: cls for cls in (FullKV, ZSMerge)}
+METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
+    cls.name: cls for cls in (FullKV, H2O, SnapKV, StreamingLLM, ZSMerge)
+}
 
 __all__ = [
+    "H2O",
     "METHOD_REGISTRY",
     "CompressedCache",
     "CompressedLayer",
     "CompressionMethod",
     "FullKV",
+    "SnapKV",
+    "StreamingLLM",
     "ZSMerge",
     "resolve_budget",
     "validate_budget",

@@ -79,10 +79,14 @@ def kvbench_attention(
         method.prefill(layer, query, scale)
         layer.prefilled = True
     elif query.shape[2] == 1:
+        keys = method.attention_keys(layer)
         if method.needs_decode_probs:
-            out, probs = decode_attention(query, key, value, layer.log_weight, scale)
+            out, probs = decode_attention(query, keys, value, layer.log_weight, scale)
         else:
-            out, probs = F.scaled_dot_product_attention(query, key, value, scale=scale, enable_gqa=True), None
+            out, probs = (
+                F.scaled_dot_product_attention(query, keys, value, scale=scale, enable_gqa=True),
+                None,
+            )
         method.decode_step(layer, probs)
     else:
         raise NotImplementedError("chunked prefill on a filled compressed cache is not supported")

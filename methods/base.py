@@ -38,6 +38,16 @@ class CompressionMethod:
     needs_decode_probs: ClassVar[bool] = True
     state_fill: ClassVar[dict[str, float]] = {}
 
+    @property
+    def budget_holds_in_decode(self) -> bool:
+        """Whether decoding also stays within the budget (False: only the prompt is compressed)."""
+        return self.compresses
+
+    def attention_keys(self, layer: CompressedLayer) -> torch.Tensor:
+        """Keys ``[batch, kv_heads, slots, head_dim]`` as decode attention must see them
+        (StreamingLLM re-rotates its attention sinks here)."""
+        return layer.keys
+
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise state from the prompt and compress the layer to its budget.
 

@@ -41,16 +41,21 @@ class CompressedLayer(CacheLayerMixin):
         Method scalars shared by all heads of the layer (e.g. number of residual slots).
     budget : int | None
         Slot budget resolved for the current sample (None: no compression).
+    rotary_emb : torch.nn.Module | None
+        The model's rotary embedding, for methods that re-rotate keys (StreamingLLM).
     seen_tokens : int
         Tokens seen so far (prompt + appended); the position of the next token.
     """
 
     is_sliding = False
 
-    def __init__(self, method: CompressionMethod, budget: int | None) -> None:
+    def __init__(
+        self, method: CompressionMethod, budget: int | None, rotary_emb: torch.nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.method = method
         self.budget = budget
+        self.rotary_emb = rotary_emb
         self.seen_tokens = 0
         self.prefilled = False
         self.log_weight: torch.Tensor | None = None
@@ -161,10 +166,18 @@ class CompressedCache(Cache):
     budget : int | None
         Slots per (layer, KV head), already resolved for this sample (``methods.budget``);
         None disables compression.
+    rotary_emb : torch.nn.Module | None
+        The model's rotary embedding (``model.base_model.rotary_emb``), if it has one.
     """
 
-    def __init__(self, method: CompressionMethod, num_layers: int, budget: int | None) -> None:
-        super().__init__(layers=[CompressedLayer(method, budget) for _ in range(num_layers)])
+    def __init__(
+        self,
+        method: CompressionMethod,
+        num_layers: int,
+        budget: int | None,
+        rotary_emb: torch.nn.Module | None = None,
+    ) -> None:
+        super().__init__(layers=[CompressedLayer(method, budget, rotary_emb) for _ in range(num_layers)])
         self.method = method
         self.budget = budget
 

@@ -75,3 +75,73 @@ def pool_scores(scores: torch.Tensor, kernel_size: int, pooling: str = "max") ->
     else:
         raise ValueError(f"pooling must be 'max' or 'avg', got {pooling!r}")
     return out.view(b, h, n)
+
+
+def causal_column_sums(
+    query: torch.Tensor, keys: torch.Tensor, scaling: float, chunk: int = 256
+) -> torch.Tensor:
+    """Column sums of the causal prompt attention matrix, computed in query chunks.
+
+    H2O's accumulated attention at prefill (Zhang et al. 2023, Sec. 3; METHODS.md section 1):
+    ``acc(j) = sum_i softmax_i(q_i k^T)[j]`` over all prompt queries ``i >= j``. Memory is
+    ``O(chunk x prompt x q_heads)``; the full prompt x prompt matrix never exists.
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        ``[batch, q_heads, prompt, head_dim]`` post-RoPE.
+    keys : torch.Tensor
+        ``[batch, kv_heads, prompt, head_dim]`` post-RoPE.
+    scaling : float
+        Softmax scale.
+    chunk : int
+        Query rows per chunk.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, kv_heads, prompt]`` float32, averaged over the query heads of each group.
+    """
+    b, hkv, length, _ = keys.shape
+    q = group_queries(query, hkv)
+    out = torch.zeros((b, hkv, length), dtype=torch.float32, device=keys.device)
+    k_pos = torch.arange(length, device=keys.device)
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
+        logits = torch.einsum("bhgqd,bhkd->bhgqk", q[:, :, :, start:stop].float(), keys[:, :, :stop].float())
+        logits = logits * scaling
+        future = k_pos[None, :stop] > torch.arange(start, stop, device=keys.device)[:, None]
+        probs = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
+        out[..., :stop] += probs.sum(dim=3).mean(dim=2)
+    return out
+
+
+def top_and_recent(scores: torch.Tensor, n_top: int, n_recent: int) -> torch.Tensor:
+    """Slots to keep: the ``n_top`` highest scores among the older slots, then the last ``n_recent``.
+
+    Parameters
+    ----------
+    scores : torch.Tensor
+        ``[batch, kv_heads, slots]`` (only the first ``slots - n_recent`` are ranked).
+    n_top, n_recent : int
+        Heavy hitters / context tokens and recent window (tokens).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, kv_heads, n_top + n_recent]`` int64: the top slots in position order, then the
+        recent window.
+    """
+    b, h, n = scores.shape
+    older = n - n_recent
+    top = scores[..., :older].topk(n_top, dim=-1).indices.sort(dim=-1).values
+    recent = torch.arange(older, n, device=scores.device).expand(b, h, n_recent)
+    return torch.cat([top, recent], dim=-1)
+
+
+def lowest_score(scores: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Per head, the candidate slot with the lowest score: ``[batch, kv_heads]`` int64.
+
+    ``candidates`` is a ``[batch, kv_heads, slots]`` bool mask with at least one True per head.
+    """
+    return torch.where(candidates, scores, torch.inf).argmin(dim=-1)

@@ -17,7 +17,7 @@ import torch
 
 from methods.base import CompressionMethod
 from methods.cache import CompressedLayer
-from methods.scoring import pool_scores, window_attention
+from methods.scoring import lowest_score, pool_scores, top_and_recent, window_attention
 
 ORDERS = ("code", "paper")
 
@@ -122,13 +122,10 @@ class ZSMerge(CompressionMethod):
         if layer.budget is None or length <= layer.budget:
             return
         b_p, b_c, b_r = self.split(layer.budget)
-        b, h = scores.shape[:2]
-        older = length - b_p
-        context = scores[..., :older].topk(b_c, dim=-1).indices.sort(dim=-1).values
-        recent = torch.arange(older, length, device=scores.device).expand(b, h, b_p)
-        leftover = self._leftover(context, older)
+        kept = top_and_recent(scores, b_c, b_p)
+        leftover = self._leftover(kept[..., :b_c], length - b_p)
         residual = self._residual_slots(layer, leftover, b_r) if b_r else None
-        layer.gather(torch.cat([context, recent], dim=-1))
+        layer.gather(kept)
         if residual is not None:
             keys, values, fusion, res_scores = residual
             layer.set_slots(
@@ -191,7 +188,7 @@ class ZSMerge(CompressionMethod):
             n_res = layer.meta["residual"]
             pos = layer.positions
             candidates = (pos >= 0) & ((pos <= leaving) if self.order == "paper" else (pos < leaving))
-            victim = torch.where(candidates, layer.state["scores"], torch.inf).argmin(dim=-1)
+            victim = lowest_score(layer.state["scores"], candidates)
             if n_res < b_r:
                 self._to_residual(layer, victim, n_res)
                 continue

@@ -101,7 +101,8 @@ def greedy_generate(
         raise ValueError(f"greedy_generate takes one prompt at a time, got batch {input_ids.shape[0]}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    cache = CompressedCache(method, model.config.num_hidden_layers, budget)
+    rotary_emb = getattr(model.base_model, "rotary_emb", None)
+    cache = CompressedCache(method, model.config.num_hidden_layers, budget, rotary_emb)
     length = input_ids.shape[1]
     start = time.perf_counter()
     out = model(

@@ -1,0 +1,90 @@
+"""H2O: Heavy-Hitter Oracle (Zhang et al., NeurIPS 2023; FMInference/H2O real-drop code).
+
+Per KV head the cache keeps the ``recent`` latest tokens plus the ``heavy`` tokens with the
+highest accumulated attention ("heavy hitters"). The accumulated score of a token is the sum of
+the attention it received from every query while it was in the cache: at prefill the column sums
+of the causal prompt attention (computed in chunks), then one row per decode step. Once over
+budget, the lowest-scoring non-recent token is evicted at every step (METHODS.md section 3).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from methods.base import CompressionMethod
+from methods.cache import CompressedLayer
+from methods.scoring import causal_column_sums, lowest_score, top_and_recent
+
+
+@dataclass
+class H2O(CompressionMethod):
+    """H2O with heavy and recent budgets splitting the budget equally (the paper's default).
+
+    Parameters
+    ----------
+    heavy_ratio : float
+        Share of the budget for heavy hitters (0.5).
+    recent_ratio : float
+        Share of the budget for the recent window (0.5); the two shares sum to at most 1, and
+        when they sum to 1 the heavy hitters get any slot lost to rounding.
+    chunk_size : int
+        Query rows per chunk of the prefill column sums (memory only, not results).
+
+    Raises
+    ------
+    ValueError
+        For shares outside ``[0, 1]`` or summing above 1, or a budget with no heavy-hitter slot.
+    """
+
+    name: ClassVar[str] = "h2o"
+    state_fill: ClassVar[dict[str, float]] = {"scores": 0.0}
+
+    heavy_ratio: float = 0.5
+    recent_ratio: float = 0.5
+    chunk_size: int = 256
+
+    def __post_init__(self) -> None:
+        for field in ("heavy_ratio", "recent_ratio"):
+            if not 0.0 <= getattr(self, field) <= 1.0:
+                raise ValueError(f"{field} must be in [0, 1], got {getattr(self, field)}")
+        if self.heavy_ratio + self.recent_ratio > 1.0 + 1e-9:
+            raise ValueError(
+                f"heavy_ratio + recent_ratio must be <= 1, got {self.heavy_ratio + self.recent_ratio}"
+            )
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+
+    def split(self, budget: int) -> tuple[int, int]:
+        """``(heavy, recent)`` slots for a budget.
+
+        Raises
+        ------
+        ValueError
+            If no heavy-hitter slot remains.
+        """
+        recent = int(self.recent_ratio * budget)
+        whole = math.isclose(self.heavy_ratio + self.recent_ratio, 1.0)
+        heavy = budget - recent if whole else int(self.heavy_ratio * budget)
+        if heavy < 1:
+            raise ValueError(f"H2O budget of {budget} slots leaves no heavy-hitter slot (recent={recent})")
+        return heavy, recent
+
+    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
+        """Accumulated attention from all prompt queries; keep top-heavy + recent if over budget."""
+        layer.state["scores"] = causal_column_sums(query, layer.keys, scaling, self.chunk_size)
+        if layer.budget is not None and layer.n_slots > layer.budget:
+            heavy, recent = self.split(layer.budget)
+            layer.gather(top_and_recent(layer.state["scores"], heavy, recent))
+
+    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
+        """Add this step's attention; evict the lowest-scoring non-recent token if over budget."""
+        layer.state["scores"].add_(probs)
+        if layer.budget is None or layer.n_slots <= layer.budget:
+            return
+        _, recent = self.split(layer.budget)
+        older = layer.positions <= layer.seen_tokens - 1 - recent
+        layer.drop(lowest_score(layer.state["scores"], older))

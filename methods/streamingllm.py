@@ -1,0 +1,84 @@
+"""StreamingLLM (Xiao et al., ICLR 2024; mit-han-lab/streaming-llm): attention sinks + recent window.
+
+The cache keeps the first ``n_sink`` tokens (attention sinks) and the most recent tokens up to the
+budget, at prefill and at every decode step. With ``rerotate`` (the paper's behaviour, Sec. 3.2)
+positions are assigned by cache index, so relative distances never exceed the cache size.
+Because the recent window is contiguous, that is the same as keeping every key at its original
+position and moving only the sinks forward by the number of evicted tokens; the sinks are
+re-rotated on the fly at each decode step (``methods.rope.rerotate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from methods.base import CompressionMethod
+from methods.cache import CompressedLayer
+from methods.rope import rerotate
+
+
+@dataclass
+class StreamingLLM(CompressionMethod):
+    """Attention sinks + recent window.
+
+    Parameters
+    ----------
+    n_sink : int
+        Initial tokens always kept (4, the paper's setting).
+    rerotate : bool
+        Positions by cache index (True, the paper) or original positions (False, as
+        KVCache-Factory's LongBench baseline).
+
+    Raises
+    ------
+    ValueError
+        For ``n_sink`` < 0, or (at run time) a budget that leaves no recent slot.
+    """
+
+    name: ClassVar[str] = "streamingllm"
+    needs_decode_probs: ClassVar[bool] = False
+
+    n_sink: int = 4
+    rerotate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_sink < 0:
+            raise ValueError(f"n_sink must be >= 0, got {self.n_sink}")
+
+    def _check(self, budget: int) -> None:
+        if budget <= self.n_sink:
+            raise ValueError(
+                f"StreamingLLM budget of {budget} slots leaves no recent slot (n_sink={self.n_sink})"
+            )
+
+    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
+        """Keep the sinks and the latest ``budget - n_sink`` prompt tokens."""
+        length = layer.n_slots
+        if layer.budget is None or length <= layer.budget:
+            return
+        self._check(layer.budget)
+        b, h = layer.positions.shape[:2]
+        kept = torch.cat(
+            [torch.arange(self.n_sink), torch.arange(length - (layer.budget - self.n_sink), length)]
+        ).to(layer.positions.device)
+        layer.gather(kept.expand(b, h, -1))
+
+    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
+        """Evict the oldest non-sink token once over budget (slots stay in position order)."""
+        if layer.budget is not None and layer.n_slots > layer.budget:
+            self._check(layer.budget)
+            b, h = layer.positions.shape[:2]
+            layer.drop(torch.full((b, h), self.n_sink, dtype=torch.long, device=layer.positions.device))
+
+    def attention_keys(self, layer: CompressedLayer) -> torch.Tensor:
+        """Sinks moved forward by the number of evicted tokens when ``rerotate`` is on."""
+        evicted = layer.seen_tokens - layer.n_slots
+        if not self.rerotate or evicted == 0 or self.n_sink == 0:
+            return layer.keys
+        if layer.rotary_emb is None:
+            raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
+        sinks = rerotate(layer.keys[:, :, : self.n_sink], evicted, layer.rotary_emb)
+        return torch.cat([sinks, layer.keys[:, :, self.n_sink :]], dim=2)
