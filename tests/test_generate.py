@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import decode_attention
-from methods import FullKV, ZSMerge
+from methods import METHOD_REGISTRY, FullKV, ZSMerge
 from runners.generate import eos_token_ids, greedy_generate
 from tests.conftest import set_attn
 
@@ -112,3 +112,22 @@ def test_embedded_model_fullkv_matches_generate_on_real_article(embedded, data_d
     small = greedy_generate(model, ids, ZSMerge(), int(0.05 * length), 32, set())
     assert small.slots == [int(0.05 * length)] * model.config.num_hidden_layers
     assert small.kv_bytes < 0.1 * small.fullkv_bytes
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", sorted(set(METHOD_REGISTRY) - {"fullkv"}))
+def test_every_method_on_the_embedded_model(embedded, data_dir, name):
+    model, tokenizer = embedded
+    row = json.loads((data_dir / "xsum" / "test.jsonl").read_text().splitlines()[1])
+    messages = [
+        {"role": "user", "content": "Summarize the following article in one sentence.\n\n" + row["document"]}
+    ]
+    enc = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    ids, eos = enc["input_ids"], eos_token_ids(model, tokenizer)
+    full = greedy_generate(model, ids, FullKV(), None, 16, eos)
+    method = METHOD_REGISTRY[name]()
+    assert greedy_generate(model, ids, method, ids.shape[1] + 16, 16, eos).tokens == full.tokens
+    small = greedy_generate(model, ids, method, int(0.05 * ids.shape[1]), 16, eos)
+    assert small.kv_bytes < 0.2 * small.fullkv_bytes
