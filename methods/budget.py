@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import math
 
+BUDGET_UNITS = ("prompt", "context")
 
-def validate_budget(budget: float | int | None) -> None:
-    """Check a configured budget without a prompt.
+
+def validate_budget(budget: float | int | None, unit: str = "prompt") -> None:
+    """Check a configured budget and its unit without a prompt.
 
     Raises
     ------
     ValueError
-        If ``budget`` is not positive, or is a non-integral number above 1.
+        If ``budget`` is not positive, is a non-integral number above 1, or the unit is unknown.
     """
+    if unit not in BUDGET_UNITS:
+        raise ValueError(f"budget_unit must be one of {BUDGET_UNITS}, got {unit!r}")
     if budget is None:
         return
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
@@ -23,12 +27,16 @@ def validate_budget(budget: float | int | None) -> None:
         raise ValueError(f"budget {budget} is neither a fraction (<= 1.0) nor a whole slot count")
 
 
-def resolve_budget(budget: float | int | None, prompt_tokens: int) -> int | None:
+def resolve_budget(
+    budget: float | int | None, prompt_tokens: int, context_tokens: int | None = None, unit: str = "prompt"
+) -> int | None:
     """Slots per (layer, KV head) for one prompt.
 
-    A float in ``(0, 1]`` is a fraction of the prompt's tokens (``budget=1.0`` keeps the whole
-    prompt, ``budget=0.05`` keeps 5%); an integer (or a whole float above 1) is an absolute slot
-    count. Fractions are floored, with at least one slot, as the ZSMerge code does.
+    A float in ``(0, 1]`` is a fraction of the prompt's tokens (``unit="prompt"``: ``budget=1.0``
+    keeps the whole prompt, ``0.05`` keeps 5%) or of the model's context window
+    (``unit="context"``: ``max_position_embeddings``, the convention of the LESS and ZSMerge XSum
+    experiments, METHODS.md section 1); an integer (or a whole float above 1) is an absolute slot
+    count in either unit. Fractions are floored, with at least one slot, as the ZSMerge code does.
 
     Parameters
     ----------
@@ -36,6 +44,10 @@ def resolve_budget(budget: float | int | None, prompt_tokens: int) -> int | None
         As configured; None means no compression.
     prompt_tokens : int
         Prompt length in tokens.
+    context_tokens : int | None
+        The model's context window in tokens (needed for ``unit="context"``).
+    unit : str
+        ``"prompt"`` or ``"context"``.
 
     Returns
     -------
@@ -45,11 +57,13 @@ def resolve_budget(budget: float | int | None, prompt_tokens: int) -> int | None
     Raises
     ------
     ValueError
-        As :func:`validate_budget`.
+        As :func:`validate_budget`, for an unknown unit, or a context unit without a context size.
     """
-    validate_budget(budget)
+    validate_budget(budget, unit)
     if budget is None:
         return None
     if isinstance(budget, float) and budget <= 1.0:
-        return max(1, int(budget * prompt_tokens))
+        if unit == "context" and not context_tokens:
+            raise ValueError("budget_unit=context needs the model's context size")
+        return max(1, int(budget * (prompt_tokens if unit == "prompt" else context_tokens)))
     return int(budget)

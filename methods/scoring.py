@@ -78,7 +78,11 @@ def pool_scores(scores: torch.Tensor, kernel_size: int, pooling: str = "max") ->
 
 
 def causal_column_sums(
-    query: torch.Tensor, keys: torch.Tensor, scaling: float, chunk: int = 256
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    scaling: float,
+    chunk: int = 256,
+    row_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Column sums of the causal prompt attention matrix, computed in query chunks.
 
@@ -96,6 +100,9 @@ def causal_column_sums(
         Softmax scale.
     chunk : int
         Query rows per chunk.
+    row_weights : torch.Tensor | None
+        ``[prompt]`` weight of each query row (None: all 1). ZeroMerge's prefill initialisation
+        weights row ``i`` by ``lam ** (prompt - 1 - i)``.
 
     Returns
     -------
@@ -112,7 +119,11 @@ def causal_column_sums(
         logits = logits * scaling
         future = k_pos[None, :stop] > torch.arange(start, stop, device=keys.device)[:, None]
         probs = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
-        out[..., :stop] += probs.sum(dim=3).mean(dim=2)
+        if row_weights is None:
+            out[..., :stop] += probs.sum(dim=3).mean(dim=2)
+        else:
+            w = row_weights[start:stop].to(probs.dtype)
+            out[..., :stop] += torch.einsum("bhgqk,q->bhk", probs, w) / probs.shape[2]
     return out
 
 

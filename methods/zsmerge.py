@@ -17,7 +17,13 @@ import torch
 
 from methods.base import CompressionMethod
 from methods.cache import CompressedLayer
-from methods.scoring import lowest_score, pool_scores, top_and_recent, window_attention
+from methods.scoring import (
+    causal_column_sums,
+    lowest_score,
+    pool_scores,
+    top_and_recent,
+    window_attention,
+)
 
 ORDERS = ("code", "paper")
 
@@ -37,9 +43,10 @@ class ZSMerge(CompressionMethod):
         Compensation scale of Eq. 8 in ``[0, 1]`` (1); 0 gives eviction-like scoring.
     lam : float
         Decay lambda of the contribution score, Eq. 5 (0.98).
-    window_size : int
+    window_size : int | None
         Prompt queries that initialise the scores at prefill (App. B: 8), weighted
-        ``lam ** (window - 1 - i)``.
+        ``lam ** (window - 1 - i)``; None uses every prompt query (the ZeroMerge code used for
+        the XSum tables), computed in chunks.
     pool_kernel : int
         Max-pooling kernel over the initial scores (official code: 5; 1 disables).
     order : str
@@ -62,7 +69,7 @@ class ZSMerge(CompressionMethod):
     residual_ratio: float = 0.02
     alpha: float = 1.0
     lam: float = 0.98
-    window_size: int = 8
+    window_size: int | None = 8
     pool_kernel: int = 5
     order: str = "code"
 
@@ -75,7 +82,7 @@ class ZSMerge(CompressionMethod):
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
         if not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"lam must be in [0, 1], got {self.lam}")
-        if self.window_size < 1:
+        if self.window_size is not None and self.window_size < 1:
             raise ValueError(f"window_size must be >= 1, got {self.window_size}")
         if self.pool_kernel > 1 and self.pool_kernel % 2 == 0:
             raise ValueError(f"pool_kernel must be odd, got {self.pool_kernel}")
@@ -112,13 +119,17 @@ class ZSMerge(CompressionMethod):
         near-equal size and each group is averaged into one residual slot (fusion count = group
         size, score = max of its members), as the official code's ``cache_init`` does.
         """
-        probs = window_attention(query, layer.keys, self.window_size, scaling)
-        w = probs.shape[2]
-        decay = self.lam ** torch.arange(w - 1, -1, -1, device=probs.device, dtype=torch.float32)
-        scores = pool_scores((probs * decay[:, None]).sum(dim=2), self.pool_kernel)
+        length = layer.n_slots
+        window = length if self.window_size is None else min(self.window_size, length)
+        decay = self.lam ** torch.arange(window - 1, -1, -1, device=query.device, dtype=torch.float32)
+        if self.window_size is None:
+            scores = causal_column_sums(query, layer.keys, scaling, row_weights=decay)
+        else:
+            probs = window_attention(query, layer.keys, window, scaling)
+            scores = (probs * decay[:, None]).sum(dim=2)
+        scores = pool_scores(scores, self.pool_kernel)
         layer.state["scores"] = scores
         layer.meta["residual"] = 0
-        length = layer.n_slots
         if layer.budget is None or length <= layer.budget:
             return
         b_p, b_c, b_r = self.split(layer.budget)

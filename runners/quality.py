@@ -47,7 +47,7 @@ def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
         For a bad budget, unknown method/task target, bad hyperparameters or model config.
     """
     try:
-        validate_budget(cfg.budget)
+        validate_budget(cfg.budget, cfg.budget_unit)
     except ValueError as err:
         raise KVBenchError(str(err)) from err
     method = _build(cfg.method, "method", METHOD_REGISTRY)
@@ -138,7 +138,8 @@ def run_quality(cfg: DictConfig) -> dict:
         for sample, ids in tqdm(
             list(zip(samples, prompts, strict=True)), desc=f"{method.name}", disable=not cfg.runner.progress
         ):
-            budget = resolve_budget(config["budget"], ids.shape[1])
+            context = model.config.max_position_embeddings
+            budget = resolve_budget(config["budget"], ids.shape[1], context, cfg.budget_unit)
             res = greedy_generate(model, ids.to(model.device), method, budget, task.max_new_tokens, eos)
             results.append(res)
             text = tokenizer.decode(res.tokens, skip_special_tokens=True).strip()

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 SCHEMA_VERSION = 1
-IDENTITY_KEYS = ("model", "method", "task", "runner", "budget", "seed")
+IDENTITY_KEYS = ("model", "method", "task", "runner", "budget", "budget_unit", "seed")
 NON_IDENTITY_TASK_KEYS = ("data_dir",)
 
 

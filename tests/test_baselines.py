@@ -190,3 +190,12 @@ def test_streamingllm_logits_equal_the_papers_cache_index_positions():
 def test_bad_hyperparameters_raise(cls, kwargs):
     with pytest.raises(ValueError):
         cls(**kwargs)
+
+
+def test_weighted_column_sums_equal_the_weighted_full_matrix():
+    q, k, _, _ = random_prompt(23, 4)
+    weights = 0.9 ** torch.arange(22, -1, -1, dtype=torch.float64)
+    expected = torch.einsum("bhqk,q->bhk", naive_attention_matrix(q, k), weights)
+    torch.testing.assert_close(
+        causal_column_sums(q, k, SCALE, 5, weights).double(), expected, rtol=1e-5, atol=1e-6
+    )

@@ -19,3 +19,16 @@ def test_none_means_no_compression():
 def test_bad_budgets_raise(budget):
     with pytest.raises(ValueError):
         validate_budget(budget)
+
+
+def test_context_unit_is_a_fraction_of_the_context_window():
+    assert resolve_budget(0.05, 300, 8192, "context") == 409  # ZSMerge/LESS XSum convention
+    assert resolve_budget(0.05, 300, 4096, "context") == 204  # Llama-2 5% in METHODS.md
+    assert resolve_budget(512, 300, 8192, "context") == 512
+
+
+def test_bad_units_raise():
+    with pytest.raises(ValueError, match="budget_unit"):
+        resolve_budget(0.1, 100, 4096, "tokens")
+    with pytest.raises(ValueError, match="context size"):
+        resolve_budget(0.1, 100, None, "context")

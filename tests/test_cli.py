@@ -35,6 +35,7 @@ def run_cli(tmp_path, *overrides: str, data_dir: str | None = None) -> subproces
         (["budget=0"], "budget must be > 0"),
         (["budget=-3"], "budget must be > 0"),
         (["method.alpha=7"], "alpha must be in [0, 1]"),
+        (["budget_unit=tokens"], "budget_unit must be one of"),
     ],
 )
 def test_bad_input_is_one_error_line_before_any_model_load(tmp_path, overrides, message):

@@ -38,7 +38,7 @@ def test_method_configs_build_registered_methods(option):
         cfg = compose(config_name="config", overrides=[f"method={option}"])
     method = instantiate(cfg.method)
     assert METHOD_REGISTRY[method.name] is type(method)
-    assert method.name == option
+    assert option.startswith(method.name)
 
 
 @pytest.mark.parametrize("option", options("model"))
@@ -53,3 +53,27 @@ def test_overrides_reach_the_method():
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["method.alpha=0.5", "budget=512", "task.limit=100"])
     assert instantiate(cfg.method).alpha == 0.5 and cfg.budget == 512 and cfg.task.limit == 100
+
+
+ZSMERGE_PRESETS = {  # METHODS.md section 7, "Hyper-parameters - paper vs. code"
+    "zsmerge": {"proximity_ratio": 0.5, "residual_ratio": 0.02, "alpha": 1.0, "lam": 0.98, "window_size": 8},
+    "zsmerge_xsum_code": {"proximity_ratio": 0.4, "residual_ratio": 1, "alpha": 0.6, "window_size": None},
+    "zsmerge_xsum_paper": {"proximity_ratio": 0.5, "residual_ratio": 2, "alpha": 1.0},
+    "zsmerge_longbench": {"proximity_ratio": 0.2, "residual_ratio": 2, "alpha": 0.8, "window_size": 8},
+    "zsmerge_infinitebench": {"proximity_ratio": 0.02, "residual_ratio": 0.5, "alpha": 1.0},
+    "zsmerge_gsm_infinite": {
+        "proximity_ratio": 0.1,
+        "residual_ratio": 0.05,
+        "alpha": 0.9,
+        "lam": 0.8,
+        "window_size": 16,
+    },
+}
+
+
+@pytest.mark.parametrize(("preset", "expected"), ZSMERGE_PRESETS.items())
+def test_zsmerge_presets_match_the_settings_table(preset, expected):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"method={preset}"])
+    method = instantiate(cfg.method)
+    assert {k: getattr(method, k) for k in expected} == expected

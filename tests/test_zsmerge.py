@@ -228,3 +228,20 @@ def test_theorem1_uncompressed_tokens_never_lose_attention(alpha):
         _, full = decode_attention(q, k, v, None, d**-0.5)
         _, comp = decode_attention(q, comp_k, comp_v, (alpha * w.log())[None, None], d**-0.5)
         assert torch.all(comp[0, 0, :20] >= full[0, 0, kept] - 1e-7)
+
+
+def test_all_query_initialisation_is_the_decayed_sum_over_every_prompt_query():
+    """ZeroMerge code (XSum preset): s_t = sum_i lam^(L-1-i) a_i(t) over all prompt queries."""
+    method = ZSMerge(window_size=None, pool_kernel=1, lam=0.9)
+    prompt = 12
+    gen = torch.Generator().manual_seed(11)
+    keys = torch.randn(1, 1, prompt, D, generator=gen, dtype=torch.float64)
+    query = torch.randn(1, 1, prompt, D, generator=gen, dtype=torch.float64)
+    layer = CompressedLayer(method, None)
+    layer.update(keys, keys)
+    method.prefill(layer, query, D**-0.5)
+    expected = torch.zeros(prompt, dtype=torch.float64)
+    for i in range(prompt):
+        logits = (keys[0, 0, : i + 1] @ query[0, 0, i]) * D**-0.5
+        expected[: i + 1] += 0.9 ** (prompt - 1 - i) * torch.softmax(logits, 0)
+    torch.testing.assert_close(layer.state["scores"][0, 0].double(), expected, rtol=1e-5, atol=1e-6)
