@@ -10,12 +10,13 @@ from methods.budget import resolve_budget, validate_budget
 from methods.cache import CompressedCache, CompressedLayer
 from methods.fullkv import FullKV
 from methods.h2o import H2O
+from methods.kvmerger import KVMerger
 from methods.snapkv import SnapKV
 from methods.streamingllm import StreamingLLM
 from methods.zsmerge import ZSMerge
 
 METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
-    cls.name: cls for cls in (FullKV, H2O, SnapKV, StreamingLLM, ZSMerge)
+    cls.name: cls for cls in (FullKV, H2O, KVMerger, SnapKV, StreamingLLM, ZSMerge)
 }
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "CompressedLayer",
     "CompressionMethod",
     "FullKV",
+    "KVMerger",
     "SnapKV",
     "StreamingLLM",
     "ZSMerge",

@@ -140,6 +140,12 @@ class CompressedLayer(CacheLayerMixin):
         self.keys, self.values, self.log_weight, self.positions = keys, values, log_weight, positions
         self.state = state
 
+    def real_slots(self) -> float:
+        """Mean over heads of the slots that can be attended (``log_weight > -inf``; padding excluded)."""
+        if self.log_weight is None:
+            return 0.0
+        return float(torch.isfinite(self.log_weight).sum(dim=-1).float().mean())
+
     def kv_bytes(self) -> int:
         """Bytes held by keys and values (slots x kv_heads x head_dim x 2 x dtype size x batch)."""
         if self.keys is None:

@@ -29,6 +29,9 @@ class GenerationResult:
         Wall time of each decode step (seconds); ``len(tokens) - 1`` entries.
     slots : list[int]
         Slots per layer at the end of generation.
+    prefill_slots : list[float]
+        Attendable slots per layer right after the prefill (mean over heads, padding excluded):
+        the realised prompt compression.
     kv_bytes : int
         Key/value bytes held by the cache at the end (all layers).
     state_bytes : int
@@ -43,6 +46,7 @@ class GenerationResult:
     prefill_seconds: float
     step_seconds: list[float] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
+    prefill_slots: list[float] = field(default_factory=list)
     kv_bytes: int = 0
     state_bytes: int = 0
     fullkv_bytes: int = 0
@@ -115,6 +119,7 @@ def greedy_generate(
     )
     token = int(out.logits[0, -1].argmax())
     result = GenerationResult(tokens=[token], prefill_seconds=time.perf_counter() - start, budget=budget)
+    result.prefill_slots = [layer.real_slots() for layer in cache.layers]
     if on_step is not None:
         on_step(cache)
     while token not in eos_token_ids and len(result.tokens) < max_new_tokens:

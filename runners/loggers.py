@@ -25,7 +25,7 @@ def flat_summary(record: dict) -> dict:
         "created": record.get("created"),
     }
     row.update(record.get("metrics") or {})
-    row.update(record.get("efficiency") or {})
+    row.update({k: v for k, v in (record.get("efficiency") or {}).items() if not isinstance(v, list)})
     method_cfg = {k: v for k, v in (cfg.get("method") or {}).items() if k != "_target_"}
     row.update({f"method.{k}": v for k, v in method_cfg.items()})
     return row

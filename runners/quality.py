@@ -68,6 +68,9 @@ def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device:
     prefill_s = sum(r.prefill_seconds for r in results)
     steps = [s for r in results for s in r.step_seconds]
     n = len(results)
+    kept_fractions = [
+        [s / length for s in r.prefill_slots] for r, length in zip(results, prompt_lens, strict=True)
+    ]
     return {
         "prefill_seconds": prefill_s,
         "decode_seconds": sum(steps),
@@ -81,6 +84,8 @@ def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device:
         "fullkv_bytes_end_mean": sum(r.fullkv_bytes for r in results) / n,
         "kv_fraction_of_fullkv": sum(r.kv_bytes for r in results) / sum(r.fullkv_bytes for r in results),
         "state_bytes_end_mean": sum(r.state_bytes for r in results) / n,
+        "prefill_kept_fraction": sum(sum(kept) / len(kept) for kept in kept_fractions) / n,
+        "prefill_kept_fraction_per_layer": [sum(col) / n for col in zip(*kept_fractions, strict=True)],
         "peak_rss_bytes": peak_rss_bytes(),
         "peak_device_bytes": peak_device_bytes(device),
     }

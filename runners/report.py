@@ -32,6 +32,7 @@ def print_summary(record: dict) -> None:
         ("KV bytes at end (mean)", eff.get("kv_bytes_end_mean"), ",.0f"),
         ("FullKV bytes, same tokens (mean)", eff.get("fullkv_bytes_end_mean"), ",.0f"),
         ("KV fraction of FullKV", eff.get("kv_fraction_of_fullkv"), ".3f"),
+        ("prompt kept after prefill", eff.get("prefill_kept_fraction"), ".3f"),
         ("peak RSS MiB", (eff.get("peak_rss_bytes") or 0) / 2**20 or None, ".0f"),
         ("wall seconds", record.get("wall_seconds"), ".1f"),
     ]

@@ -19,6 +19,8 @@ SETTINGS = {
     "h2o": ({}, {"heavy_ratio": 0.75, "recent_ratio": 0.25, "chunk_size": 7}),
     "snapkv": ({}, {"window_size": 4, "kernel_size": 3, "pooling": "avg", "decode_budget": True}),
     "streamingllm": ({}, {"n_sink": 1, "rerotate": False}),
+    # fixed theta makes the slot count an outcome (tests/test_kvmerger.py); the matrix needs a budget
+    "kvmerger": ({"exact_budget": True}, {"exact_budget": True, "recent_ratio": 0.08, "heavy_ratio": 0.02}),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")
