@@ -15,6 +15,7 @@ def decode_attention(
     values: torch.Tensor,
     log_weight: torch.Tensor | None,
     scaling: float,
+    return_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of new queries over the cache with an additive per-slot bias (ZSMerge Eq. 8).
 
@@ -30,6 +31,8 @@ def decode_attention(
         ``[batch, kv_heads, slots]`` float32 bias, or None for none.
     scaling : float
         Softmax scale.
+    return_logits : bool
+        Return the unbiased logits instead of the group-mean probabilities.
 
     Returns
     -------
@@ -37,14 +40,14 @@ def decode_attention(
         ``[batch, q_heads, q_len, head_dim]`` in the query's dtype.
     probs : torch.Tensor
         ``[batch, kv_heads, slots]`` float32: the probabilities averaged over the query heads of
-        each group and over ``q_len``.
+        each group and over ``q_len``; with ``return_logits`` the float32 logits
+        ``q k^T * scaling`` (no bias) ``[batch, kv_heads, group * q_len, slots]``.
     """
     b, hq, q_len, d = query.shape
     hkv = keys.shape[1]
     q = query.reshape(b, hkv, (hq // hkv) * q_len, d)
     logits = torch.matmul(q, keys.transpose(-1, -2)).float() * scaling
-    if log_weight is not None:
-        logits = logits + log_weight.unsqueeze(2)
-    probs = torch.softmax(logits, dim=-1)
-    out = torch.matmul(probs.to(values.dtype), values)
-    return out.view(b, hq, q_len, values.shape[-1]), probs.mean(dim=2)
+    biased = logits + log_weight.unsqueeze(2) if log_weight is not None else logits
+    probs = torch.softmax(biased, dim=-1)
+    out = torch.matmul(probs.to(values.dtype), values).view(b, hq, q_len, values.shape[-1])
+    return out, (logits if return_logits else probs.mean(dim=2))

@@ -10,13 +10,14 @@ from methods.budget import resolve_budget, validate_budget
 from methods.cache import CompressedCache, CompressedLayer
 from methods.fullkv import FullKV
 from methods.h2o import H2O
+from methods.keepkv import KeepKV
 from methods.kvmerger import KVMerger
 from methods.snapkv import SnapKV
 from methods.streamingllm import StreamingLLM
 from methods.zsmerge import ZSMerge
 
 METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
-    cls.name: cls for cls in (FullKV, H2O, KVMerger, SnapKV, StreamingLLM, ZSMerge)
+    cls.name: cls for cls in (FullKV, H2O, KeepKV, KVMerger, SnapKV, StreamingLLM, ZSMerge)
 }
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "CompressionMethod",
     "FullKV",
     "KVMerger",
+    "KeepKV",
     "SnapKV",
     "StreamingLLM",
     "ZSMerge",

@@ -81,7 +81,9 @@ def kvbench_attention(
     elif query.shape[2] == 1:
         keys = method.attention_keys(layer)
         if method.needs_decode_probs:
-            out, probs = decode_attention(query, keys, value, layer.log_weight, scale)
+            out, probs = decode_attention(
+                query, keys, value, layer.log_weight, scale, return_logits=method.decode_scores == "logits"
+            )
         else:
             out, probs = (
                 F.scaled_dot_product_attention(query, keys, value, scale=scale, enable_gqa=True),

@@ -31,12 +31,20 @@ class CompressionMethod:
         seam uses fused SDPA for decode attention.
     state_fill : dict[str, float]
         Per-slot state tensors the method keeps, with the value new slots start with.
+    decode_scores : str
+        What :meth:`decode_step` receives: ``"probs"`` (group-mean probabilities) or ``"logits"``
+        (raw scaled logits of every query head, without the ``log_weight`` bias).
+    counters : tuple[str, ...]
+        Names of integer event counters the method keeps in ``layer.meta`` (summed over layers
+        and samples into the run record).
     """
 
     name: ClassVar[str] = "base"
     compresses: ClassVar[bool] = True
     needs_decode_probs: ClassVar[bool] = True
     state_fill: ClassVar[dict[str, float]] = {}
+    decode_scores: ClassVar[str] = "probs"
+    counters: ClassVar[tuple[str, ...]] = ()
 
     @property
     def budget_holds_in_decode(self) -> bool:
@@ -70,6 +78,7 @@ class CompressionMethod:
             Holds the slots including the token appended this step (last slot).
         probs : torch.Tensor | None
             ``[batch, kv_heads, slots]`` float32 attention probabilities of this step (with the
-            ``log_weight`` bias), mean over the query heads of each group; None when
-            ``needs_decode_probs`` is False.
+            ``log_weight`` bias), mean over the query heads of each group; with
+            ``decode_scores = "logits"`` instead ``[batch, kv_heads, group, slots]`` float32 scaled
+            logits ``q k^T * scaling`` without the bias; None when ``needs_decode_probs`` is False.
         """

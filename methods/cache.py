@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from methods.base import CompressionMethod
 
 
+def _gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t[b, h, index[b, h, j], ...]`` for a state tensor with any trailing dims."""
+    extra = t.shape[3:]
+    return t.gather(2, index.view(*index.shape, *([1] * len(extra))).expand(*index.shape, *extra))
+
+
 class CompressedLayer(CacheLayerMixin):
     """KV state of one decoder layer.
 
@@ -35,8 +41,8 @@ class CompressedLayer(CacheLayerMixin):
         ``[batch, kv_heads, slots]`` int64, the original sequence index of each slot's token;
         methods may mark slots that stand for several tokens with ``-1``.
     state : dict[str, torch.Tensor]
-        Method state, each ``[batch, kv_heads, slots]`` (scores, fusion counts, ...). New slots
-        are filled with the method's ``state_fill`` value.
+        Method state, each ``[batch, kv_heads, slots, *extra]`` (scores, fusion counts, ...; the
+        slot axis is always dim 2). New slots are filled with the method's ``state_fill`` value.
     meta : dict[str, int]
         Method scalars shared by all heads of the layer (e.g. number of residual slots).
     budget : int | None
@@ -45,14 +51,22 @@ class CompressedLayer(CacheLayerMixin):
         The model's rotary embedding, for methods that re-rotate keys (StreamingLLM).
     seen_tokens : int
         Tokens seen so far (prompt + appended); the position of the next token.
+    layer_idx, num_layers : int
+        This layer's index and the model's number of decoder layers (per-layer budget schedules).
     """
 
     is_sliding = False
 
     def __init__(
-        self, method: CompressionMethod, budget: int | None, rotary_emb: torch.nn.Module | None = None
+        self,
+        method: CompressionMethod,
+        budget: int | None,
+        rotary_emb: torch.nn.Module | None = None,
+        layer_idx: int = 0,
+        num_layers: int = 1,
     ) -> None:
         super().__init__()
+        self.layer_idx, self.num_layers = layer_idx, num_layers
         self.method = method
         self.budget = budget
         self.rotary_emb = rotary_emb
@@ -90,8 +104,9 @@ class CompressedLayer(CacheLayerMixin):
         self.log_weight = torch.cat([self.log_weight, self.log_weight.new_zeros((b, h, new))], dim=-1)
         pos = torch.arange(self.seen_tokens, self.seen_tokens + new, device=self.device)
         self.positions = torch.cat([self.positions, pos.expand(b, h, new)], dim=-1)
-        for name, fill in self.method.state_fill.items():
-            self.state[name] = torch.cat([self.state[name], self.state[name].new_full((b, h, new), fill)], -1)
+        for name, t in self.state.items():
+            fill = self.method.state_fill.get(name, 0.0)
+            self.state[name] = torch.cat([t, t.new_full((b, h, new, *t.shape[3:]), fill)], dim=2)
         self.seen_tokens += new
         return self.keys, self.values
 
@@ -120,7 +135,7 @@ class CompressedLayer(CacheLayerMixin):
         self.values = self.values.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, self.values.shape[-1]))
         self.log_weight = self.log_weight.gather(2, index)
         self.positions = self.positions.gather(2, index)
-        self.state = {name: t.gather(2, index) for name, t in self.state.items()}
+        self.state = {name: _gather_slots(t, index) for name, t in self.state.items()}
 
     def drop(self, slot: torch.Tensor) -> None:
         """Remove one slot per head, ``slot`` ``[batch, kv_heads]`` (int64), keeping the others in order."""
@@ -183,7 +198,9 @@ class CompressedCache(Cache):
         budget: int | None,
         rotary_emb: torch.nn.Module | None = None,
     ) -> None:
-        super().__init__(layers=[CompressedLayer(method, budget, rotary_emb) for _ in range(num_layers)])
+        super().__init__(
+            layers=[CompressedLayer(method, budget, rotary_emb, i, num_layers) for i in range(num_layers)]
+        )
         self.method = method
         self.budget = budget
 
@@ -199,6 +216,10 @@ class CompressedCache(Cache):
     def state_bytes(self) -> int:
         """Bytes of per-slot method state over all layers."""
         return sum(layer.state_bytes() for layer in self.layers)
+
+    def counters(self) -> dict[str, int]:
+        """The method's event counters (``method.counters``, e.g. merges, fallbacks) summed over layers."""
+        return {name: sum(layer.meta.get(name, 0) for layer in self.layers) for name in self.method.counters}
 
     def bytes_per_token(self) -> int:
         """Key+value bytes one token occupies over all layers (batch included)."""

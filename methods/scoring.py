@@ -12,11 +12,8 @@ def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query.view(b, kv_heads, hq // kv_heads, q, d)
 
 
-def window_attention(query: torch.Tensor, keys: torch.Tensor, window: int, scaling: float) -> torch.Tensor:
-    """Attention probabilities of the last ``window`` prompt queries over all prompt keys.
-
-    The observation window of SnapKV (Li et al. 2024, Sec. 4) and ZSMerge (App. B, window_size);
-    causal inside the window, softmax in float32, averaged over the query heads of each KV group.
+def window_logits(query: torch.Tensor, keys: torch.Tensor, window: int, scaling: float) -> torch.Tensor:
+    """Causal logits of the last ``window`` prompt queries over all prompt keys, per query head.
 
     Parameters
     ----------
@@ -32,7 +29,8 @@ def window_attention(query: torch.Tensor, keys: torch.Tensor, window: int, scali
     Returns
     -------
     torch.Tensor
-        ``[batch, kv_heads, window, prompt]`` float32; row ``i`` is query ``prompt - window + i``.
+        ``[batch, kv_heads, group, window, prompt]`` float32 ``q k^T * scaling``, ``-inf`` where a
+        key comes after the query; row ``i`` is query ``prompt - window + i``.
     """
     length = keys.shape[-2]
     w = min(window, length)
@@ -40,8 +38,22 @@ def window_attention(query: torch.Tensor, keys: torch.Tensor, window: int, scali
     logits = torch.einsum("bhgqd,bhkd->bhgqk", q, keys.float()) * scaling
     q_pos = torch.arange(length - w, length, device=keys.device)
     k_pos = torch.arange(length, device=keys.device)
-    logits = logits.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
-    return torch.softmax(logits, dim=-1).mean(dim=2)
+    return logits.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+
+
+def window_attention(query: torch.Tensor, keys: torch.Tensor, window: int, scaling: float) -> torch.Tensor:
+    """Attention probabilities of the last ``window`` prompt queries over all prompt keys.
+
+    The observation window of SnapKV (Li et al. 2024, Sec. 4) and ZSMerge (App. B, window_size);
+    causal inside the window, softmax in float32, averaged over the query heads of each KV group.
+    Arguments as :func:`window_logits`.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, kv_heads, window, prompt]`` float32; row ``i`` is query ``prompt - window + i``.
+    """
+    return torch.softmax(window_logits(query, keys, window, scaling), dim=-1).mean(dim=2)
 
 
 def pool_scores(scores: torch.Tensor, kernel_size: int, pooling: str = "max") -> torch.Tensor:

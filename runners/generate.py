@@ -40,6 +40,8 @@ class GenerationResult:
         Key/value bytes an uncompressed cache would hold for the same tokens.
     budget : int | None
         Resolved slot budget.
+    counters : dict[str, int]
+        The method's event counters over all layers (``CompressionMethod.counters``).
     """
 
     tokens: list[int]
@@ -51,6 +53,7 @@ class GenerationResult:
     state_bytes: int = 0
     fullkv_bytes: int = 0
     budget: int | None = None
+    counters: dict[str, int] = field(default_factory=dict)
 
 
 def eos_token_ids(model: torch.nn.Module, tokenizer=None) -> set[int]:
@@ -140,5 +143,6 @@ def greedy_generate(
     result.slots = cache.n_slots
     result.kv_bytes = cache.kv_bytes()
     result.state_bytes = cache.state_bytes()
+    result.counters = cache.counters()
     result.fullkv_bytes = cache.layers[0].seen_tokens * cache.bytes_per_token()
     return result

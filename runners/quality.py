@@ -71,7 +71,8 @@ def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device:
     kept_fractions = [
         [s / length for s in r.prefill_slots] for r, length in zip(results, prompt_lens, strict=True)
     ]
-    return {
+    counters = {f"{name}_total": sum(r.counters[name] for r in results) for name in results[0].counters}
+    return counters | {
         "prefill_seconds": prefill_s,
         "decode_seconds": sum(steps),
         "prefill_tokens_per_s": sum(prompt_lens) / prefill_s if prefill_s else None,

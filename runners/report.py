@@ -36,6 +36,8 @@ def print_summary(record: dict) -> None:
         ("peak RSS MiB", (eff.get("peak_rss_bytes") or 0) / 2**20 or None, ".0f"),
         ("wall seconds", record.get("wall_seconds"), ".1f"),
     ]
+    rows += [(key.removesuffix("_total").replace("_", " "), value, ",d") for key, value in eff.items()
+             if key.endswith("_total")]  # fmt: skip
     for label, value, spec in rows:
         table.add_row(label, _fmt(value, spec))
     if record.get("error"):

@@ -71,8 +71,16 @@ ZSMERGE_PRESETS = {  # METHODS.md section 7, "Hyper-parameters - paper vs. code"
 }
 
 
-@pytest.mark.parametrize(("preset", "expected"), ZSMERGE_PRESETS.items())
-def test_zsmerge_presets_match_the_settings_table(preset, expected):
+PRESETS = ZSMERGE_PRESETS | {
+    "keepkv": {"merge": "zip", "estimator": "ema", "layer_budgets": "uniform", "threshold": 0.8, "n_sink": 4},
+    "keepkv_code": {"merge": "convex", "estimator": "window_mean", "layer_budgets": "cosine", "threshold": 0.8},
+    "kvmerger": {"recent_ratio": 0.17, "heavy_ratio": 0.12, "theta": 0.75, "exact_budget": False},
+    "kvmerger_35": {"recent_ratio": 0.08, "heavy_ratio": 0.02, "theta": 0.75},
+}
+
+
+@pytest.mark.parametrize(("preset", "expected"), PRESETS.items())
+def test_presets_match_the_settings_tables(preset, expected):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"method={preset}"])
     method = instantiate(cfg.method)

@@ -20,6 +20,7 @@ SETTINGS = {
     "snapkv": ({}, {"window_size": 4, "kernel_size": 3, "pooling": "avg", "decode_budget": True}),
     "streamingllm": ({}, {"n_sink": 1, "rerotate": False}),
     # fixed theta makes the slot count an outcome (tests/test_kvmerger.py); the matrix needs a budget
+    "keepkv": ({}, {"estimator": "window_mean", "merge": "convex", "threshold": 0.3, "n_sink": 1}),
     "kvmerger": ({"exact_budget": True}, {"exact_budget": True, "recent_ratio": 0.08, "heavy_ratio": 0.02}),
 }
 CASES = [

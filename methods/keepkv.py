@@ -1,0 +1,259 @@
+"""KeepKV: Electoral Votes + ZIP-Merging (Tian et al.; ../shared/papers/keepkv.txt, METHODS.md s. 9).
+
+Per layer and KV head (GQA: scores are the group mean of ``exp(logit)``):
+
+- **Electoral Votes** (Eq. 6): every slot has a vote count ``p`` (1 for a token); decode attention
+  is ``softmax(logit + ln p)``, held in ``log_weight``.
+- **Score estimate** (Eq. 8): bias-corrected EMA ``s_hat = S / (1 - alpha^n)`` of the unnormalised
+  scores ``s = exp(logit)``, initialised from the last ``w`` prompt queries and updated at every
+  decode step, ``alpha = 1 - 2 / (w + 1)``; kept as ``ln S`` in float32 (log domain: no overflow,
+  no rescaling). ``n`` counts the EMA terms (``w`` after prefill, +1 per step).
+  ``estimator="window_mean"`` is the official code's estimator instead: the mean of ``exp(logit)``
+  over the last ``w`` queries, and a selection score weighting those rows 1.0 -> 1.2.
+- **Selection** (PyramidInfer, as in the official code): 4 attention sinks, a recent window of
+  ``recent_share`` x the layer budget (also the EMA window ``w``), and the rest of the budget to
+  the highest estimated attention ``p * s_hat``. ``layer_budgets="cosine"`` gives the official
+  code's per-layer schedule (mean over layers = the budget; early layers get more).
+- **Merging** (Algorithm 1): each evicted token goes to the retained token with the highest key
+  cosine if it exceeds ``threshold`` (0.8), else it is dropped; the merge is ZIP-Merging (Eq. 7)
+  with the estimated scores, with a guarded fallback to the convex average (counted as
+  ``zip_fallbacks``). At prefill all evicted tokens are merged at once, several into one
+  retained token when they pick the same partner (``methods.zip_merge``); at decode one token is
+  evicted per step. ``merge="convex"`` is the official code's key/value convex average.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from methods.base import CompressionMethod
+from methods.cache import CompressedLayer
+from methods.scoring import window_logits
+from methods.zip_merge import group_logsumexp, merge_groups
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class KeepKV(CompressionMethod):
+    """KeepKV with the paper's algorithm as defaults (``keepkv_code`` preset: the official code).
+
+    Parameters
+    ----------
+    threshold : float
+        Key cosine above which an evicted token is merged (T = 0.8).
+    n_sink : int
+        Attention sinks always kept (4).
+    recent_share : float
+        Recent window as a share of the layer budget (PyramidInfer recent ratio, 0.2).
+    window : int | None
+        Fixed recent window / EMA window (tokens) instead of ``recent_share``.
+    alpha : float | None
+        EMA decay; None: ``1 - 2 / (w + 1)`` (span of the code's window mean).
+    estimator : str
+        ``"ema"`` (Eq. 8) or ``"window_mean"`` (official code).
+    merge : str
+        ``"zip"`` (Eq. 7) or ``"convex"`` (official code).
+    layer_budgets : str
+        ``"uniform"`` or ``"cosine"`` (heavy share from 1.0 at layer 0 to ``decay_ratio`` at the
+        last layer, rescaled so the mean over layers equals the budget).
+    decay_ratio, distance_weight : float
+        Cosine schedule floor (0.8); newest-row weight of the window-mean selection score (1.2).
+    guard, max_factor : float
+        ZIP fallback bounds (see :func:`methods.zip_merge.merge_groups`).
+
+    Raises
+    ------
+    ValueError
+        For an unknown estimator, merge or schedule, or out-of-range numbers.
+    """
+
+    name: ClassVar[str] = "keepkv"
+    decode_scores: ClassVar[str] = "logits"
+    state_fill: ClassVar[dict[str, float]] = {"log_ema": NEG_INF, "rows": NEG_INF}
+    counters: ClassVar[tuple[str, ...]] = ("merges", "evictions", "zip_fallbacks")
+
+    threshold: float = 0.8
+    n_sink: int = 4
+    recent_share: float = 0.2
+    window: int | None = None
+    alpha: float | None = None
+    estimator: str = "ema"
+    merge: str = "zip"
+    layer_budgets: str = "uniform"
+    decay_ratio: float = 0.8
+    distance_weight: float = 1.2
+    guard: float = 1e-3
+    max_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        choices = {
+            "estimator": ("ema", "window_mean"),
+            "merge": ("zip", "convex"),
+            "layer_budgets": ("uniform", "cosine"),
+        }
+        for field, allowed in choices.items():
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field} must be one of {allowed}, got {getattr(self, field)!r}")
+        if not 0.0 <= self.recent_share < 1.0 or not 0.0 < self.decay_ratio <= 1.0:
+            raise ValueError("recent_share must be in [0, 1) and decay_ratio in (0, 1]")
+        if self.alpha is not None and not 0.0 <= self.alpha < 1.0:
+            raise ValueError(f"alpha must be in [0, 1), got {self.alpha}")
+        if self.n_sink < 0 or (self.window is not None and self.window < 1):
+            raise ValueError("n_sink must be >= 0 and window >= 1")
+
+    # ------------------------------------------------------------------ budgets
+    def layer_budget(self, layer: CompressedLayer) -> tuple[int, int]:
+        """``(slots, recent window)`` of this layer, both in tokens."""
+        budget = layer.budget
+        recent = math.ceil(self.recent_share * budget) if self.window is None else self.window
+        recent = max(1, min(recent, budget - 1)) if budget > 1 else budget
+        if self.layer_budgets == "cosine" and layer.num_layers > 1:
+            share = [self._cosine(i, layer.num_layers) for i in range(layer.num_layers)]
+            heavy = (budget - recent) * share[layer.layer_idx] / (sum(share) / len(share))
+            budget = recent + max(1, round(heavy))
+        return budget, recent
+
+    def _cosine(self, i: int, n: int) -> float:
+        return self.decay_ratio + (1 - self.decay_ratio) * (1 + math.cos(math.pi * i / (n - 1))) / 2
+
+    def _alpha(self, window: int) -> float:
+        return self.alpha if self.alpha is not None else 1.0 - 2.0 / (window + 1)
+
+    # ------------------------------------------------------------------ scores
+    def _select_score(self, layer: CompressedLayer) -> torch.Tensor:
+        """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""
+        if self.estimator == "ema":
+            return layer.log_weight + layer.state["log_ema"]
+        rows = layer.state["rows"]
+        weights = torch.linspace(1.0, self.distance_weight, rows.shape[-1], device=rows.device)
+        return layer.log_weight + torch.logsumexp(rows + weights.log(), dim=-1)
+
+    def _bias_correction(self, layer: CompressedLayer) -> float:
+        """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms)."""
+        alpha = self._alpha(layer.meta["window"])
+        return -math.log1p(-(alpha ** layer.meta["ema_terms"])) if alpha > 0 else 0.0
+
+    def _merge_score(self, layer: CompressedLayer) -> torch.Tensor:
+        """``ln s_hat`` of every slot (Eq. 8 with bias correction, or the window mean)."""
+        if self.estimator == "ema":
+            return layer.state["log_ema"] + self._bias_correction(layer)
+        rows = layer.state["rows"]
+        count = torch.isfinite(rows).sum(dim=-1).clamp(min=1)
+        return torch.logsumexp(rows, dim=-1) - count.log()
+
+    # ------------------------------------------------------------------ hooks
+    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
+        """Initialise votes and score estimates from the last ``w`` prompt queries; compress."""
+        length = layer.n_slots
+        budget, recent = self.layer_budget(layer)
+        window = max(1, min(recent, length))
+        layer.meta.update(
+            window=window, ema_terms=window, merges=0, evictions=0, zip_fallbacks=0, dropped_votes=0
+        )
+        logits = window_logits(query, layer.keys, window, scaling)  # [b, h, g, w, L]
+        log_s = torch.logsumexp(logits, dim=2) - math.log(logits.shape[2])  # group mean of exp(logit)
+        if self.estimator == "ema":
+            alpha = self._alpha(window)
+            age = torch.arange(window - 1, -1, -1, device=log_s.device, dtype=torch.float32)
+            log_coef = math.log(1 - alpha) + torch.where(
+                age > 0, age * (math.log(alpha) if alpha > 0 else NEG_INF), torch.zeros_like(age)
+            )
+            layer.state = {"log_ema": torch.logsumexp(log_s + log_coef[:, None], dim=-2)}
+        else:
+            layer.state = {"rows": log_s.transpose(-1, -2).contiguous()}  # [b, h, L, w], oldest first
+        if length > budget:
+            self._compress(layer, budget, recent)
+
+    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
+        """Update score estimates with this step's logits ``[b, h, group, slots]``; evict/merge one."""
+        log_s = torch.logsumexp(probs, dim=2) - math.log(probs.shape[2])
+        if self.estimator == "ema":
+            alpha = self._alpha(layer.meta["window"])
+            old = layer.state["log_ema"] + (math.log(alpha) if alpha > 0 else NEG_INF)
+            layer.state["log_ema"] = torch.logaddexp(old, math.log(1 - alpha) + log_s)
+            layer.meta["ema_terms"] += 1
+        else:
+            layer.state["rows"] = torch.cat([layer.state["rows"][..., 1:], log_s.unsqueeze(-1)], dim=-1)
+        budget, recent = self.layer_budget(layer)
+        if layer.n_slots > budget:
+            self._compress(layer, budget, recent)
+
+    # ------------------------------------------------------------------ eviction + merging
+    def _compress(self, layer: CompressedLayer, budget: int, recent: int) -> None:
+        """Keep sinks + recent + top ``p * s_hat``; merge or drop the rest (Algorithm 1)."""
+        n = layer.n_slots
+        b, h = layer.keys.shape[:2]
+        sink = min(self.n_sink, budget - recent)
+        score = self._select_score(layer)[..., sink : n - recent]
+        top = score.topk(budget - recent - sink, dim=-1).indices + sink
+        dev = layer.keys.device
+        keep = torch.cat(
+            [
+                torch.arange(sink, device=dev).expand(b, h, sink),
+                top,
+                torch.arange(n - recent, n, device=dev).expand(b, h, recent),
+            ],
+            dim=-1,
+        )
+        keep = keep.sort(dim=-1).values
+        is_kept = torch.zeros((b, h, n), dtype=torch.bool, device=keep.device).scatter(2, keep, True)
+        evicted = (~is_kept).nonzero(as_tuple=True)[2].view(b, h, n - budget)
+
+        k_unit = F.normalize(layer.keys.float(), dim=-1)
+        cos = k_unit.gather(2, evicted.unsqueeze(-1).expand(-1, -1, -1, k_unit.shape[-1])) @ (
+            k_unit.gather(2, keep.unsqueeze(-1).expand(-1, -1, -1, k_unit.shape[-1])).transpose(-1, -2)
+        )
+        best, partner = cos.max(dim=-1)  # [b, h, evicted]
+        merge = best > self.threshold
+
+        target = torch.empty((b, h, n), dtype=torch.long, device=keep.device)
+        target.scatter_(2, keep, torch.arange(budget, device=keep.device).expand(b, h, budget))
+        target.scatter_(2, evicted, partner)
+        log_votes = layer.log_weight.clone()
+        log_votes.scatter_(2, evicted, torch.where(merge, log_votes.gather(2, evicted), NEG_INF))
+        log_score = self._merge_score(layer)
+        out = merge_groups(
+            layer.keys,
+            layer.values,
+            log_votes,
+            log_score,
+            target,
+            budget,
+            zip_keys=self.merge == "zip",
+            guard=self.guard,
+            max_factor=self.max_factor,
+        )
+
+        state = {}
+        if self.estimator == "ema":
+            state["log_ema"] = (out.log_score - self._bias_correction(layer)).float()
+        else:
+            rows = layer.state["rows"]  # official code: vote-weighted average of the score rows
+            state["rows"] = self._merge_rows(rows, log_votes, target, budget)
+        layer.meta["merges"] += int(merge.sum())
+        layer.meta["evictions"] += int((~merge).sum())
+        layer.meta["zip_fallbacks"] += int(out.fallback.sum())
+        dropped = layer.log_weight.gather(2, evicted).exp() * ~merge
+        layer.meta["dropped_votes"] += round(float(dropped.sum()))
+        layer.set_slots(
+            out.keys.to(layer.keys.dtype),
+            out.values.to(layer.values.dtype),
+            out.log_votes.float(),
+            layer.positions.gather(2, keep),
+            state,
+        )
+
+    @staticmethod
+    def _merge_rows(
+        rows: torch.Tensor, log_votes: torch.Tensor, target: torch.Tensor, groups: int
+    ) -> torch.Tensor:
+        """Vote-weighted average of score rows ``[b, h, n, w]`` within each group (log domain)."""
+        weighted = torch.where(torch.isfinite(log_votes), log_votes, NEG_INF).unsqueeze(-1) + rows
+        log_p = group_logsumexp(log_votes, target, groups)
+        return (group_logsumexp(weighted, target, groups) - log_p.unsqueeze(-1)).float()

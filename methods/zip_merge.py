@@ -1,0 +1,121 @@
+"""KeepKV merging arithmetic (Tian et al., ../shared/papers/keepkv.txt, Sec. 3.3).
+
+ZIP-Merging (Eq. 7 / Algorithm 1 lines 8-10) of evicted tokens into retained ones, for many
+groups at once and in the log domain (scores ``s = exp(q k^T * scaling)`` overflow float32 for
+large logits, so every quantity is carried as a logarithm). For one evicted token ``e`` merged
+into ``c`` it is exactly Eq. 7; for several tokens merged into one retained token it is the same
+formula with sums over the group, which keeps Theorem 3 (``p_r s_r = sum_i p_i s_i`` and
+``v_r = sum_i w_i v_i / sum_i w_i`` with ``w_i = p_i s_i``).
+
+Divide Eq. 7's numerator and denominator by ``W = sum_i w_i``:
+``k_r = f * sum_i lam_i k_i`` with convex weights ``lam_i = w_i / W`` and
+``f = ln(W / P) / sum_i lam_i ln s_i`` (``P = sum_i p_i``). The merged token's score is
+``s_r = W / P``, so a merged slot carries the weighted mean of its members' scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class GroupMerge:
+    """Merged slots ``[batch, kv_heads, groups, ...]`` returned by :func:`merge_groups`.
+
+    Attributes
+    ----------
+    keys, values : torch.Tensor
+        ``[batch, kv_heads, groups, head_dim]`` float64.
+    log_votes : torch.Tensor
+        ``[batch, kv_heads, groups]`` ``ln P``: Electoral Votes of each merged slot (Eq. 6).
+    log_score : torch.Tensor
+        ``[batch, kv_heads, groups]`` ``ln(W / P)``: the merged slot's score estimate.
+    merged : torch.Tensor
+        ``[batch, kv_heads, groups]`` bool: the group has more than one member.
+    fallback : torch.Tensor
+        ``[batch, kv_heads, groups]`` bool: a merged group whose ZIP key factor failed the guard
+        and which got the convex average instead.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    log_votes: torch.Tensor
+    log_score: torch.Tensor
+    merged: torch.Tensor
+    fallback: torch.Tensor
+
+
+def group_logsumexp(x: torch.Tensor, target: torch.Tensor, groups: int) -> torch.Tensor:
+    """``log sum exp`` of ``x`` ``[b, h, n, *extra]`` over members with equal ``target`` ``[b, h, n]``."""
+    extra = x.shape[3:]
+    index = target.view(*target.shape, *([1] * len(extra))).expand_as(x)
+    shape = (*x.shape[:2], groups, *extra)
+    peak = x.new_full(shape, float("-inf")).scatter_reduce(2, index, x, "amax", include_self=True)
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    total = x.new_zeros(shape).scatter_add(2, index, torch.exp(x - peak.gather(2, index)))
+    return torch.log(total) + peak
+
+
+def merge_groups(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    log_votes: torch.Tensor,
+    log_score: torch.Tensor,
+    target: torch.Tensor,
+    groups: int,
+    zip_keys: bool = True,
+    guard: float = 1e-3,
+    max_factor: float = 4.0,
+) -> GroupMerge:
+    """Merge slots into ``groups`` slots by ZIP-Merging (KeepKV Eq. 7) or the convex average.
+
+    Parameters
+    ----------
+    keys, values : torch.Tensor
+        ``[batch, kv_heads, n, head_dim]`` members (any float dtype; computed in float64).
+    log_votes : torch.Tensor
+        ``[batch, kv_heads, n]`` ``ln p``; ``-inf`` excludes a member (evicted, not merged).
+    log_score : torch.Tensor
+        ``[batch, kv_heads, n]`` ``ln s`` (KeepKV's unnormalised scores, or their Eq. 8 estimate).
+    target : torch.Tensor
+        ``[batch, kv_heads, n]`` int64 group of each member in ``[0, groups)``; every group needs
+        at least one member with finite ``log_votes``.
+    groups : int
+        Number of merged slots.
+    zip_keys : bool
+        True: Eq. 7 key scaling; False: convex weighted average of the keys (official code).
+    guard, max_factor : float
+        ZIP falls back to the convex key when ``|sum_i lam_i ln s_i| < guard`` or the factor is
+        outside ``(0, max_factor]`` (METHODS.md section 9, decision 1).
+
+    Returns
+    -------
+    GroupMerge
+    """
+    log_votes, log_score = log_votes.double(), log_score.double()
+    log_w = log_votes + log_score
+    log_total = group_logsumexp(log_w, target, groups)  # ln W
+    log_p = group_logsumexp(log_votes, target, groups)  # ln P
+    lam = torch.exp(log_w - log_total.gather(2, target))  # 0 for excluded members
+    index = target.unsqueeze(-1).expand(*target.shape, keys.shape[-1])
+    shape = (*keys.shape[:2], groups, keys.shape[-1])
+    k_bar = keys.new_zeros(shape, dtype=torch.float64).scatter_add(
+        2, index, lam.unsqueeze(-1) * keys.double()
+    )
+    v_bar = values.new_zeros(shape, dtype=torch.float64).scatter_add(
+        2, index, lam.unsqueeze(-1) * values.double()
+    )
+    members = torch.zeros_like(log_p).scatter_add(2, target, torch.isfinite(log_votes).double())
+    merged = members > 1
+    log_s_r = log_total - log_p
+    fallback = torch.zeros_like(merged)
+    if zip_keys:
+        weighted = torch.where(lam > 0, lam * log_score, torch.zeros_like(lam))
+        denom = torch.zeros_like(log_p).scatter_add(2, target, weighted)
+        factor = log_s_r / denom
+        ok = (denom.abs() >= guard) & (factor > 0) & (factor <= max_factor) & torch.isfinite(factor)
+        k_bar = torch.where((merged & ok).unsqueeze(-1), k_bar * factor.unsqueeze(-1), k_bar)
+        fallback = merged & ~ok
+    return GroupMerge(k_bar, v_bar, log_p, log_s_r, merged, fallback)

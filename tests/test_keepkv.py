@@ -1,0 +1,155 @@
+"""KeepKV against its paper: Theorem 3 (ZIP-Merging is perturbation-free), Theorem 2 (attention
+sag of convex merging), the guarded fallback, Eq. 8's EMA, selection and vote bookkeeping."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from methods import CompressedLayer, KeepKV
+from methods.zip_merge import merge_groups
+from runners.generate import greedy_generate
+
+D = 16
+SCALE = D**-0.5
+
+
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, log_votes: torch.Tensor
+) -> torch.Tensor:
+    """Eq. 6: ``o = sum p_i s_i v_i / sum p_i s_i`` for one query ``[d]`` over ``[n, d]`` slots."""
+    return torch.softmax(keys @ q * SCALE + log_votes, dim=-1) @ values
+
+
+def random_cache(n: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(D, generator=gen, dtype=torch.float64)
+    # keys leaning towards q keep every logit well away from 0 (the ZIP denominator's singularity)
+    keys = torch.randn(n, D, generator=gen, dtype=torch.float64) + 1.5 * q / q.norm()
+    values = torch.randn(n, D, generator=gen, dtype=torch.float64)
+    log_votes = torch.log(torch.randint(1, 4, (n,), generator=gen).double())
+    return q, keys, values, log_votes
+
+
+def merge(keys, values, log_votes, log_score, target, groups, **kw):
+    args = (t[None, None] for t in (keys, values, log_votes, log_score, target))
+    out = merge_groups(*args, groups, **kw)
+    return out.keys[0, 0], out.values[0, 0], out.log_votes[0, 0], out
+
+
+@pytest.mark.parametrize(("seed", "members"), [(0, [5]), (1, [2]), (2, [0, 3, 7]), (3, [1, 9])])
+def test_theorem3_zip_merge_leaves_the_output_unchanged(seed, members):
+    """With exact current scores s = exp(q k * scale), merging into slot 4 changes nothing (1e-9)."""
+    n, c = 10, 4
+    q, keys, values, log_votes = random_cache(n, seed)
+    before = attend(q, keys, values, log_votes)
+    target = torch.arange(n)
+    kept = [i for i in range(n) if i not in members]
+    target[kept] = torch.arange(len(kept))
+    target[members] = kept.index(c)
+    k2, v2, lv2, out = merge(keys, values, log_votes, keys @ q * SCALE, target, len(kept))
+    assert not out.fallback.any() and bool(out.merged[0, 0, kept.index(c)])
+    assert torch.allclose(attend(q, k2, v2, lv2), before, atol=1e-9, rtol=0)
+    # votes add up (Eq. 6) and the untouched slots are bit-identical
+    assert math.isclose(lv2.exp().sum().item(), log_votes.exp().sum().item())
+    others = [kept.index(i) for i in kept if i != c]
+    assert torch.equal(k2[others], keys[[i for i in kept if i != c]])
+
+
+def test_theorem2_convex_merge_shows_attention_sag():
+    """Eq. 5 with w_e + w_c = 1 and no votes: A_r < A_e + A_c, so the output moves."""
+    for seed in range(20):
+        q, keys, values, _ = random_cache(6, seed)
+        ones = torch.zeros(6, dtype=torch.float64)
+        target = torch.tensor([0, 1, 2, 3, 4, 4])  # slot 5 merged into slot 4
+        k2, v2, _, _ = merge(keys, values, ones, keys @ q * SCALE, target, 5, zip_keys=False)
+        probs_before = torch.softmax(keys @ q * SCALE, dim=-1)
+        probs_after = torch.softmax(k2 @ q * SCALE, dim=-1)  # one vote: the merge history is lost
+        assert probs_after[4] < probs_before[4] + probs_before[5]
+        assert (
+            attend(q, k2, v2, torch.zeros(5, dtype=torch.float64)) - attend(q, keys, values, ones)
+        ).norm() > 0
+
+
+def test_zip_falls_back_to_the_convex_average_near_the_singularity():
+    _, keys, values, _ = random_cache(4, 0)
+    log_score = torch.tensor([1e-5, -1e-5, 0.3, 0.2], dtype=torch.float64)  # members' ln s straddle 0
+    target = torch.tensor([0, 0, 1, 2])
+    k2, _, _, out = merge(keys, values, torch.zeros(4, dtype=torch.float64), log_score, target, 3)
+    assert out.fallback[0, 0].tolist() == [True, False, False]
+    lam = torch.softmax(log_score[:2], dim=0)
+    assert torch.allclose(k2[0], lam @ keys[:2])
+
+
+def make_layer(method: KeepKV, length: int, budget: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    layer = CompressedLayer(method, budget)
+    keys = torch.randn(1, 2, length, D, generator=gen)
+    layer.update(keys, torch.randn(1, 2, length, D, generator=gen))
+    query = torch.randn(1, 6, length, D, generator=gen)
+    return layer, keys, query
+
+
+def test_eq8_ema_initialisation_and_update():
+    method = KeepKV(window=5)
+    layer, keys, query = make_layer(method, 30, 100)  # budget covers the prompt: nothing evicted
+    method.prefill(layer, query, SCALE)
+    alpha = 1 - 2 / 6
+    q = query.view(1, 2, 3, 30, D).double()
+    s = torch.exp(torch.einsum("bhgqd,bhkd->bhgqk", q, keys.double()) * SCALE)
+    s = s * torch.tril(torch.ones(30, 30, dtype=torch.float64))  # causal zeros
+    s_mean = s.mean(dim=2)  # GQA: group mean of the unnormalised scores
+    expected = sum((1 - alpha) * alpha ** (29 - t) * s_mean[..., t, :] for t in range(25, 30))
+    assert torch.allclose(layer.state["log_ema"].double().exp(), expected, rtol=1e-5)
+    logits = torch.randn(1, 2, 3, 30)
+    method.decode_step(layer, logits)
+    step = alpha * expected + (1 - alpha) * logits.double().exp().mean(dim=2)
+    assert torch.allclose(layer.state["log_ema"].double().exp(), step, rtol=1e-5)
+    corrected = method._merge_score(layer).double().exp()
+    assert torch.allclose(corrected, step / (1 - alpha**6), rtol=1e-5)
+
+
+def test_selection_keeps_sinks_recent_and_top_estimated_attention():
+    method = KeepKV(window=6, threshold=1.1)  # threshold above 1: pure eviction
+    layer, _, query = make_layer(method, 60, 20, seed=1)
+    method.prefill(layer, query, SCALE)
+    layer2, _, _ = make_layer(method, 60, 100, seed=1)
+    method.prefill(layer2, query, SCALE)  # same scores, no eviction
+    score = layer2.state["log_ema"]
+    for h in range(2):
+        pos = layer.positions[0, h].tolist()
+        assert pos[:4] == [0, 1, 2, 3] and pos[-6:] == list(range(54, 60)) and len(pos) == 20
+        top = score[0, h, 4:54].topk(10).indices + 4
+        assert sorted(pos[4:-6]) == sorted(top.tolist())
+    assert layer.meta["evictions"] == 2 * 40 and layer.meta["merges"] == 0
+
+
+@pytest.mark.parametrize(
+    "preset", [{}, {"estimator": "window_mean", "merge": "convex", "layer_budgets": "cosine"}]
+)
+def test_votes_account_for_every_token(tiny_model, preset):
+    """sum of votes + dropped tokens = tokens seen, on every layer and head, at every step."""
+    method = KeepKV(threshold=0.2, **preset)
+    budget = 16
+
+    def check(cache) -> None:
+        for layer in cache.layers:
+            votes = float(layer.log_weight.exp().sum())
+            heads = layer.log_weight.shape[1]
+            assert math.isclose(votes + layer.meta["dropped_votes"], heads * layer.seen_tokens, abs_tol=1e-2)
+            assert layer.n_slots <= method.layer_budget(layer)[0]
+            assert layer.positions[..., -1].eq(layer.seen_tokens - 1).all()  # the newest token is kept
+
+    ids = torch.randint(0, 128, (1, 48), generator=torch.Generator().manual_seed(0))
+    res = greedy_generate(tiny_model, ids, method, budget, 12, set(), check)
+    assert res.counters["merges"] > 0
+
+
+def test_cosine_layer_budgets_average_to_the_budget():
+    method = KeepKV(layer_budgets="cosine")
+    layers = [CompressedLayer(method, 200, layer_idx=i, num_layers=30) for i in range(30)]
+    budgets = [method.layer_budget(layer)[0] for layer in layers]
+    assert budgets[0] > budgets[-1] and budgets == sorted(budgets, reverse=True)
+    assert abs(sum(budgets) / 30 - 200) < 1.0
