@@ -73,7 +73,7 @@ ZSMERGE_PRESETS = {  # METHODS.md section 7, "Hyper-parameters - paper vs. code"
 
 PRESETS = ZSMERGE_PRESETS | {
     "keepkv": {"merge": "zip", "estimator": "ema", "layer_budgets": "uniform", "threshold": 0.8, "n_sink": 4},
-    "keepkv_code": {"merge": "convex", "estimator": "window_mean", "layer_budgets": "cosine", "threshold": 0.8},
+    "keepkv_code": {"merge": "convex", "estimator": "window_mean", "layer_budgets": "cosine"},
     "kvmerger": {"recent_ratio": 0.17, "heavy_ratio": 0.12, "theta": 0.75, "exact_budget": False},
     "kvmerger_35": {"recent_ratio": 0.08, "heavy_ratio": 0.02, "theta": 0.75},
 }
