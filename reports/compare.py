@@ -19,6 +19,7 @@ from runners.results import ResultStore
 EFFICIENCY_COLUMNS = {  # record key: (column, decimals)
     "decode_tokens_per_s": ("decode tok/s", 1),
     "prefill_tokens_per_s": ("prefill tok/s", 0),
+    "kv_bytes_end_mean": ("KV bytes", 0),
     "kv_fraction_of_fullkv": ("KV / FullKV", 3),
     "prefill_kept_fraction": ("prompt kept", 3),
     "peak_rss_bytes": ("peak RSS MiB", 0),
