@@ -62,7 +62,7 @@ def comparison(records: list[dict], task: str | None = None) -> pd.DataFrame:
         for key, (label, decimals) in EFFICIENCY_COLUMNS.items():
             value = eff.get(key)
             value = value / 2**20 if key == "peak_rss_bytes" and value else value
-            row[label] = None if value is None else round(value, decimals)
+            row[label] = None if value is None else round(value, decimals) if decimals else round(value)
         row["wall s"] = round(rec.get("wall_seconds") or 0)
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -70,6 +70,9 @@ def comparison(records: list[dict], task: str | None = None) -> pd.DataFrame:
         return frame
     frame["_budget"] = frame["budget"].fillna(float("inf"))
     frame = frame.sort_values(["model", "_budget", "method"], ascending=[True, False, True])
+    for label, decimals in EFFICIENCY_COLUMNS.values():
+        if decimals == 0 and label in frame:
+            frame[label] = frame[label].astype("Int64")
     return frame.drop(columns="_budget").reset_index(drop=True)
 
 
