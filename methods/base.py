@@ -47,6 +47,12 @@ class CompressionMethod:
     counters: ClassVar[tuple[str, ...]] = ()
 
     @property
+    def budget_applies(self) -> bool:
+        """Whether the configured budget drives this method (False: FullKV, or KVMerger with a fixed
+        ``theta``, whose kept ratio is an outcome); runners record the budget as None otherwise."""
+        return self.compresses
+
+    @property
     def budget_holds_in_decode(self) -> bool:
         """Whether decoding also stays within the budget (False: only the prompt is compressed)."""
         return self.compresses

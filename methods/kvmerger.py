@@ -69,6 +69,11 @@ class KVMerger(CompressionMethod):
     exact_budget: bool = False
     chunk_size: int = 256
 
+    @property
+    def budget_applies(self) -> bool:
+        """Only ``exact_budget`` uses the budget; with a fixed ``theta`` the ratio is an outcome."""
+        return self.exact_budget
+
     def __post_init__(self) -> None:
         for field in ("recent_ratio", "heavy_ratio"):
             if not 0.0 <= getattr(self, field) <= 1.0:

@@ -102,7 +102,7 @@ def run_quality(cfg: DictConfig) -> dict:
     """
     method, task = build_components(cfg)
     config = OmegaConf.to_container(cfg, resolve=True)
-    if not method.compresses:
+    if not method.budget_applies:
         config["budget"] = None
     rid = run_id(config)
     store = ResultStore(cfg.paths.results_dir)

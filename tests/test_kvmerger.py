@@ -99,3 +99,16 @@ def test_exact_budget_hits_the_slot_count_on_every_head(budget):
     assert layer.n_slots == budget and torch.isfinite(layer.log_weight).all()
     recent, heavy = method.protected_counts(70, budget)
     assert recent + heavy <= budget
+
+
+def test_fixed_theta_ignores_the_budget_and_says_so(tiny_model):
+    """With a fixed theta the kept ratio is an outcome: runners record no budget for it."""
+    from methods import FullKV
+    from runners.generate import greedy_generate
+
+    assert not KVMerger().budget_applies and KVMerger(exact_budget=True).budget_applies
+    assert not FullKV().budget_applies
+    ids = torch.randint(0, 128, (1, 48), generator=torch.Generator().manual_seed(0))
+    with_budget = greedy_generate(tiny_model, ids, KVMerger(), 10, 8, set())
+    without = greedy_generate(tiny_model, ids, KVMerger(), None, 8, set())
+    assert with_budget.tokens == without.tokens and with_budget.prefill_slots == without.prefill_slots
