@@ -12,16 +12,18 @@ from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
 from methods.kvmerger import KVMerger
+from methods.less import LESS
 from methods.snapkv import SnapKV
 from methods.streamingllm import StreamingLLM
 from methods.zsmerge import ZSMerge
 
 METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
-    cls.name: cls for cls in (FullKV, H2O, KeepKV, KVMerger, SnapKV, StreamingLLM, ZSMerge)
+    cls.name: cls for cls in (FullKV, H2O, KeepKV, KVMerger, LESS, SnapKV, StreamingLLM, ZSMerge)
 }
 
 __all__ = [
     "H2O",
+    "LESS",
     "METHOD_REGISTRY",
     "CompressedCache",
     "CompressedLayer",

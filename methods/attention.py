@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from kernels import decode_attention
 from methods.cache import CompressedCache
 
 ATTN_IMPLEMENTATION = "kvbench"
@@ -79,16 +78,7 @@ def kvbench_attention(
         method.prefill(layer, query, scale)
         layer.prefilled = True
     elif query.shape[2] == 1:
-        keys = method.attention_keys(layer)
-        if method.needs_decode_probs:
-            out, probs = decode_attention(
-                query, keys, value, layer.log_weight, scale, return_logits=method.decode_scores == "logits"
-            )
-        else:
-            out, probs = (
-                F.scaled_dot_product_attention(query, keys, value, scale=scale, enable_gqa=True),
-                None,
-            )
+        out, probs = method.decode_attention(layer, query, value, scale)
         method.decode_step(layer, probs)
     else:
         raise NotImplementedError("chunked prefill on a filled compressed cache is not supported")

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
+from kernels import decode_attention
 from methods.cache import CompressedLayer
 
 
@@ -61,6 +63,35 @@ class CompressionMethod:
         """Keys ``[batch, kv_heads, slots, head_dim]`` as decode attention must see them
         (StreamingLLM re-rotates its attention sinks here)."""
         return layer.keys
+
+    def decode_attention(
+        self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention of one decode step over the layer's slots (LESS adds its low-rank term here).
+
+        Parameters
+        ----------
+        layer : CompressedLayer
+            The layer, this step's token already appended.
+        query : torch.Tensor
+            ``[batch, q_heads, 1, head_dim]`` post-RoPE.
+        values : torch.Tensor
+            ``[batch, kv_heads, slots, head_dim]``.
+        scaling : float
+            Softmax scale.
+
+        Returns
+        -------
+        tuple[torch.Tensor, torch.Tensor | None]
+            Output ``[batch, q_heads, 1, head_dim]`` and what :meth:`decode_step` receives
+            (see ``decode_scores``; None when ``needs_decode_probs`` is False).
+        """
+        keys = self.attention_keys(layer)
+        if not self.needs_decode_probs:
+            out = F.scaled_dot_product_attention(query, keys, values, scale=scaling, enable_gqa=True)
+            return out, None
+        logits = self.decode_scores == "logits"
+        return decode_attention(query, keys, values, layer.log_weight, scaling, return_logits=logits)
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise state from the prompt and compress the layer to its budget.

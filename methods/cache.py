@@ -45,6 +45,10 @@ class CompressedLayer(CacheLayerMixin):
         slot axis is always dim 2). New slots are filled with the method's ``state_fill`` value.
     meta : dict[str, int]
         Method scalars shared by all heads of the layer (e.g. number of residual slots).
+    aux : dict[str, torch.Tensor]
+        Fixed-size per-head state that stands in for evicted tokens (LESS: ``H``
+        ``[batch, kv_heads, R, head_dim]`` and ``z`` ``[batch, kv_heads, R]``); counted in
+        :meth:`kv_bytes`, since it replaces cache memory.
     budget : int | None
         Slot budget resolved for the current sample (None: no compression).
     rotary_emb : torch.nn.Module | None
@@ -76,6 +80,7 @@ class CompressedLayer(CacheLayerMixin):
         self.positions: torch.Tensor | None = None
         self.state: dict[str, torch.Tensor] = {}
         self.meta: dict[str, int] = {}
+        self.aux: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ transformers API
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -162,10 +167,12 @@ class CompressedLayer(CacheLayerMixin):
         return float(torch.isfinite(self.log_weight).sum(dim=-1).float().mean())
 
     def kv_bytes(self) -> int:
-        """Bytes held by keys and values (slots x kv_heads x head_dim x 2 x dtype size x batch)."""
+        """Bytes held by keys and values (slots x kv_heads x head_dim x 2 x dtype size x batch),
+        plus the ``aux`` state that stands in for evicted tokens."""
         if self.keys is None:
             return 0
-        return self.keys.untyped_storage().nbytes() + self.values.untyped_storage().nbytes()
+        aux = sum(t.untyped_storage().nbytes() for t in self.aux.values())
+        return self.keys.untyped_storage().nbytes() + self.values.untyped_storage().nbytes() + aux
 
     def state_bytes(self) -> int:
         """Bytes held by log_weight, positions and method state (the method's overhead)."""

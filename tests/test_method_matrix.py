@@ -9,6 +9,7 @@ import torch
 
 from methods import METHOD_REGISTRY, FullKV
 from runners.generate import greedy_generate
+from tests.test_less import tiny_kernels
 
 PROMPT, NEW = 64, 16
 BYTES_PER_SLOT = 2 * 2 * 16 * 4  # kv_heads x head_dim x (K, V) x fp32, one layer
@@ -21,6 +22,8 @@ SETTINGS = {
     "streamingllm": ({}, {"n_sink": 1, "rerotate": False}),
     # fixed theta makes the slot count an outcome (tests/test_kvmerger.py); the matrix needs a budget
     "keepkv": ({}, {"estimator": "window_mean", "merge": "convex", "threshold": 0.3, "n_sink": 1}),
+    # LESS needs trained kernels: random ones with a non-zero state here (tests/test_less.py)
+    "less": ({"kernels": tiny_kernels()}, {"policy": "lambda", "kernels": tiny_kernels()}),
     "kvmerger": ({"exact_budget": True}, {"exact_budget": True, "recent_ratio": 0.08, "heavy_ratio": 0.02}),
 }
 CASES = [
@@ -49,7 +52,8 @@ def test_budget_and_memory_at_every_step(tiny_model, name, kwargs, budget):
         if method.compresses:
             allowed = budget if method.budget_holds_in_decode else budget + len(steps) - 1
         assert max(cache.n_slots) <= allowed
-        assert cache.kv_bytes() == sum(cache.n_slots) * BYTES_PER_SLOT
+        state = sum(t.nbytes for layer in cache.layers for t in layer.aux.values())  # LESS's H, z
+        assert cache.kv_bytes() == sum(cache.n_slots) * BYTES_PER_SLOT + state
 
     res = greedy_generate(
         tiny_model, prompt(0), method, budget if method.compresses else None, NEW, set(), check

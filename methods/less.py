@@ -1,0 +1,154 @@
+"""LESS: a sparse eviction policy plus a learned constant-size state for what it evicts (Dong et
+al., ICML 2024, "Get More with LESS"; METHODS.md section 6, hdong920/LESS).
+
+Per KV head the cache keeps what the sparse policy keeps (H2O by default, or "Lambda-mask":
+the first ``heavy`` tokens + recent) and a state ``H`` ``[R, head_dim]``, ``z`` ``[R]`` (float32).
+Every evicted token adds ``psi(k) v^T`` to ``H`` and ``psi(k)`` to ``z`` before it is freed.
+A decode step's output combines the softmax over the kept slots with the low-rank term in log
+space (the official code's form):
+
+    lse_S = logsumexp(l_S),  lse = logaddexp(ln(phi(q)^T z), lse_S)
+    o = exp(lse_S - lse) softmax(l_S) V + exp(-lse) phi(q)^T H
+
+which equals ``[sum_S e^l v + phi(q)^T H] / [sum_S e^l + phi(q)^T z]``. H2O's scores accumulate
+the sparse-only softmax. Prefill output is full attention (no low-rank term). GQA: ``phi`` per
+query head, ``psi``, ``H``, ``z`` per KV head, H2O scores the group mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from methods.cache import CompressedLayer
+from methods.h2o import H2O
+from methods.less_kernels import LessKernels
+from methods.scoring import causal_column_sums, lowest_score, top_and_recent
+
+POLICIES = ("h2o", "lambda")
+
+
+@dataclass
+class LESS(H2O):
+    """LESS on top of H2O (``policy="h2o"``) or the Lambda mask (``policy="lambda"``).
+
+    Parameters
+    ----------
+    policy : str
+        Sparse policy: ``"h2o"`` or ``"lambda"`` (first ``heavy`` tokens + recent).
+    rank : int
+        Feature dimension R of the state (8).
+    checkpoint : str | None
+        Directory of the trained kernel set (``runners.less_checkpoints``); None: looked up by
+        model, policy and budget.
+    heavy_ratio, recent_ratio, chunk_size
+        As :class:`methods.h2o.H2O`.
+
+    Attributes
+    ----------
+    kernels : list[LessKernels]
+        One kernel set per decoder layer; must be assigned before use.
+
+    Raises
+    ------
+    ValueError
+        For an unknown policy or a rank below 1 (and as :class:`methods.h2o.H2O`).
+    """
+
+    name: ClassVar[str] = "less"
+
+    policy: str = "h2o"
+    rank: int = 8
+    checkpoint: str | None = None
+    kernels: list[LessKernels] = field(default_factory=list, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.rank < 1:
+            raise ValueError(f"rank must be >= 1, got {self.rank}")
+
+    # ------------------------------------------------------------------ state
+    def _kernels(self, layer: CompressedLayer) -> LessKernels:
+        if len(self.kernels) <= layer.layer_idx:
+            raise RuntimeError(f"LESS has no kernels for layer {layer.layer_idx}: assign method.kernels")
+        return self.kernels[layer.layer_idx]
+
+    def absorb(self, layer: CompressedLayer, slots: torch.Tensor) -> None:
+        """Add ``psi(k) v^T`` and ``psi(k)`` of the slots ``[batch, kv_heads, n]`` to ``H`` and ``z``."""
+        d = layer.keys.shape[-1]
+        keys = layer.keys.gather(2, slots.unsqueeze(-1).expand(-1, -1, -1, d)).float()
+        values = layer.values.gather(2, slots.unsqueeze(-1).expand(-1, -1, -1, layer.values.shape[-1]))
+        psi = self._kernels(layer).psi(keys)  # [b, h, n, R]
+        layer.aux["H"] += torch.einsum("bhnr,bhnd->bhrd", psi, values.float())
+        layer.aux["z"] += psi.sum(dim=2)
+
+    # ------------------------------------------------------------------ hooks
+    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
+        """Score the prompt (H2O) and move everything the policy evicts into the state."""
+        b, h, n, _ = layer.keys.shape
+        layer.aux = {
+            "H": torch.zeros(
+                (b, h, self.rank, layer.values.shape[-1]), dtype=torch.float32, device=layer.device
+            ),
+            "z": torch.zeros((b, h, self.rank), dtype=torch.float32, device=layer.device),
+        }
+        if self.policy == "h2o":
+            layer.state["scores"] = causal_column_sums(query, layer.keys, scaling, self.chunk_size)
+        if layer.budget is None or n <= layer.budget:
+            return
+        heavy, recent = self.split(layer.budget)
+        if self.policy == "h2o":
+            keep = top_and_recent(layer.state["scores"], heavy, recent)
+        else:
+            keep = (
+                torch.cat([torch.arange(heavy), torch.arange(n - recent, n)])
+                .to(layer.device)
+                .expand(b, h, -1)
+            )
+        kept = torch.zeros((b, h, n), dtype=torch.bool, device=layer.device).scatter(2, keep, True)
+        self.absorb(layer, (~kept).nonzero(as_tuple=True)[2].view(b, h, n - layer.budget))
+        layer.gather(keep)
+
+    def decode_attention(
+        self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sparse softmax + low-rank term in log space; returns the output and the sparse-only
+        group-mean probabilities ``[batch, kv_heads, slots]`` (H2O's scores)."""
+        b, hq, _, d = query.shape
+        hkv = layer.keys.shape[1]
+        q = query.reshape(b, hkv, hq // hkv, d).float()
+        logits = torch.einsum("bhgd,bhsd->bhgs", q, layer.keys.float()) * scaling
+        lse_sparse = torch.logsumexp(logits, dim=-1)
+        probs = torch.softmax(logits, dim=-1)
+        phi = self._kernels(layer).phi(query.float()).view(b, hkv, hq // hkv, -1)
+        numer = torch.einsum("bhgr,bhrd->bhgd", phi, layer.aux["H"])
+        denom = torch.einsum("bhgr,bhr->bhg", phi, layer.aux["z"])
+        denom = torch.where(denom > 0, denom.clamp(min=1e-6), torch.zeros_like(denom))  # official guard
+        lse = torch.logaddexp(denom.log(), lse_sparse)
+        sparse_out = torch.einsum("bhgs,bhsd->bhgd", probs, values.float())
+        out = torch.exp(lse_sparse - lse).unsqueeze(-1) * sparse_out + torch.exp(-lse).unsqueeze(-1) * numer
+        return out.to(values.dtype).view(b, hq, 1, d), probs.mean(dim=2)
+
+    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
+        """Accumulate scores; evict one token into the state once over budget."""
+        if self.policy == "h2o":
+            layer.state["scores"].add_(probs)
+        if layer.budget is None or layer.n_slots <= layer.budget:
+            return
+        heavy, recent = self.split(layer.budget)
+        if self.policy == "h2o":
+            older = layer.positions <= layer.seen_tokens - 1 - recent
+            slot = lowest_score(layer.state["scores"], older)
+        else:  # Lambda mask: the oldest token after the first `heavy`
+            slot = torch.full(layer.positions.shape[:2], heavy, dtype=torch.long, device=layer.device)
+        self.absorb(layer, slot.unsqueeze(-1))
+        layer.drop(slot)
+
+
+def state_tokens(rank: int, head_dim: int, dtype_bytes: int) -> float:
+    """How many cached tokens (K + V) the state ``H``, ``z`` of one KV head weighs (METHODS.md: ~4)."""
+    return (rank * head_dim + rank) * 4 / (2 * head_dim * dtype_bytes)
