@@ -64,6 +64,17 @@ class CompressionMethod:
         (StreamingLLM re-rotates its attention sinks here)."""
         return layer.keys
 
+    def attach_assets(
+        self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str
+    ) -> None:
+        """Load what the method needs besides the model (LESS: its trained kernels); no-op by default.
+
+        Raises
+        ------
+        FileNotFoundError
+            With a one-line message saying how to produce the missing asset.
+        """
+
     def decode_attention(
         self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -18,12 +18,14 @@ query head, ``psi``, ``H``, ``z`` per KV head, H2O scores the group mean.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from methods.cache import CompressedLayer
 from methods.h2o import H2O
+from methods.less_checkpoints import kernel_set_dir, load_kernel_set
 from methods.less_kernels import LessKernels
 from methods.scoring import causal_column_sums, lowest_score, top_and_recent
 
@@ -63,6 +65,7 @@ class LESS(H2O):
     rank: int = 8
     checkpoint: str | None = None
     kernels: list[LessKernels] = field(default_factory=list, repr=False, compare=False)
+    kernel_meta: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -70,6 +73,30 @@ class LESS(H2O):
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
+
+    def attach_assets(
+        self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str
+    ) -> None:
+        """Load the kernel set trained for (model, policy, budget), or the one in ``checkpoint``.
+
+        Raises
+        ------
+        FileNotFoundError
+            If no finished kernel set exists; the message gives the training command.
+        """
+        path = (
+            Path(self.checkpoint)
+            if self.checkpoint
+            else kernel_set_dir(checkpoints_dir, model, self.policy, budget, budget_unit)
+        )
+        try:
+            self.kernels, self.kernel_meta = load_kernel_set(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"no trained LESS kernels at {path}; train them with `python run.py runner=train_less "
+                f"method=less method.policy={self.policy} model={model} budget={budget} "
+                f"budget_unit={budget_unit}`"
+            ) from None
 
     # ------------------------------------------------------------------ state
     def _kernels(self, layer: CompressedLayer) -> LessKernels:

@@ -8,9 +8,13 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from runners.errors import KVBenchError
+from runners.less_train import run_train_less
 from runners.quality import run_quality
 
-RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {"quality": run_quality}
+RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
+    "quality": run_quality,
+    "train_less": run_train_less,
+}
 
 
 def run_from_config(cfg: DictConfig) -> float | None:

@@ -53,6 +53,10 @@ def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
     method = _build(cfg.method, "method", METHOD_REGISTRY)
     task = _build(cfg.task, "task", TASK_REGISTRY)
     validate_model_config(cfg.model)
+    try:
+        method.attach_assets(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
+    except FileNotFoundError as err:
+        raise KVBenchError(str(err)) from err
     return method, task
 
 
