@@ -54,9 +54,14 @@ AttentionInterface.register(CAPTURE_IMPLEMENTATION, _capture_attention)
 
 @torch.no_grad()
 def stream_activations(
-    model: torch.nn.Module, windows: torch.Tensor, layers: list[int], batch_size: int = 1
-) -> Iterator[dict[int, LayerActivations]]:
-    """Yield ``{layer: LayerActivations}`` for each batch of ``windows`` ``[n, length]`` (token ids).
+    model: torch.nn.Module,
+    windows: torch.Tensor,
+    layers: list[int],
+    batch_size: int = 1,
+    order: torch.Tensor | None = None,
+) -> Iterator[tuple[tuple[int, ...], dict[int, LayerActivations]]]:
+    """Yield ``(window indices, {layer: LayerActivations})`` per batch of ``windows`` ``[n, length]``
+    (token ids), visiting windows in ``order`` (default: as given).
 
     The model is switched to full SDPA attention for the duration and switched back afterwards.
     """
@@ -70,11 +75,12 @@ def stream_activations(
         for i in layers
     ]
     try:
+        order = torch.arange(windows.shape[0]) if order is None else order
         for start in range(0, windows.shape[0], batch_size):
             store: dict[int, dict] = {}
-            batch = windows[start : start + batch_size]
-            model.model(input_ids=batch, use_cache=False, less_capture=store)
-            yield {i: LayerActivations(output=outputs[i], **store[i]) for i in layers}
+            index = order[start : start + batch_size]
+            model.model(input_ids=windows[index], use_cache=False, less_capture=store)
+            yield tuple(index.tolist()), {i: LayerActivations(output=outputs[i], **store[i]) for i in layers}
     finally:
         for hook in hooks:
             hook.remove()
