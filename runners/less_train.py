@@ -143,7 +143,7 @@ def run_train_less(cfg: DictConfig) -> dict:
                 optims[i].zero_grad()
                 loss.backward()
                 optims[i].step()
-                train_loss[i] += float(loss) / math.ceil(len(train) / run.batch_size)
+                train_loss[i] += float(loss.detach()) / math.ceil(len(train) / run.batch_size)
         val_loss = _validate(model, kernels, val, layers, masks, run.batch_size)
         for i in layers:
             scheds[i].step()
@@ -167,7 +167,8 @@ def run_train_less(cfg: DictConfig) -> dict:
     for i in layers:
         info = {
             "best_val": best[i][0],
-            "train": [c["train"][i] for c in curve],
+            "sparse_only_val": sparse_only[i],
+            "train": [c["train"][i] for c in curve[1:]],
             "val": [c["val"][i] for c in curve],
         }
         save_layer(out_dir, i, kernels[i], info)

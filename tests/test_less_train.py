@@ -88,15 +88,16 @@ def test_training_beats_the_sparse_policy_on_held_out_text(tmp_path, data_dir):
 
     overrides = [
         "runner=train_less", "method=less", "budget=0.1", f"task.data_dir={data_dir}",
-        f"paths.checkpoints_dir={tmp_path}", "runner.layers=[0,1]", "runner.windows=6",
-        "runner.val_windows=2", "runner.window_length=160", "runner.epochs=3", "runner.hidden=64",
+        f"paths.checkpoints_dir={tmp_path}", "runner.layers=[0,1]", "runner.windows=2",
+        "runner.val_windows=1", "runner.window_length=96", "runner.epochs=2", "runner.hidden=64",
+        "runner.progress=false",
     ]  # fmt: skip
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     record = run_train_less(cfg)
     curve = record["curve"]
-    assert record["metrics"]["val_mse"] < curve[0]["val"][0] + curve[0]["val"][1]  # training helped
-    assert record["metrics"]["val_mse"] < record["metrics"]["sparse_only_val_mse"]  # and beats H2O alone
+    assert record["metrics"]["val_mse"] < curve[0]["val"][0] + curve[0]["val"][1], curve  # training helped
+    assert record["metrics"]["val_mse"] < record["metrics"]["sparse_only_val_mse"], record  # beats H2O alone
     part = tmp_path / "less" / "smollm2-135m__h2o__0.1prompt" / "partial"
     assert json.loads((part / "layer_1.json").read_text())["best_val"] > 0
     with pytest.raises(FileNotFoundError):  # two of 30 layers: the set is not finished
