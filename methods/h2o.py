@@ -33,6 +33,10 @@ class H2O(CompressionMethod):
         when they sum to 1 the heavy hitters get any slot lost to rounding.
     chunk_size : int
         Query rows per chunk of the prefill column sums (memory only, not results).
+    state_rank : int
+        "H2O Baseline+" of the LESS paper: extra slots per head worth the bytes of a LESS state of
+        this rank (``H`` ``[R, head_dim]`` + ``z`` ``[R]`` in float32, rounded up to whole slots);
+        0 (default) for plain H2O.
 
     Raises
     ------
@@ -46,6 +50,7 @@ class H2O(CompressionMethod):
     heavy_ratio: float = 0.5
     recent_ratio: float = 0.5
     chunk_size: int = 256
+    state_rank: int = 0
 
     def __post_init__(self) -> None:
         for field in ("heavy_ratio", "recent_ratio"):
@@ -73,18 +78,28 @@ class H2O(CompressionMethod):
             raise ValueError(f"H2O budget of {budget} slots leaves no heavy-hitter slot (recent={recent})")
         return heavy, recent
 
+    def slot_budget(self, layer: CompressedLayer) -> int | None:
+        """The layer's budget plus the Baseline+ slots of ``state_rank`` (tokens)."""
+        if layer.budget is None or not self.state_rank:
+            return layer.budget
+        d_k, d_v = layer.keys.shape[-1], layer.values.shape[-1]
+        state = (self.state_rank * d_v + self.state_rank) * 4
+        return layer.budget + math.ceil(state / ((d_k + d_v) * layer.keys.element_size()))
+
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Accumulated attention from all prompt queries; keep top-heavy + recent if over budget."""
         layer.state["scores"] = causal_column_sums(query, layer.keys, scaling, self.chunk_size)
-        if layer.budget is not None and layer.n_slots > layer.budget:
-            heavy, recent = self.split(layer.budget)
+        budget = self.slot_budget(layer)
+        if budget is not None and layer.n_slots > budget:
+            heavy, recent = self.split(budget)
             layer.gather(top_and_recent(layer.state["scores"], heavy, recent))
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Add this step's attention; evict the lowest-scoring non-recent token if over budget."""
         layer.state["scores"].add_(probs)
-        if layer.budget is None or layer.n_slots <= layer.budget:
+        budget = self.slot_budget(layer)
+        if budget is None or layer.n_slots <= budget:
             return
-        _, recent = self.split(layer.budget)
+        _, recent = self.split(budget)
         older = layer.positions <= layer.seen_tokens - 1 - recent
         layer.drop(lowest_score(layer.state["scores"], older))

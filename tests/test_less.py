@@ -93,3 +93,13 @@ def test_missing_kernels_is_a_clear_error(tiny_model):
     ids = torch.randint(0, 128, (1, 20))
     with pytest.raises(RuntimeError, match="no kernels for layer 0"):
         greedy_generate(tiny_model, ids, LESS(), 8, 2, set())
+
+
+def test_h2o_plus_holds_the_bytes_of_a_less_state(tiny_model):
+    """H2O Baseline+: the extra slots cost at least the state's bytes, and less than one slot more."""
+    ids = torch.randint(0, 128, (1, 48), generator=torch.Generator().manual_seed(4))
+    less = greedy_generate(tiny_model, ids, LESS(kernels=tiny_kernels()), 12, 6, set())
+    plus = greedy_generate(tiny_model, ids, H2O(state_rank=R), 12, 6, set())
+    slot = 2 * HKV * 2 * D * 4  # one slot on every head of both layers, K and V, fp32
+    assert plus.slots == [12 + 5, 12 + 5]  # ceil((8 * 16 + 8) * 4 / (2 * 16 * 4)) = 5
+    assert less.kv_bytes <= plus.kv_bytes < less.kv_bytes + slot
