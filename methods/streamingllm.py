@@ -35,7 +35,12 @@ class StreamingLLM(CompressionMethod):
     Raises
     ------
     ValueError
-        For ``n_sink`` < 0, or (at run time) a budget that leaves no recent slot.
+        For ``n_sink`` < 0.
+
+    Notes
+    -----
+    A budget of ``n_sink`` slots or fewer (short prompts at small fractional budgets) keeps
+    ``budget - 1`` sinks, so the newest token always has a slot.
     """
 
     name: ClassVar[str] = "streamingllm"
@@ -48,37 +53,36 @@ class StreamingLLM(CompressionMethod):
         if self.n_sink < 0:
             raise ValueError(f"n_sink must be >= 0, got {self.n_sink}")
 
-    def _check(self, budget: int) -> None:
-        if budget <= self.n_sink:
-            raise ValueError(
-                f"StreamingLLM budget of {budget} slots leaves no recent slot (n_sink={self.n_sink})"
-            )
+    def sinks(self, budget: int | None) -> int:
+        """Attention sinks kept under ``budget`` slots: ``n_sink``, at most ``budget - 1``."""
+        return self.n_sink if budget is None else max(0, min(self.n_sink, budget - 1))
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Keep the sinks and the latest ``budget - n_sink`` prompt tokens."""
         length = layer.n_slots
         if layer.budget is None or length <= layer.budget:
             return
-        self._check(layer.budget)
+        sinks = self.sinks(layer.budget)
         b, h = layer.positions.shape[:2]
-        kept = torch.cat(
-            [torch.arange(self.n_sink), torch.arange(length - (layer.budget - self.n_sink), length)]
-        ).to(layer.positions.device)
+        kept = torch.cat([torch.arange(sinks), torch.arange(length - (layer.budget - sinks), length)]).to(
+            layer.positions.device
+        )
         layer.gather(kept.expand(b, h, -1))
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Evict the oldest non-sink token once over budget (slots stay in position order)."""
         if layer.budget is not None and layer.n_slots > layer.budget:
-            self._check(layer.budget)
             b, h = layer.positions.shape[:2]
-            layer.drop(torch.full((b, h), self.n_sink, dtype=torch.long, device=layer.positions.device))
+            sinks = self.sinks(layer.budget)
+            layer.drop(torch.full((b, h), sinks, dtype=torch.long, device=layer.positions.device))
 
     def attention_keys(self, layer: CompressedLayer) -> torch.Tensor:
         """Sinks moved forward by the number of evicted tokens when ``rerotate`` is on."""
         evicted = layer.seen_tokens - layer.n_slots
-        if not self.rerotate or evicted == 0 or self.n_sink == 0:
+        n = self.sinks(layer.budget)
+        if not self.rerotate or evicted == 0 or n == 0:
             return layer.keys
         if layer.rotary_emb is None:
             raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
-        sinks = rerotate(layer.keys[:, :, : self.n_sink], evicted, layer.rotary_emb)
-        return torch.cat([sinks, layer.keys[:, :, self.n_sink :]], dim=2)
+        sinks = rerotate(layer.keys[:, :, :n], evicted, layer.rotary_emb)
+        return torch.cat([sinks, layer.keys[:, :, n:]], dim=2)

@@ -199,3 +199,23 @@ def test_weighted_column_sums_equal_the_weighted_full_matrix():
     torch.testing.assert_close(
         causal_column_sums(q, k, SCALE, 5, weights).double(), expected, rtol=1e-5, atol=1e-6
     )
+
+
+def test_streamingllm_small_budget_keeps_fewer_sinks_and_the_newest_token(tiny_model):
+    """A budget at or below n_sink (short prompt, small fraction) keeps budget - 1 sinks + the newest."""
+    from methods import StreamingLLM
+    from runners.generate import greedy_generate
+
+    ids = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(5))
+    seen = []
+    res = greedy_generate(
+        tiny_model,
+        ids,
+        StreamingLLM(),
+        3,
+        4,
+        set(),
+        lambda c: seen.append(c.layers[0].positions[0, 0].tolist()),
+    )
+    assert res.slots == [3, 3]
+    assert seen[0] == [0, 1, 29] and seen[-1] == [0, 1, 32]
