@@ -128,7 +128,20 @@ def test_every_method_on_the_embedded_model(embedded, data_dir, name):
     ids, eos = enc["input_ids"], eos_token_ids(model, tokenizer)
     full = greedy_generate(model, ids, FullKV(), None, 16, eos)
     # fixed-theta KVMerger ignores the budget (its ratio is an outcome): test the budgeted mode here
-    method = METHOD_REGISTRY[name](**({"exact_budget": True} if name == "kvmerger" else {}))
+    kwargs = {"kvmerger": {"exact_budget": True}, "less": {"kernels": untrained_less_kernels(model)}}
+    method = METHOD_REGISTRY[name](**kwargs.get(name, {}))
     assert greedy_generate(model, ids, method, ids.shape[1] + 16, 16, eos).tokens == full.tokens
     small = greedy_generate(model, ids, method, int(0.05 * ids.shape[1]), 16, eos)
     assert small.kv_bytes < 0.2 * small.fullkv_bytes
+
+
+def untrained_less_kernels(model) -> list:
+    """Random LESS kernels with the model's geometry (trained ones: tests/test_less_train.py)."""
+    from methods.less_kernels import LessKernels
+
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return [
+        LessKernels(c.num_attention_heads, c.num_key_value_heads, head_dim, hidden=64)
+        for _ in range(c.num_hidden_layers)
+    ]
