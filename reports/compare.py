@@ -87,6 +87,7 @@ def main(argv: list[str]) -> int:
     if frame.empty:
         print(f"no finished runs under {args.results_dir}/runs", file=sys.stderr)
         return 1
+    frame["budget"] = frame["budget"].astype(object).where(frame["budget"].notna(), "none")
     print(frame.to_markdown(index=False, floatfmt="g") if args.markdown else frame.to_string(index=False))
     return 0
 
