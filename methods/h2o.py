@@ -92,7 +92,7 @@ class H2O(CompressionMethod):
         budget = self.slot_budget(layer)
         if budget is not None and layer.n_slots > budget:
             heavy, recent = self.split(budget)
-            layer.gather(top_and_recent(layer.state["scores"], heavy, recent))
+            self.keep(layer, top_and_recent(layer.state["scores"], heavy, recent))
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Add this step's attention; evict the lowest-scoring non-recent token if over budget."""
@@ -102,4 +102,12 @@ class H2O(CompressionMethod):
             return
         _, recent = self.split(budget)
         older = layer.positions <= layer.seen_tokens - 1 - recent
-        layer.drop(lowest_score(layer.state["scores"], older))
+        self.evict(layer, lowest_score(layer.state["scores"], older))
+
+    def keep(self, layer: CompressedLayer, index: torch.Tensor) -> None:
+        """Keep the slots ``index`` ``[batch, kv_heads, kept]``, free the rest (LESS absorbs them first)."""
+        layer.gather(index)
+
+    def evict(self, layer: CompressedLayer, slot: torch.Tensor) -> None:
+        """Free one slot per head, ``slot`` ``[batch, kv_heads]`` (LESS absorbs it first)."""
+        layer.drop(slot)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from methods.base import CompressionMethod
 from methods.cache import CompressedLayer
-from methods.scoring import window_logits
+from methods.scoring import complement, window_logits
 from methods.zip_merge import group_logsumexp, merge_groups
 
 NEG_INF = float("-inf")
@@ -202,8 +202,7 @@ class KeepKV(CompressionMethod):
             dim=-1,
         )
         keep = keep.sort(dim=-1).values
-        is_kept = torch.zeros((b, h, n), dtype=torch.bool, device=keep.device).scatter(2, keep, True)
-        evicted = (~is_kept).nonzero(as_tuple=True)[2].view(b, h, n - budget)
+        evicted = complement(keep, n)
 
         k_unit = F.normalize(layer.keys.float(), dim=-1)
         cos = k_unit.gather(2, evicted.unsqueeze(-1).expand(-1, -1, -1, k_unit.shape[-1])) @ (
@@ -254,6 +253,6 @@ class KeepKV(CompressionMethod):
         rows: torch.Tensor, log_votes: torch.Tensor, target: torch.Tensor, groups: int
     ) -> torch.Tensor:
         """Vote-weighted average of score rows ``[b, h, n, w]`` within each group (log domain)."""
-        weighted = torch.where(torch.isfinite(log_votes), log_votes, NEG_INF).unsqueeze(-1) + rows
+        weighted = log_votes.unsqueeze(-1) + rows  # dropped members have ln p = -inf
         log_p = group_logsumexp(log_votes, target, groups)
         return (group_logsumexp(weighted, target, groups) - log_p.unsqueeze(-1)).float()

@@ -27,7 +27,7 @@ from methods.cache import CompressedLayer
 from methods.h2o import H2O
 from methods.less_checkpoints import kernel_set_dir, load_kernel_set
 from methods.less_kernels import LessKernels
-from methods.scoring import causal_column_sums, lowest_score, top_and_recent
+from methods.scoring import complement
 
 POLICIES = ("h2o", "lambda")
 
@@ -115,7 +115,7 @@ class LESS(H2O):
 
     # ------------------------------------------------------------------ hooks
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
-        """Score the prompt (H2O) and move everything the policy evicts into the state."""
+        """Empty state, then the sparse policy's prefill; what it evicts goes into the state."""
         b, h, n, _ = layer.keys.shape
         layer.aux = {
             "H": torch.zeros(
@@ -124,21 +124,11 @@ class LESS(H2O):
             "z": torch.zeros((b, h, self.rank), dtype=torch.float32, device=layer.device),
         }
         if self.policy == "h2o":
-            layer.state["scores"] = causal_column_sums(query, layer.keys, scaling, self.chunk_size)
-        if layer.budget is None or n <= layer.budget:
-            return
-        heavy, recent = self.split(layer.budget)
-        if self.policy == "h2o":
-            keep = top_and_recent(layer.state["scores"], heavy, recent)
-        else:
-            keep = (
-                torch.cat([torch.arange(heavy), torch.arange(n - recent, n)])
-                .to(layer.device)
-                .expand(b, h, -1)
-            )
-        kept = torch.zeros((b, h, n), dtype=torch.bool, device=layer.device).scatter(2, keep, True)
-        self.absorb(layer, (~kept).nonzero(as_tuple=True)[2].view(b, h, n - layer.budget))
-        layer.gather(keep)
+            super().prefill(layer, query, scaling)
+        elif layer.budget is not None and n > layer.budget:  # Lambda mask: first `heavy` + recent
+            heavy, recent = self.split(layer.budget)
+            first_and_recent = torch.cat([torch.arange(heavy), torch.arange(n - recent, n)])
+            self.keep(layer, first_and_recent.to(layer.device).expand(b, h, -1))
 
     def decode_attention(
         self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
@@ -161,21 +151,21 @@ class LESS(H2O):
         return out.to(values.dtype).view(b, hq, 1, d), probs.mean(dim=2)
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
-        """Accumulate scores; evict one token into the state once over budget."""
+        """The sparse policy's step; the token it evicts goes into the state."""
         if self.policy == "h2o":
-            layer.state["scores"].add_(probs)
-        if layer.budget is None or layer.n_slots <= layer.budget:
-            return
-        heavy, recent = self.split(layer.budget)
-        if self.policy == "h2o":
-            older = layer.positions <= layer.seen_tokens - 1 - recent
-            slot = lowest_score(layer.state["scores"], older)
-        else:  # Lambda mask: the oldest token after the first `heavy`
-            slot = torch.full(layer.positions.shape[:2], heavy, dtype=torch.long, device=layer.device)
+            super().decode_step(layer, probs)
+        elif layer.budget is not None and layer.n_slots > layer.budget:  # Lambda: oldest after `heavy`
+            heavy, _ = self.split(layer.budget)
+            self.evict(
+                layer, torch.full(layer.positions.shape[:2], heavy, dtype=torch.long, device=layer.device)
+            )
+
+    def keep(self, layer: CompressedLayer, index: torch.Tensor) -> None:
+        """Absorb the slots not in ``index`` into ``H``, ``z``, then free them."""
+        self.absorb(layer, complement(index, layer.n_slots))
+        layer.gather(index)
+
+    def evict(self, layer: CompressedLayer, slot: torch.Tensor) -> None:
+        """Absorb one slot per head into ``H``, ``z``, then free it."""
         self.absorb(layer, slot.unsqueeze(-1))
         layer.drop(slot)
-
-
-def state_tokens(rank: int, head_dim: int, dtype_bytes: int) -> float:
-    """How many cached tokens (K + V) the state ``H``, ``z`` of one KV head weighs (METHODS.md: ~4)."""
-    return (rank * head_dim + rank) * 4 / (2 * head_dim * dtype_bytes)

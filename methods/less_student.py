@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from methods.less_kernels import LessKernels
-from methods.scoring import group_queries
+from methods.scoring import group_queries, lowest_score, window_logits
 
 
 def h2o_keep_mask(
@@ -39,8 +39,7 @@ def h2o_keep_mask(
         query ``t`` (False above the diagonal).
     """
     b, hkv, length, _ = keys.shape
-    q = group_queries(query, hkv).float()
-    logits = torch.einsum("bhgqd,bhkd->bhgqk", q, keys.float()) * scaling
+    logits = window_logits(query, keys, length, scaling)
     held = torch.zeros((b, hkv, length), dtype=torch.bool, device=keys.device)
     scores = torch.zeros((b, hkv, length), dtype=torch.float32, device=keys.device)
     mask = torch.zeros((b, hkv, length, length), dtype=torch.bool, device=keys.device)
@@ -53,8 +52,7 @@ def h2o_keep_mask(
         if t + 1 > budget:
             candidates = held.clone()
             candidates[..., max(0, t + 1 - recent) :] = False
-            victim = torch.where(candidates, scores, torch.inf).argmin(dim=-1, keepdim=True)
-            held.scatter_(-1, victim, False)
+            held.scatter_(-1, lowest_score(scores, candidates).unsqueeze(-1), False)
     return mask
 
 
@@ -92,8 +90,7 @@ def student_attention(
     """
     b, hq, length, d = query.shape
     hkv = keys.shape[1]
-    q = group_queries(query, hkv).float()
-    logits = torch.einsum("bhgqd,bhkd->bhgqk", q, keys.float()) * scaling
+    logits = window_logits(query, keys, length, scaling)  # causal, -inf above the diagonal
     causal = torch.ones(length, length, dtype=torch.bool, device=keys.device).tril()
     sparse = (keep & causal).unsqueeze(2)
     low_rank = (causal & ~keep).unsqueeze(2)

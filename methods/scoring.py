@@ -168,3 +168,11 @@ def lowest_score(scores: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor
     ``candidates`` is a ``[batch, kv_heads, slots]`` bool mask with at least one True per head.
     """
     return torch.where(candidates, scores, torch.inf).argmin(dim=-1)
+
+
+def complement(index: torch.Tensor, n: int) -> torch.Tensor:
+    """The slots of ``[0, n)`` not in ``index`` ``[batch, kv_heads, k]`` (distinct per head), in
+    position order: ``[batch, kv_heads, n - k]`` int64 (what a keep-set evicts)."""
+    b, h, k = index.shape
+    kept = torch.zeros((b, h, n), dtype=torch.bool, device=index.device).scatter(2, index, True)
+    return (~kept).nonzero(as_tuple=True)[2].view(b, h, n - k)
