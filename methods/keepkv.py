@@ -24,6 +24,7 @@ Per layer and KV head (GQA: scores are the group mean of ``exp(logit)``):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -37,6 +38,15 @@ from methods.scoring import complement, window_logits
 from methods.zip_merge import group_logsumexp, merge_groups
 
 NEG_INF = float("-inf")
+
+
+@functools.cache
+def cosine_share(i: int, n: int, decay_ratio: float) -> float:
+    """Layer ``i``'s heavy-hitter share under the official code's PyramidInfer cosine schedule
+    (1.0 at layer 0 down to ``decay_ratio`` at layer ``n - 1``), normalised to mean 1 over layers.
+    Cached: decode steps ask for it on every layer."""
+    raw = [decay_ratio + (1 - decay_ratio) * (1 + math.cos(math.pi * j / (n - 1))) / 2 for j in range(n)]
+    return raw[i] / (sum(raw) / n)
 
 
 @dataclass
@@ -114,13 +124,9 @@ class KeepKV(CompressionMethod):
         recent = math.ceil(self.recent_share * budget) if self.window is None else self.window
         recent = max(1, min(recent, budget - 1)) if budget > 1 else budget
         if self.layer_budgets == "cosine" and layer.num_layers > 1:
-            share = [self._cosine(i, layer.num_layers) for i in range(layer.num_layers)]
-            heavy = (budget - recent) * share[layer.layer_idx] / (sum(share) / len(share))
+            heavy = (budget - recent) * cosine_share(layer.layer_idx, layer.num_layers, self.decay_ratio)
             budget = recent + max(1, round(heavy))
         return budget, recent
-
-    def _cosine(self, i: int, n: int) -> float:
-        return self.decay_ratio + (1 - self.decay_ratio) * (1 + math.cos(math.pi * i / (n - 1))) / 2
 
     def _alpha(self, window: int) -> float:
         return self.alpha if self.alpha is not None else 1.0 - 2.0 / (window + 1)
