@@ -45,8 +45,8 @@ def decode_attention(
     """
     b, hq, q_len, d = query.shape
     hkv = keys.shape[1]
-    q = query.reshape(b, hkv, (hq // hkv) * q_len, d)
-    logits = torch.matmul(q, keys.transpose(-1, -2)).float() * scaling
+    q = query.reshape(b, hkv, (hq // hkv) * q_len, d) * scaling
+    logits = torch.matmul(q, keys.transpose(-1, -2)).float()
     biased = logits + log_weight.unsqueeze(2) if log_weight is not None else logits
     probs = torch.softmax(biased, dim=-1)
     out = torch.matmul(probs.to(values.dtype), values).view(b, hq, q_len, values.shape[-1])

@@ -33,6 +33,7 @@ def kvbench_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     kvbench_cache: CompressedCache | None = None,
+    kvbench_observer=None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Attention over the compressed cache of ``module.layer_idx``.
@@ -51,6 +52,10 @@ def kvbench_attention(
         Softmax scale; ``head_dim ** -0.5`` if None.
     kvbench_cache : CompressedCache
         The cache the model was called with.
+    kvbench_observer : callable, optional
+        Called as ``observer(layer_idx, query, new_keys, new_values, out, scale)`` after each layer's
+        attention, with this call's keys/values ``[batch, kv_heads, q_len, head_dim]`` and the output
+        ``[batch, q_heads, q_len, head_dim]`` (the error runner drives shadow caches with it).
 
     Returns
     -------
@@ -82,6 +87,9 @@ def kvbench_attention(
         method.decode_step(layer, probs)
     else:
         raise NotImplementedError("chunked prefill on a filled compressed cache is not supported")
+    if kvbench_observer is not None:
+        q_len = query.shape[2]
+        kvbench_observer(module.layer_idx, query, key[:, :, -q_len:], value[:, :, -q_len:], out, scale)
     return out.transpose(1, 2).contiguous(), None
 
 

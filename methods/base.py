@@ -36,6 +36,9 @@ class CompressionMethod:
     decode_scores : str
         What :meth:`decode_step` receives: ``"probs"`` (group-mean probabilities) or ``"logits"``
         (raw scaled logits of every query head, without the ``log_weight`` bias).
+    uses_log_weight : bool
+        Whether the method ever sets ``log_weight`` (merged or padded slots); if not, decode
+        attention skips the bias.
     counters : tuple[str, ...]
         Names of integer event counters the method keeps in ``layer.meta`` (summed over layers
         and samples into the run record).
@@ -46,6 +49,7 @@ class CompressionMethod:
     needs_decode_probs: ClassVar[bool] = True
     state_fill: ClassVar[dict[str, float]] = {}
     decode_scores: ClassVar[str] = "probs"
+    uses_log_weight: ClassVar[bool] = True
     counters: ClassVar[tuple[str, ...]] = ()
 
     @property
@@ -58,11 +62,6 @@ class CompressionMethod:
     def budget_holds_in_decode(self) -> bool:
         """Whether decoding also stays within the budget (False: only the prompt is compressed)."""
         return self.compresses
-
-    def attention_keys(self, layer: CompressedLayer) -> torch.Tensor:
-        """Keys ``[batch, kv_heads, slots, head_dim]`` as decode attention must see them
-        (StreamingLLM re-rotates its attention sinks here)."""
-        return layer.keys
 
     def attach_assets(
         self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str
@@ -78,7 +77,8 @@ class CompressionMethod:
     def decode_attention(
         self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention of one decode step over the layer's slots (LESS adds its low-rank term here).
+        """Attention of one decode step over the layer's slots (LESS adds its low-rank term here,
+        StreamingLLM re-rotates its attention sinks).
 
         Parameters
         ----------
@@ -97,12 +97,13 @@ class CompressionMethod:
             Output ``[batch, q_heads, 1, head_dim]`` and what :meth:`decode_step` receives
             (see ``decode_scores``; None when ``needs_decode_probs`` is False).
         """
-        keys = self.attention_keys(layer)
+        keys = layer.keys
         if not self.needs_decode_probs:
             out = F.scaled_dot_product_attention(query, keys, values, scale=scaling, enable_gqa=True)
             return out, None
         logits = self.decode_scores == "logits"
-        return decode_attention(query, keys, values, layer.log_weight, scaling, return_logits=logits)
+        bias = layer.log_weight if self.uses_log_weight else None
+        return decode_attention(query, keys, values, bias, scaling, return_logits=logits)
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise state from the prompt and compress the layer to its budget.

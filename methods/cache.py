@@ -6,8 +6,13 @@ registered attention function (``methods.attention``) on every forward call; tha
 attention over the slots and lets the method compress the layer right after it (DESIGN.md,
 "The cache seam"; ZSMerge Algorithm 1 order: append, attend, update scores, evict/merge).
 
-Compression is physical: :meth:`CompressedLayer.set_slots` and :meth:`CompressedLayer.gather`
-replace the tensors by new compact ones, so the memory of evicted slots is released.
+Compression is physical: every per-slot tensor lives in a preallocated buffer whose capacity is
+the budget plus the one slot a decode step appends before it evicts (uncompressed caches grow
+geometrically), and the layer's tensors are views of its first ``n_slots`` slots. A decode step
+appends in place; :meth:`CompressedLayer.drop` evicts by moving the last slot into the victim's
+place (no copy of the cache); :meth:`CompressedLayer.gather` and :meth:`CompressedLayer.set_slots`
+(prefill compression, KVMerger/KeepKV rebuilds) replace the tensors by compact ones, releasing the
+old buffer. Slot order is therefore not position order: methods find tokens by ``positions``.
 """
 
 from __future__ import annotations
@@ -21,10 +26,26 @@ if TYPE_CHECKING:
     from methods.base import CompressionMethod
 
 
-def _gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``t[b, h, index[b, h, j], ...]`` for a state tensor with any trailing dims."""
+def _slot_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``index`` ``[batch, kv_heads, k]`` expanded over the trailing dims of a slot tensor ``t``."""
     extra = t.shape[3:]
-    return t.gather(2, index.view(*index.shape, *([1] * len(extra))).expand(*index.shape, *extra))
+    return index.view(*index.shape, *([1] * len(extra))).expand(*index.shape, *extra)
+
+
+def _gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t[b, h, index[b, h, j], ...]`` for a slot tensor with any trailing dims."""
+    return t.gather(2, _slot_index(t, index))
+
+
+def _in_buffer(t: torch.Tensor, buf: torch.Tensor | None) -> bool:
+    """Whether ``t`` is a view of the first slots of ``buf`` (so appending can write in place)."""
+    return (
+        buf is not None
+        and t.data_ptr() == buf.data_ptr()
+        and t.stride() == buf.stride()
+        and t.shape[:2] == buf.shape[:2]
+        and t.shape[3:] == buf.shape[3:]
+    )
 
 
 class CompressedLayer(CacheLayerMixin):
@@ -81,6 +102,8 @@ class CompressedLayer(CacheLayerMixin):
         self.state: dict[str, torch.Tensor] = {}
         self.meta: dict[str, int] = {}
         self.aux: dict[str, torch.Tensor] = {}
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._grids: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ transformers API
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -103,17 +126,48 @@ class CompressedLayer(CacheLayerMixin):
         """Append new tokens' keys/values ``[batch, kv_heads, new, head_dim]``; return all slots."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        b, h, new, _ = key_states.shape
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
-        self.log_weight = torch.cat([self.log_weight, self.log_weight.new_zeros((b, h, new))], dim=-1)
-        pos = torch.arange(self.seen_tokens, self.seen_tokens + new, device=self.device)
-        self.positions = torch.cat([self.positions, pos.expand(b, h, new)], dim=-1)
+        new = key_states.shape[2]
+        cap = self._capacity(self.n_slots + new)
+        self.keys = self._append("keys", self.keys, key_states, cap)
+        self.values = self._append("values", self.values, value_states, cap)
+        self.log_weight = self._append("log_weight", self.log_weight, 0.0, cap, new)
+        pos = (
+            self.seen_tokens
+            if new == 1
+            else torch.arange(self.seen_tokens, self.seen_tokens + new, device=self.device)
+        )
+        self.positions = self._append("positions", self.positions, pos, cap, new)
         for name, t in self.state.items():
-            fill = self.method.state_fill.get(name, 0.0)
-            self.state[name] = torch.cat([t, t.new_full((b, h, new, *t.shape[3:]), fill)], dim=2)
+            self.state[name] = self._append(name, t, self.method.state_fill.get(name, 0.0), cap, new)
         self.seen_tokens += new
         return self.keys, self.values
+
+    def _capacity(self, needed: int) -> int:
+        """Slots to allocate when a buffer must grow to hold ``needed`` slots: exactly the prompt at
+        prefill (compression follows), the budget plus the slot a decode step appends before
+        evicting, or geometric growth (1.25x + 64) when the cache may outgrow the budget (FullKV,
+        prompt-only methods)."""
+        if not self.prefilled:
+            return needed
+        if self.budget is not None and self.method.budget_holds_in_decode and needed <= self.budget + 1:
+            return self.budget + 1
+        return needed + needed // 4 + 64
+
+    def _append(
+        self, name: str, t: torch.Tensor, new: torch.Tensor | float, cap: int, count: int | None = None
+    ) -> torch.Tensor:
+        """Append ``new`` (a tensor ``[batch, kv_heads, k, ...]`` or a fill value for ``count``
+        slots) to the slot tensor ``t`` in its buffer, re-homing ``t`` when it is not a view of the
+        buffer (the method replaced it) or the buffer is full; returns the view of all slots."""
+        n = t.shape[2]
+        k = count if count is not None else new.shape[2]
+        buf = self._buffers.get(name)
+        if not _in_buffer(t, buf) or n + k > buf.shape[2]:
+            buf = t.new_empty((*t.shape[:2], max(cap, n + k), *t.shape[3:]))
+            buf[:, :, :n] = t
+            self._buffers[name] = buf
+        buf[:, :, n : n + k] = new
+        return buf[:, :, : n + k]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """Mask sizes for transformers' mask builders: the slots plus the incoming query."""
@@ -141,12 +195,42 @@ class CompressedLayer(CacheLayerMixin):
         self.log_weight = self.log_weight.gather(2, index)
         self.positions = self.positions.gather(2, index)
         self.state = {name: _gather_slots(t, index) for name, t in self.state.items()}
+        self._buffers.clear()  # the old buffers (the uncompressed prompt) are released now
+
+    def _slot_tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            "keys": self.keys,
+            "values": self.values,
+            "log_weight": self.log_weight,
+            "positions": self.positions,
+        } | self.state
 
     def drop(self, slot: torch.Tensor) -> None:
-        """Remove one slot per head, ``slot`` ``[batch, kv_heads]`` (int64), keeping the others in order."""
-        n = self.n_slots
-        keep = torch.arange(n - 1, device=slot.device).expand(*slot.shape, n - 1)
-        self.gather(keep + (keep >= slot.unsqueeze(-1)))
+        """Evict one slot per head, ``slot`` ``[batch, kv_heads]`` (int64), in place: the last slot
+        moves into its place and the layer holds one slot fewer (O(1) per head, no copy of the
+        cache; slot order changes, positions go with their slots)."""
+        last = self.n_slots - 1
+        b, h = slot.shape
+        grid = self._grids.get((b, h))
+        if grid is None:
+            grid = self._grids[(b, h)] = (
+                torch.arange(b, device=slot.device)[:, None].expand(b, h),
+                torch.arange(h, device=slot.device)[None, :].expand(b, h),
+            )
+        bi, hi = grid
+        for t in (self.keys, self.values, self.log_weight, self.positions, *self.state.values()):
+            t[bi, hi, slot] = t[:, :, last].clone()  # a copy: the victim may be the last slot itself
+        self.keys, self.values = self.keys[:, :, :last], self.values[:, :, :last]
+        self.log_weight, self.positions = self.log_weight[:, :, :last], self.positions[:, :, :last]
+        self.state = {name: t[:, :, :last] for name, t in self.state.items()}
+
+    def swap(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Exchange slots ``a`` and ``b`` ``[batch, kv_heads]`` (int64) of every head, in place."""
+        ia, ib = a.unsqueeze(-1), b.unsqueeze(-1)
+        for t in self._slot_tensors().values():
+            xa, xb = _gather_slots(t, ia), _gather_slots(t, ib)
+            t.scatter_(2, _slot_index(t, ia), xb)
+            t.scatter_(2, _slot_index(t, ib), xa)
 
     def set_slots(
         self,
@@ -159,6 +243,7 @@ class CompressedLayer(CacheLayerMixin):
         """Replace every slot tensor at once (shapes as in the class docstring)."""
         self.keys, self.values, self.log_weight, self.positions = keys, values, log_weight, positions
         self.state = state
+        self._buffers.clear()
 
     def real_slots(self) -> float:
         """Mean over heads of the slots that can be attended (``log_weight > -inf``; padding excluded)."""
@@ -167,18 +252,26 @@ class CompressedLayer(CacheLayerMixin):
         return float(torch.isfinite(self.log_weight).sum(dim=-1).float().mean())
 
     def kv_bytes(self) -> int:
-        """Bytes held by keys and values (slots x kv_heads x head_dim x 2 x dtype size x batch),
-        plus the ``aux`` state that stands in for evicted tokens."""
+        """Bytes of the held keys and values (slots x kv_heads x head_dim x 2 x dtype size x batch),
+        plus the ``aux`` state that stands in for evicted tokens: exact, from the slot count."""
         if self.keys is None:
             return 0
-        aux = sum(t.untyped_storage().nbytes() for t in self.aux.values())
-        return self.keys.untyped_storage().nbytes() + self.values.untyped_storage().nbytes() + aux
+        tensors = [self.keys, self.values, *self.aux.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def state_bytes(self) -> int:
-        """Bytes held by log_weight, positions and method state (the method's overhead)."""
+        """Bytes of log_weight, positions and method state of the held slots (the method's overhead)."""
         if self.keys is None:
             return 0
         tensors = [self.log_weight, self.positions, *self.state.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the storage behind every slot tensor and ``aux`` (capacity included): what the
+        layer really occupies; at most one slot more than the budget for a compressing method."""
+        if self.keys is None:
+            return 0
+        tensors = [*self._slot_tensors().values(), *self.aux.values()]
         return sum(t.untyped_storage().nbytes() for t in tensors)
 
 
@@ -224,9 +317,15 @@ class CompressedCache(Cache):
         """Bytes of per-slot method state over all layers."""
         return sum(layer.state_bytes() for layer in self.layers)
 
+    def allocated_bytes(self) -> int:
+        """Bytes of the storage behind all layers' slot tensors (buffer capacity included)."""
+        return sum(layer.allocated_bytes() for layer in self.layers)
+
     def counters(self) -> dict[str, int]:
         """The method's event counters (``method.counters``, e.g. merges, fallbacks) summed over layers."""
-        return {name: sum(layer.meta.get(name, 0) for layer in self.layers) for name in self.method.counters}
+        return {
+            name: int(sum(layer.meta.get(name, 0) for layer in self.layers)) for name in self.method.counters
+        }
 
     def bytes_per_token(self) -> int:
         """Key+value bytes one token occupies over all layers (batch included)."""

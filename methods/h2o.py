@@ -46,6 +46,7 @@ class H2O(CompressionMethod):
 
     name: ClassVar[str] = "h2o"
     state_fill: ClassVar[dict[str, float]] = {"scores": 0.0}
+    uses_log_weight: ClassVar[bool] = False
 
     heavy_ratio: float = 0.5
     recent_ratio: float = 0.5

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from methods.base import CompressionMethod
 from methods.cache import CompressedLayer
 from methods.scoring import complement, window_logits
-from methods.zip_merge import group_logsumexp, merge_groups
+from methods.zip_merge import group_logsumexp, merge_groups, merge_pair
 
 NEG_INF = float("-inf")
 
@@ -85,7 +85,7 @@ class KeepKV(CompressionMethod):
 
     name: ClassVar[str] = "keepkv"
     decode_scores: ClassVar[str] = "logits"
-    state_fill: ClassVar[dict[str, float]] = {"log_ema": NEG_INF, "rows": NEG_INF}
+    state_fill: ClassVar[dict[str, float]] = {"log_ema": NEG_INF, "rows": NEG_INF, "key_norm": 0.0}
     counters: ClassVar[tuple[str, ...]] = ("merges", "evictions", "zip_fallbacks")
 
     threshold: float = 0.8
@@ -173,6 +173,7 @@ class KeepKV(CompressionMethod):
             layer.state = {"log_ema": torch.logsumexp(log_s + log_coef[:, None], dim=-2)}
         else:
             layer.state = {"rows": log_s.transpose(-1, -2).contiguous()}  # [b, h, L, w], oldest first
+        layer.state["key_norm"] = layer.keys.float().norm(dim=-1)  # for the cosine of Algorithm 1
         if length > budget:
             self._compress(layer, budget, recent)
 
@@ -186,8 +187,11 @@ class KeepKV(CompressionMethod):
             layer.meta["ema_terms"] += 1
         else:
             layer.state["rows"] = torch.cat([layer.state["rows"][..., 1:], log_s.unsqueeze(-1)], dim=-1)
+        layer.state["key_norm"][..., -1] = layer.keys[:, :, -1].float().norm(dim=-1)
         budget, recent = self.layer_budget(layer)
-        if layer.n_slots > budget:
+        if layer.n_slots == budget + 1:
+            self._evict_one(layer, budget, recent)
+        elif layer.n_slots > budget:
             self._compress(layer, budget, recent)
 
     # ------------------------------------------------------------------ eviction + merging
@@ -253,6 +257,61 @@ class KeepKV(CompressionMethod):
             layer.positions.gather(2, keep),
             state,
         )
+        layer.state["key_norm"] = layer.keys.float().norm(dim=-1)
+
+    def _evict_one(self, layer: CompressedLayer, budget: int, recent: int) -> None:
+        """One decode-step eviction in place: the same choice and arithmetic as :meth:`_compress`
+        with one slot over budget (its other groups are singletons, which merging leaves unchanged),
+        but only the victim and its partner are touched; tokens are found by ``positions``."""
+        pos = layer.positions
+        sink = min(self.n_sink, budget - recent)
+        middle = (pos >= sink) & (pos < layer.seen_tokens - recent)
+        victim = torch.where(middle, self._select_score(layer), torch.inf).argmin(dim=-1, keepdim=True)
+        d = layer.keys.shape[-1]
+        norm = layer.state["key_norm"].clamp(min=1e-12)  # as F.normalize
+        k_victim = layer.keys.gather(2, victim.unsqueeze(-1).expand(-1, -1, 1, d)).float()
+        cos = (layer.keys.float() @ k_victim.transpose(-1, -2)).squeeze(-1) / (norm * norm.gather(2, victim))
+        best, partner = cos.scatter(2, victim, NEG_INF).max(dim=-1, keepdim=True)
+        merge = best > self.threshold  # [b, h, 1]
+        pair = torch.cat([partner, victim], dim=-1)  # [b, h, 2]: partner + (merged) victim
+        log_votes = layer.log_weight.gather(2, pair)
+        log_votes[..., 1:] = torch.where(merge, log_votes[..., 1:], NEG_INF)
+
+        def members(t: torch.Tensor) -> torch.Tensor:
+            return t.gather(
+                2, pair.view(*pair.shape, *([1] * (t.dim() - 3))).expand(*pair.shape, *t.shape[3:])
+            )
+
+        out = merge_pair(
+            members(layer.keys),
+            members(layer.values),
+            log_votes,
+            self._merge_score(layer).gather(2, pair),
+            zip_keys=self.merge == "zip",
+            guard=self.guard,
+            max_factor=self.max_factor,
+        )
+        if self.estimator == "ema":
+            new_state = (out.log_score - self._bias_correction(layer)).float()
+        else:
+            new_state = self._merge_rows(members(layer.state["rows"]), log_votes, torch.zeros_like(pair), 1)
+        name = "log_ema" if self.estimator == "ema" else "rows"
+        for t, new in (
+            (layer.keys, out.keys),
+            (layer.values, out.values),
+            (layer.log_weight, out.log_votes),
+            (layer.state[name], new_state),
+        ):
+            index = partner.view(*partner.shape, *([1] * (t.dim() - 3))).expand(*partner.shape, *t.shape[3:])
+            t.scatter_(2, index, new.to(t.dtype))
+        layer.state["key_norm"].scatter_(
+            2, partner, layer.keys.gather(2, partner[..., None].expand(-1, -1, 1, d)).float().norm(dim=-1)
+        )
+        layer.meta["merges"] += merge.sum()  # device tensors: no host sync per step
+        layer.meta["evictions"] += (~merge).sum()
+        layer.meta["zip_fallbacks"] += out.fallback.sum()
+        layer.meta["dropped_votes"] += (layer.log_weight.gather(2, victim).exp() * ~merge).sum()
+        layer.drop(victim.squeeze(-1))
 
     @staticmethod
     def _merge_rows(

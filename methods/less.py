@@ -27,9 +27,10 @@ from methods.cache import CompressedLayer
 from methods.h2o import H2O
 from methods.less_checkpoints import kernel_set_dir, load_kernel_set
 from methods.less_kernels import LessKernels
-from methods.scoring import complement
+from methods.scoring import complement, oldest_from
 
 POLICIES = ("h2o", "lambda")
+RANDOM = "random"  # checkpoint value: untrained kernels (efficiency runs only)
 
 
 @dataclass
@@ -44,7 +45,8 @@ class LESS(H2O):
         Feature dimension R of the state (8).
     checkpoint : str | None
         Directory of the trained kernel set (``runners.less_checkpoints``); None: looked up by
-        model, policy and budget.
+        model, policy and budget; ``"random"``: untrained random kernels, created at prefill, for
+        timing and memory measurements only (LESS's cost does not depend on the kernel values).
     heavy_ratio, recent_ratio, chunk_size
         As :class:`methods.h2o.H2O`.
 
@@ -84,6 +86,8 @@ class LESS(H2O):
         FileNotFoundError
             If no finished kernel set exists; the message gives the training command.
         """
+        if self.checkpoint == RANDOM:
+            return
         path = (
             Path(self.checkpoint)
             if self.checkpoint
@@ -117,6 +121,10 @@ class LESS(H2O):
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Empty state, then the sparse policy's prefill; what it evicts goes into the state."""
         b, h, n, _ = layer.keys.shape
+        if self.checkpoint == RANDOM and len(self.kernels) <= layer.layer_idx:
+            self.kernels.append(
+                LessKernels(query.shape[1], h, layer.keys.shape[-1], self.rank).to(query.device)
+            )
         layer.aux = {
             "H": torch.zeros(
                 (b, h, self.rank, layer.values.shape[-1]), dtype=torch.float32, device=layer.device
@@ -156,9 +164,7 @@ class LESS(H2O):
             super().decode_step(layer, probs)
         elif layer.budget is not None and layer.n_slots > layer.budget:  # Lambda: oldest after `heavy`
             heavy, _ = self.split(layer.budget)
-            self.evict(
-                layer, torch.full(layer.positions.shape[:2], heavy, dtype=torch.long, device=layer.device)
-            )
+            self.evict(layer, oldest_from(layer.positions, heavy))
 
     def keep(self, layer: CompressedLayer, index: torch.Tensor) -> None:
         """Absorb the slots not in ``index`` into ``H``, ``z``, then free them."""

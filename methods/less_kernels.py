@@ -52,11 +52,11 @@ class LessKernels(nn.Module):
 
     def phi(self, query: torch.Tensor) -> torch.Tensor:
         """Query features ``[batch, q_heads, n, rank]`` from ``[batch, q_heads, n, head_dim]``."""
-        hidden = self.dropout(F.gelu(torch.einsum("bhnd,hdm->bhnm", query, self.w1q)))
-        return F.gelu(torch.einsum("bhnm,hmr->bhnr", hidden, self.w2q)).abs()
+        hidden = self.dropout(F.gelu(query @ self.w1q))  # [b, h, n, d] @ [h, d, m]: per-head matmul
+        return F.gelu(hidden @ self.w2q).abs()
 
     def psi(self, keys: torch.Tensor) -> torch.Tensor:
         """Key features ``[batch, kv_heads, n, rank]`` from ``[batch, kv_heads, n, head_dim]``."""
-        hidden = self.dropout(F.gelu(torch.einsum("bhnd,hdm->bhnm", keys, self.w1k)))
-        u = self.d.abs() * F.gelu(torch.einsum("bhnm,hmr->bhnr", hidden, self.w2k))
-        return (u + torch.einsum("bhnr,hrs->bhns", u, self.w3) * self.d2).abs()
+        hidden = self.dropout(F.gelu(keys @ self.w1k))
+        u = self.d.abs() * F.gelu(hidden @ self.w2k)
+        return (u + (u @ self.w3) * self.d2).abs()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers.models.llama.modeling_llama import rotate_half
 
+_LAST_ANGLES: dict = {}  # cos/sin of the last (rotary module, delta, dtype, device) asked for
+
 
 def rerotate(keys: torch.Tensor, delta: int, rotary_emb: torch.nn.Module) -> torch.Tensor:
     """Move post-RoPE keys from position ``p`` to ``p + delta``: ``R(p + delta) k = R(delta) R(p) k``.
@@ -30,7 +32,9 @@ def rerotate(keys: torch.Tensor, delta: int, rotary_emb: torch.nn.Module) -> tor
     """
     if delta == 0:
         return keys
-    position = torch.tensor([[delta]], device=keys.device)
-    cos, sin = rotary_emb(keys, position)
-    cos, sin = cos.unsqueeze(1).to(keys.dtype), sin.unsqueeze(1).to(keys.dtype)
-    return keys * cos + rotate_half(keys) * sin
+    key = (id(rotary_emb), delta, keys.dtype, keys.device)
+    if _LAST_ANGLES.get("key") != key:  # every layer of a decode step shifts by the same delta
+        position = torch.tensor([[delta]], device=keys.device)
+        cos, sin = rotary_emb(keys, position)
+        _LAST_ANGLES.update(key=key, cos=cos.unsqueeze(1).to(keys.dtype), sin=sin.unsqueeze(1).to(keys.dtype))
+    return keys * _LAST_ANGLES["cos"] + rotate_half(keys) * _LAST_ANGLES["sin"]

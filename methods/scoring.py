@@ -176,3 +176,13 @@ def complement(index: torch.Tensor, n: int) -> torch.Tensor:
     b, h, k = index.shape
     kept = torch.zeros((b, h, n), dtype=torch.bool, device=index.device).scatter(2, index, True)
     return (~kept).nonzero(as_tuple=True)[2].view(b, h, n - k)
+
+
+def oldest_from(positions: torch.Tensor, first: int) -> torch.Tensor:
+    """Per head, the slot of the oldest token among slots ``>= first``: ``[batch, kv_heads]`` int64.
+
+    The slots below ``first`` are StreamingLLM's attention sinks or LESS's Lambda "first" tokens,
+    which stay in the first slots (``CompressedLayer.drop`` never moves a slot below the victim).
+    ``positions`` is ``[batch, kv_heads, slots]``.
+    """
+    return positions[:, :, first:].argmin(dim=-1) + first

@@ -45,6 +45,7 @@ class SnapKV(CompressionMethod):
 
     name: ClassVar[str] = "snapkv"
     state_fill: ClassVar[dict[str, float]] = {"scores": 0.0}
+    uses_log_weight: ClassVar[bool] = False
 
     window_size: int = 32
     kernel_size: int = 7

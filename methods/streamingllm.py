@@ -18,6 +18,7 @@ import torch
 from methods.base import CompressionMethod
 from methods.cache import CompressedLayer
 from methods.rope import rerotate
+from methods.scoring import oldest_from
 
 
 @dataclass
@@ -70,19 +71,32 @@ class StreamingLLM(CompressionMethod):
         layer.gather(kept.expand(b, h, -1))
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
-        """Evict the oldest non-sink token once over budget (slots stay in position order)."""
+        """Evict the oldest non-sink token once over budget. The sinks stay in the first slots
+        (an eviction moves the newest slot into the victim's place, never into a sink's)."""
         if layer.budget is not None and layer.n_slots > layer.budget:
-            b, h = layer.positions.shape[:2]
             sinks = self.sinks(layer.budget)
-            layer.drop(torch.full((b, h), sinks, dtype=torch.long, device=layer.positions.device))
+            layer.drop(oldest_from(layer.positions, sinks))
 
-    def attention_keys(self, layer: CompressedLayer) -> torch.Tensor:
-        """Sinks moved forward by the number of evicted tokens when ``rerotate`` is on."""
+    def decode_attention(
+        self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
+    ) -> tuple[torch.Tensor, None]:
+        """Fused attention over the slots; with ``rerotate`` the sinks' stored keys are first moved
+        forward by the number of evicted tokens. Their original keys are kept in
+        ``layer.aux["sink_keys"]`` ``[batch, kv_heads, sinks, head_dim]`` (counted in the KV bytes)
+        and re-rotated in place, so no copy of the cache is made. Shapes as
+        ``CompressionMethod.decode_attention``.
+
+        Raises
+        ------
+        ValueError
+            With ``rerotate`` on a model without rotary embeddings.
+        """
         evicted = layer.seen_tokens - layer.n_slots
         n = self.sinks(layer.budget)
-        if not self.rerotate or evicted == 0 or n == 0:
-            return layer.keys
-        if layer.rotary_emb is None:
-            raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
-        sinks = rerotate(layer.keys[:, :, :n], evicted, layer.rotary_emb)
-        return torch.cat([sinks, layer.keys[:, :, n:]], dim=2)
+        if self.rerotate and evicted > 0 and n > 0:
+            if layer.rotary_emb is None:
+                raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
+            if "sink_keys" not in layer.aux:  # first eviction: the stored sinks are still the originals
+                layer.aux["sink_keys"] = layer.keys[:, :, :n].clone()
+            layer.keys[:, :, :n] = rerotate(layer.aux["sink_keys"], evicted, layer.rotary_emb)
+        return super().decode_attention(layer, query, values, scaling)

@@ -119,3 +119,51 @@ def merge_groups(
         k_bar = torch.where((merged & ok).unsqueeze(-1), k_bar * factor.unsqueeze(-1), k_bar)
         fallback = merged & ~ok
     return GroupMerge(k_bar, v_bar, log_p, log_s_r, merged, fallback)
+
+
+def merge_pair(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    log_votes: torch.Tensor,
+    log_score: torch.Tensor,
+    zip_keys: bool = True,
+    guard: float = 1e-3,
+    max_factor: float = 4.0,
+) -> GroupMerge:
+    """:func:`merge_groups` for one group of two members per head (a decode step's eviction):
+    the same equations (KeepKV Eq. 7, in the log domain) with plain reductions over the pair
+    instead of scatters, since this runs on every layer at every decode step.
+
+    Parameters
+    ----------
+    keys, values : torch.Tensor
+        ``[batch, kv_heads, 2, head_dim]``: member 0 the retained token, member 1 the evicted one.
+    log_votes : torch.Tensor
+        ``[batch, kv_heads, 2]`` ``ln p``; ``-inf`` for member 1 drops it (no merge).
+    log_score : torch.Tensor
+        ``[batch, kv_heads, 2]`` ``ln s``.
+    zip_keys, guard, max_factor
+        As :func:`merge_groups`.
+
+    Returns
+    -------
+    GroupMerge
+        With ``groups = 1``.
+    """
+    log_votes, log_score = log_votes.double(), log_score.double()
+    log_w = log_votes + log_score
+    log_total = torch.logsumexp(log_w, dim=-1, keepdim=True)  # ln W
+    log_p = torch.logsumexp(log_votes, dim=-1, keepdim=True)  # ln P
+    lam = torch.exp(log_w - log_total)  # 0 for a dropped member
+    k_bar = (lam.unsqueeze(-1) * keys.double()).sum(dim=2, keepdim=True)
+    v_bar = (lam.unsqueeze(-1) * values.double()).sum(dim=2, keepdim=True)
+    merged = torch.isfinite(log_votes[..., 1:])
+    log_s_r = log_total - log_p
+    fallback = torch.zeros_like(merged)
+    if zip_keys:
+        denom = torch.where(lam > 0, lam * log_score, torch.zeros_like(lam)).sum(dim=-1, keepdim=True)
+        factor = log_s_r / denom
+        ok = (denom.abs() >= guard) & (factor > 0) & (factor <= max_factor) & torch.isfinite(factor)
+        k_bar = torch.where((merged & ok).unsqueeze(-1), k_bar * factor.unsqueeze(-1), k_bar)
+        fallback = merged & ~ok
+    return GroupMerge(k_bar, v_bar, log_p, log_s_r, merged, fallback)

@@ -209,12 +209,8 @@ class ZSMerge(CompressionMethod):
 
     @staticmethod
     def _to_residual(layer: CompressedLayer, victim: torch.Tensor, n_res: int) -> None:
-        """Turn ``victim`` into residual slot ``n_res`` (swap it there), fusion count unchanged."""
-        b, h, n = layer.positions.shape
-        perm = torch.arange(n, device=victim.device).expand(b, h, n).clone()
-        perm.scatter_(2, victim.unsqueeze(-1), n_res)
-        perm[..., n_res] = victim
-        layer.gather(perm)
+        """Turn ``victim`` into residual slot ``n_res`` (swapped there in place), fusion count unchanged."""
+        layer.swap(victim, torch.full_like(victim, n_res))
         layer.positions[..., n_res] = -1
         layer.meta["residual"] = n_res + 1
 

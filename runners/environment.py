@@ -51,9 +51,39 @@ def device_info(device: torch.device) -> dict:
     }
 
 
+def _proc_status(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` in bytes (Linux), or None."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (bytes; Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Peak resident set size of this process (bytes) since the last :func:`reset_peak_memory`
+    (Linux ``VmHWM``), or since start (``ru_maxrss``) where that cannot be reset."""
+    hwm = _proc_status("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_bytes() -> int | None:
+    """Current resident set size of this process (bytes, Linux ``VmRSS``), or None."""
+    return _proc_status("VmRSS")
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory window: CUDA peak stats, or the CPU peak RSS (writing ``5`` to
+    ``/proc/self/clear_refs`` resets ``VmHWM``; a no-op where the kernel does not allow it)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def peak_device_bytes(device: torch.device) -> int | None:

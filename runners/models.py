@@ -105,8 +105,16 @@ def load_tokenizer(cfg: DictConfig):
         raise KVBenchError(f"cannot load the tokenizer of {cfg.name}: {err}") from err
 
 
-def load_model(cfg: DictConfig) -> torch.nn.Module:
-    """The model in eval mode, with ``attn_implementation="kvbench"`` and the config's dtype.
+def resolve_device(device: str | None) -> torch.device:
+    """``auto`` (or None): CUDA when available, else CPU; otherwise the named device."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model(cfg: DictConfig, device: str | None = "cpu") -> torch.nn.Module:
+    """The model in eval mode on ``device`` (``auto``: CUDA if available), with
+    ``attn_implementation="kvbench"`` and the config's dtype.
 
     Raises
     ------
@@ -122,7 +130,7 @@ def load_model(cfg: DictConfig) -> torch.nn.Module:
         )
     except OSError as err:
         raise KVBenchError(f"cannot load model {cfg.name}: {err}") from err
-    return model.eval()
+    return model.to(resolve_device(device)).eval()
 
 
 def validate_model_config(cfg: DictConfig) -> None:

@@ -7,7 +7,6 @@ record (atomic) -> loggers -> summary table.
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 import time
 
@@ -17,12 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget, validate_budget
-from runners.environment import device_info, git_sha, package_versions, peak_device_bytes, peak_rss_bytes
+from runners.environment import peak_device_bytes, peak_rss_bytes
 from runners.errors import KVBenchError
 from runners.generate import GenerationResult, eos_token_ids, greedy_generate
 from runners.models import load_model, load_tokenizer, validate_model_config
+from runners.record import failure, finish, new_record
 from runners.report import print_summary
-from runners.results import SCHEMA_VERSION, ResultStore, run_id
+from runners.results import ResultStore, run_id
 from tasks import TASK_REGISTRY, Task
 
 
@@ -38,26 +38,38 @@ def _build(node: DictConfig, group: str, registry: dict) -> object:
         raise KVBenchError(f"invalid {group} config: {cause}") from err
 
 
-def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
-    """Validate the config and build the method and task (no data, no model).
+def build_method(cfg: DictConfig) -> CompressionMethod:
+    """Validate budget, method and model config and build the method with its assets (no model).
 
     Raises
     ------
     KVBenchError
-        For a bad budget, unknown method/task target, bad hyperparameters or model config.
+        For a bad budget, unknown method target, bad hyperparameters, bad model config or a
+        missing method asset (LESS kernels).
     """
     try:
         validate_budget(cfg.budget, cfg.budget_unit)
     except ValueError as err:
         raise KVBenchError(str(err)) from err
     method = _build(cfg.method, "method", METHOD_REGISTRY)
-    task = _build(cfg.task, "task", TASK_REGISTRY)
     validate_model_config(cfg.model)
     try:
         method.attach_assets(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
     except FileNotFoundError as err:
         raise KVBenchError(str(err)) from err
-    return method, task
+    return method
+
+
+def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
+    """Validate the config and build the method and task (no data, no model).
+
+    Raises
+    ------
+    KVBenchError
+        As :func:`build_method`, or for an unknown task target / bad task config.
+    """
+    method = build_method(cfg)
+    return method, _build(cfg.task, "task", TASK_REGISTRY)
 
 
 def stop_token_ids(tokenizer, strings: tuple[str, ...]) -> set[int]:
@@ -124,24 +136,18 @@ def run_quality(cfg: DictConfig) -> dict:
             f"{cfg.model.name} ({cfg.model.max_context} tokens); lower task.max_input_tokens or the length"
         )
     print(f"loading model {cfg.model.name}", flush=True)
-    model = load_model(cfg.model)
+    model = load_model(cfg.model, cfg.device)
     eos = eos_token_ids(model, tokenizer)
-    record = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": rid,
-        "status": "running",
-        "error": None,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": git_sha(),
-        "versions": package_versions(),
-        "device": device_info(model.device),
-        "config": config,
-        "method": method.name,
-        "task": task.name,
-        "data_source": task.source,
-        "protocol": task.protocol() | {"eos_token_ids": sorted(eos)},
-        "n_samples": len(samples),
-    }
+    record = new_record(
+        rid,
+        config,
+        method.name,
+        task.name,
+        model.device,
+        data_source=task.source,
+        protocol=task.protocol() | {"eos_token_ids": sorted(eos)},
+        n_samples=len(samples),
+    )
     results: list[GenerationResult] = []
     predictions: list[dict] = []
     start = time.perf_counter()
@@ -186,16 +192,13 @@ def run_quality(cfg: DictConfig) -> dict:
             metrics=metrics,
             efficiency=_efficiency(results, [p.shape[1] for p in prompts], model.device),
         )
-    except (torch.OutOfMemoryError, MemoryError) as err:
-        record.update(status="oom", error=f"{type(err).__name__}: {err}".splitlines()[0])
     except Exception as err:
-        record.update(status="error", error=f"{type(err).__name__}: {err}".splitlines()[0])
-        raise
+        record.update(failure(err))
+        if record["status"] != "oom":
+            raise
     finally:
         record["wall_seconds"] = time.perf_counter() - start
         record["samples_done"] = len(results)
-        store.write(record, predictions)
-        for logger in instantiate(cfg.logger).values():
-            logger.log(record)
+        finish(cfg, store, record, predictions)
     print_summary(record)
     return record

@@ -7,11 +7,17 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig
 
+from runners.efficiency import run_efficiency
+from runners.error import run_error
 from runners.errors import KVBenchError
 from runners.less_train import run_train_less
+from runners.oom import run_oom
 from runners.quality import run_quality
 
 RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
+    "efficiency": run_efficiency,
+    "error": run_error,
+    "oom": run_oom,
     "quality": run_quality,
     "train_less": run_train_less,
 }

@@ -24,16 +24,26 @@ def print_summary(record: dict) -> None:
         table.add_column(name)
     for key, value in metrics.items():
         table.add_row(key, _fmt(value, ".2f"))
+    shape = record.get("shape")
+    if shape:
+        title += f" | {shape['prompt_len']}+{shape['gen_len']} x batch {shape['batch']}"
     rows = [
+        ("latency s (prefill + decode)", eff.get("latency_seconds"), ".2f"),
         ("prefill tokens/s", eff.get("prefill_tokens_per_s"), ".1f"),
         ("decode tokens/s", eff.get("decode_tokens_per_s"), ".1f"),
         ("decode step ms (median)", eff.get("decode_step_ms_median"), ".1f"),
-        ("budget slots (mean)", eff.get("budget_slots_mean"), ".1f"),
-        ("KV bytes at end (mean)", eff.get("kv_bytes_end_mean"), ",.0f"),
-        ("FullKV bytes, same tokens (mean)", eff.get("fullkv_bytes_end_mean"), ",.0f"),
+        ("decode step ms (p90)", eff.get("decode_step_ms_p90"), ".1f"),
+        ("budget slots (mean)", eff.get("budget_slots_mean", record.get("budget_slots")), ".1f"),
+        ("KV bytes at end (mean)", eff.get("kv_bytes_end_mean", eff.get("kv_bytes_end")), ",.0f"),
+        (
+            "FullKV bytes, same tokens (mean)",
+            eff.get("fullkv_bytes_end_mean", eff.get("fullkv_bytes_end")),
+            ",.0f",
+        ),
         ("KV fraction of FullKV", eff.get("kv_fraction_of_fullkv"), ".3f"),
         ("prompt kept after prefill", eff.get("prefill_kept_fraction"), ".3f"),
         ("peak RSS MiB", (eff.get("peak_rss_bytes") or 0) / 2**20 or None, ".0f"),
+        ("peak memory MiB (VRAM or RSS)", (eff.get("peak_memory_bytes") or 0) / 2**20 or None, ".0f"),
         ("wall seconds", record.get("wall_seconds"), ".1f"),
     ]
     rows += [(key.removesuffix("_total").replace("_", " "), value, ",d") for key, value in eff.items()

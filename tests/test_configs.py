@@ -20,9 +20,25 @@ def options(group: str) -> list[str]:
 
 @pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
 def test_every_group_option_composes(group, option):
+    prefix = "+" if group == "experiment" else ""  # experiments are global packages, not in defaults
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"{group}={option}"])
-    assert cfg[group] is not None
+        cfg = compose(config_name="config", overrides=[f"{prefix}{group}={option}"])
+    assert (
+        cfg[group] is not None if group != "experiment" else cfg.runner.name in ("efficiency", "error", "oom")
+    )
+
+
+@pytest.mark.parametrize("option", options("experiment"))
+def test_every_experiment_sweep_point_composes_and_validates(option):
+    """Each value of each swept parameter composes, and its method builds (what -m would run)."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        base = compose(config_name="config", overrides=[f"+experiment={option}"], return_hydra_config=True)
+        params = base.hydra.sweeper.params or {}
+        assert params, "an experiment sweeps something"
+        for key, values in params.items():
+            for value in str(values).split(","):
+                cfg = compose(config_name="config", overrides=[f"+experiment={option}", f"{key}={value}"])
+                assert instantiate(cfg.method).name in METHOD_REGISTRY
 
 
 def test_defaults_are_the_main_job():

@@ -43,3 +43,44 @@ def test_comparison_rows_and_order(tmp_path, capsys):
     assert frame.loc[0, "peak RSS MiB"] == 1024 and frame.loc[0, "decode tok/s"] == 14.8
     assert comparison(records, task="longbench").empty
     assert main([str(tmp_path)]) == 1 and "no finished runs" in capsys.readouterr().err
+
+
+def efficiency_record(method: str, batch: int, status: str = "ok", tokens_per_s: float = 10.0) -> dict:
+    eff = {
+        "tokens_per_s": tokens_per_s, "latency_seconds": 20.0, "decode_tokens_per_s": 12.0,
+        "kv_bytes_end": 2**20, "allocated_kv_bytes_end": 2**20 + 1024, "fullkv_bytes_end": 2**24,
+        "peak_memory_bytes": 2**30,
+    }  # fmt: skip
+    return {
+        "run_id": f"{method}-{batch}-{status}",
+        "status": status,
+        "method": method,
+        "task": "synthetic",
+        "device": {"type": "cpu", "name": "x86_64"},
+        "shape": {"prompt_len": 1024, "gen_len": 1024, "batch": batch},
+        "config": {"model": {"name": "m"}, "budget": 0.05, "method": {}, "runner": {"name": "efficiency"}},
+        "efficiency": eff if status == "ok" else None,
+        "curve": [{"context": 1100, "tokens_per_s": 9.0, "kv_bytes": 2**20, "memory_bytes": 2**29}],
+    }
+
+
+def test_efficiency_report_has_table1_cells_and_oom(tmp_path, capsys):
+    from reports.efficiency import main as efficiency_main
+    from runners.results import ResultStore
+
+    store = ResultStore(tmp_path)
+    store.write(efficiency_record("fullkv", 8, tokens_per_s=177.8), [])
+    store.write(efficiency_record("zsmerge", 8, tokens_per_s=161.6), [])
+    store.write(efficiency_record("h2o", 16, status="oom"), [])
+    error = efficiency_record("zsmerge", 1)
+    error.update(
+        run_id="err", task="xsum", config=error["config"] | {"runner": {"name": "error"}, "budget": None}
+    )
+    error["error_analysis"] = {"budgets": [0.05, 0.5], "mean": [0.4321, 0.1], "per_layer": [[0.4321], [0.1]]}
+    store.write(error, [])
+    assert efficiency_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "177.8 / 20.0" in out and "161.6 / 20.0" in out and "OOM" in out
+    assert "1024+1024 x 8" in out and "1024+1024 x 16" in out
+    assert "4.321e-01" in out and "Context growth" in out
+    assert efficiency_main([str(tmp_path / "empty")]) == 1

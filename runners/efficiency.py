@@ -1,0 +1,148 @@
+"""Efficiency runner (``runner=efficiency``): prefill and decode timings, tokens/s, latency, KV
+bytes and peak memory of one method on synthetic prompts of a given shape.
+
+ZSMerge Table 1/4 shapes (``prompt_len + gen_len x batch``) are one run each; Figure 3's
+context-growth curve is ``runner.curve_every=N`` (a point every N decode steps). Prompts are
+random token ids, equal length within a batch (no padding, so every slot of the budget holds a
+real token). Each timed repeat is a fresh cache: prefill, then ``gen_len - 1`` decode steps (the
+prefill yields the first token), after an untimed warm-up; figures are medians over repeats and
+peak memory is the maximum over them (CUDA ``max_memory_allocated``; CPU peak RSS of this process,
+its high-water mark reset before each repeat where Linux allows it).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from methods import CompressionMethod, resolve_budget
+from runners.environment import peak_device_bytes, peak_rss_bytes, reset_peak_memory
+from runners.errors import KVBenchError
+from runners.generate import TimedRun, synthetic_prompts, timed_generate
+from runners.models import load_model
+from runners.quality import build_method
+from runners.record import failure, finish, new_record
+from runners.report import print_summary
+from runners.results import ResultStore, run_id
+
+
+def check_shape(cfg: DictConfig) -> None:
+    """Validate the runner's shape before any work.
+
+    Raises
+    ------
+    KVBenchError
+        For non-positive sizes or a prompt + generation longer than the model's context.
+    """
+    r = cfg.runner
+    for key in ("prompt_len", "gen_len", "batch", "repeats"):
+        if int(r[key]) < 1:
+            raise KVBenchError(f"runner.{key} must be >= 1, got {r[key]}")
+    if r.prompt_len + r.gen_len > cfg.model.max_context:
+        raise KVBenchError(
+            f"prompt_len {r.prompt_len} + gen_len {r.gen_len} exceeds the context of {cfg.model.name} "
+            f"({cfg.model.max_context} tokens)"
+        )
+
+
+def summarise(runs: list[TimedRun], batch: int, prompt_len: int, peaks: list[int | None]) -> dict:
+    """Medians over repeats of one shape: the efficiency block of the record.
+
+    Throughput follows ZSMerge Table 1: generated tokens (batch x gen_len) over the latency
+    (prefill + decode, seconds); decode tokens/s counts decode steps only.
+    """
+    prefill = statistics.median(r.prefill_seconds for r in runs)
+    decode = statistics.median(sum(r.step_seconds) for r in runs)
+    steps = [s for r in runs for s in r.step_seconds]
+    n_steps = len(runs[0].step_seconds)
+    last = runs[-1]
+    peak = [p for p in peaks if p is not None]
+    return {
+        "prefill_seconds": prefill,
+        "decode_seconds": decode,
+        "latency_seconds": prefill + decode,
+        "prefill_tokens_per_s": batch * prompt_len / prefill,
+        "decode_tokens_per_s": batch * n_steps / decode if n_steps else None,
+        "tokens_per_s": batch * (n_steps + 1) / (prefill + decode),
+        "decode_step_ms_median": 1000 * statistics.median(steps) if steps else None,
+        "decode_step_ms_p90": 1000 * statistics.quantiles(steps, n=10)[-1] if len(steps) > 1 else None,
+        "prefill_seconds_all": [r.prefill_seconds for r in runs],
+        "decode_seconds_all": [sum(r.step_seconds) for r in runs],
+        "kv_bytes_end": last.kv_bytes,
+        "allocated_kv_bytes_end": last.allocated_bytes,
+        "state_bytes_end": last.state_bytes,
+        "fullkv_bytes_end": last.fullkv_bytes,
+        "kv_fraction_of_fullkv": last.kv_bytes / last.fullkv_bytes,
+        "slots_end": last.slots[0],
+        "peak_memory_bytes": max(peak) if peak else None,
+    }
+
+
+def measure(
+    model: torch.nn.Module, method: CompressionMethod, cfg: DictConfig, budget: int | None
+) -> tuple[dict, list[dict]]:
+    """Warm-up, then ``runner.repeats`` timed runs of one shape; the efficiency block and the curve."""
+    r = cfg.runner
+    device = model.device
+    ids = synthetic_prompts(model.config.vocab_size, r.batch, r.prompt_len, cfg.seed).to(device)
+    if r.warmup_steps:
+        timed_generate(model, ids, method, budget, min(r.warmup_steps, r.gen_len - 1))
+    runs, peaks = [], []
+    for i in tqdm(range(r.repeats), desc=method.name, disable=not r.progress):
+        reset_peak_memory(device)
+        runs.append(timed_generate(model, ids, method, budget, r.gen_len - 1, r.curve_every if i == 0 else 0))
+        peaks.append(peak_device_bytes(device) if device.type == "cuda" else peak_rss_bytes())
+    return summarise(runs, r.batch, r.prompt_len, peaks), runs[0].curve
+
+
+def run_efficiency(cfg: DictConfig) -> dict:
+    """Run (or reuse) one efficiency measurement and return its record.
+
+    Raises
+    ------
+    KVBenchError
+        For bad input (budget, method, shape), before the model is loaded.
+    """
+    check_shape(cfg)
+    method = build_method(cfg)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config["task"] = None  # synthetic prompts: no task
+    if not method.budget_applies:
+        config["budget"] = None
+    rid = run_id(config)
+    store = ResultStore(cfg.paths.results_dir)
+    if not cfg.rerun and (done := store.finished(rid)) is not None:
+        print(f"run {rid} already finished (rerun=true to repeat); stored result:")
+        print_summary(done)
+        return done
+    print(f"loading model {cfg.model.name}", flush=True)
+    model = load_model(cfg.model, cfg.device)
+    budget = resolve_budget(
+        config["budget"], cfg.runner.prompt_len, model.config.max_position_embeddings, cfg.budget_unit
+    )
+    r = cfg.runner
+    record = new_record(
+        rid, config, method.name, "synthetic", model.device,
+        shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch": r.batch},
+        budget_slots=budget, n_samples=r.batch,
+    )  # fmt: skip
+    start = time.perf_counter()
+    try:
+        efficiency, curve = measure(model, method, cfg, budget)
+        record.update(
+            status="ok", metrics={"tokens_per_s": efficiency["tokens_per_s"]}, efficiency=efficiency
+        )
+        record["curve"] = curve
+    except Exception as err:
+        record.update(failure(err))
+        if record["status"] != "oom":
+            raise
+    finally:
+        record["wall_seconds"] = time.perf_counter() - start
+        finish(cfg, store, record, [])
+    print_summary(record)
+    return record

@@ -1,0 +1,170 @@
+"""Attention-error analysis (``runner=error``): ZSMerge Figure 4 for any method.
+
+Along FullKV's greedy decoding of real prompts (the configured task's samples), one compressed
+*shadow* cache per budget receives exactly the keys, values and queries of the FullKV run at
+every layer (``kvbench_observer`` of ``methods.attention``); at each decode step the shadow's
+attention output ``o_c`` is compared with FullKV's ``o``: relative error ``||o_c - o||_F / ||o||_F``
+over heads and dimensions. Errors therefore measure the cache approximation of each layer alone
+(no propagation through later layers), which is what "merging vs eviction" is about; they are
+averaged over steps and samples, per layer and over layers.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
+from runners.errors import KVBenchError
+from runners.generate import eos_token_ids, greedy_generate
+from runners.models import load_model, load_tokenizer
+from runners.quality import build_components
+from runners.record import failure, finish, new_record
+from runners.results import ResultStore, run_id
+
+
+class ShadowCaches:
+    """Compressed caches (one per budget) driven by a FullKV run, accumulating relative errors.
+
+    Parameters
+    ----------
+    method : CompressionMethod
+        The method under analysis.
+    budgets : list[int]
+        Slot budgets (tokens per layer and KV head), resolved for the current prompt.
+    num_layers : int
+        Decoder layers.
+    rotary_emb : torch.nn.Module | None
+        The model's rotary embedding (StreamingLLM re-rotation).
+
+    Attributes
+    ----------
+    error_sum, steps : torch.Tensor
+        ``[budgets, layers]`` float64 sums of relative errors and their counts (decode steps).
+    """
+
+    def __init__(
+        self,
+        method: CompressionMethod,
+        budgets: list[int],
+        num_layers: int,
+        rotary_emb: torch.nn.Module | None,
+    ) -> None:
+        self.method = method
+        self.caches = [CompressedCache(method, num_layers, b, rotary_emb) for b in budgets]
+        self.error_sum = torch.zeros((len(budgets), num_layers), dtype=torch.float64)
+        self.steps = torch.zeros((len(budgets), num_layers), dtype=torch.float64)
+
+    def __call__(
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+    ) -> None:
+        """Feed one layer's call to every shadow (shapes as ``methods.attention``)."""
+        reference = out.float()
+        norm = reference.norm()
+        for i, cache in enumerate(self.caches):
+            layer = cache.layers[layer_idx]
+            layer.update(keys, values)
+            if not layer.prefilled:
+                self.method.prefill(layer, query, scale)
+                layer.prefilled = True
+                continue
+            approx, probs = self.method.decode_attention(layer, query, layer.values, scale)
+            self.method.decode_step(layer, probs)
+            self.error_sum[i, layer_idx] += float((approx.float() - reference).norm() / norm)
+            self.steps[i, layer_idx] += 1
+
+
+def run_error(cfg: DictConfig) -> dict:
+    """Relative attention-output error of one method vs FullKV at each of ``runner.budgets``.
+
+    Raises
+    ------
+    KVBenchError
+        For bad input (budgets, method, task, data), before the model is loaded.
+    """
+    budgets = list(cfg.runner.budgets)
+    if not budgets:
+        raise KVBenchError("runner.budgets is empty")
+    for b in budgets:
+        cfg_b = OmegaConf.merge(cfg, {"budget": b})
+        build_components(cfg_b)  # validates each budget with the method's assets
+    method, task = build_components(cfg)
+    if not method.compresses:
+        raise KVBenchError(
+            "runner=error compares a compressing method with FullKV; method=fullkv has no error"
+        )
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config["budget"] = None  # the budgets are runner.budgets
+    rid = run_id(config)
+    store = ResultStore(cfg.paths.results_dir)
+    if not cfg.rerun and (done := store.finished(rid)) is not None:
+        print(f"run {rid} already finished (rerun=true to repeat)")
+        print_error_table(done)
+        return done
+    tokenizer = load_tokenizer(cfg.model)
+    samples = task.load(tokenizer)
+    if not samples:
+        raise KVBenchError(f"task {task.name} selected no samples")
+    prompts = [task.encode(tokenizer, s) for s in samples]
+    new = cfg.runner.decode_tokens
+    if (longest := max(p.shape[1] for p in prompts)) + new > cfg.model.max_context:
+        raise KVBenchError(
+            f"a prompt of {longest} tokens + {new} decode tokens exceeds {cfg.model.name}'s context"
+        )
+    model = load_model(cfg.model, cfg.device)
+    record = new_record(rid, config, method.name, task.name, model.device, data_source=task.source,
+                        n_samples=len(samples), budgets=budgets)  # fmt: skip
+    layers = model.config.num_hidden_layers
+    error_sum = torch.zeros((len(budgets), layers), dtype=torch.float64)
+    steps = torch.zeros_like(error_sum)
+    start = time.perf_counter()
+    try:
+        for ids in tqdm(prompts, desc=f"error {method.name}", disable=not cfg.runner.progress):
+            slots = [
+                resolve_budget(b, ids.shape[1], model.config.max_position_embeddings, cfg.budget_unit)
+                for b in budgets
+            ]
+            shadows = ShadowCaches(method, slots, layers, getattr(model.base_model, "rotary_emb", None))
+            greedy_generate(
+                model, ids, FullKV(), None, new, eos_token_ids(model, tokenizer), observer=shadows
+            )
+            error_sum += shadows.error_sum
+            steps += shadows.steps
+        per_layer = (error_sum / steps.clamp(min=1)).tolist()
+        mean = [sum(row) / len(row) for row in per_layer]
+        record.update(
+            status="ok",
+            metrics={f"rel_error@{b}": m for b, m in zip(budgets, mean, strict=True)},
+            error_analysis={"budgets": budgets, "mean": mean, "per_layer": per_layer,
+                            "decode_steps": steps[0].tolist()},
+        )  # fmt: skip
+    except Exception as err:
+        record.update(failure(err))
+        if record["status"] != "oom":
+            raise
+    finally:
+        record["wall_seconds"] = time.perf_counter() - start
+        finish(cfg, store, record, [])
+    print_error_table(record)
+    return record
+
+
+def print_error_table(record: dict) -> None:
+    """Budget -> mean relative error (and the worst layer) of one error record."""
+    analysis = record.get("error_analysis")
+    if not analysis:
+        print(f"{record.get('method')}: status {record['status']} {record.get('error') or ''}")
+        return
+    print(f"relative attention-output error vs FullKV: {record['method']} on {record['task']}")
+    for b, m, layer in zip(analysis["budgets"], analysis["mean"], analysis["per_layer"], strict=True):
+        worst = max(range(len(layer)), key=layer.__getitem__)
+        print(f"  budget {b}: mean {m:.3e}  (worst layer {worst}: {layer[worst]:.3e})")

@@ -1,0 +1,297 @@
+"""OOM thresholds (``runner=oom``): the largest batch, or the longest prompt, of one method that
+fits a memory cap, found by bisection. An OOM is a recorded outcome of a probe, never a crash.
+
+- CPU: each probe runs in a child process (``python -m runners.oom``) whose address space is
+  capped with ``RLIMIT_AS`` (``runner.memory_cap_gb``); the child exits ``3`` on an allocation
+  failure, and a child killed by a signal (the kernel OOM killer, an abort on ``bad_alloc``) also
+  counts as ``oom``.
+- CUDA: probes run in this process on the device, optionally capped with
+  ``torch.cuda.set_per_process_memory_fraction(runner.cuda_memory_fraction)``; a
+  ``torch.OutOfMemoryError`` is an ``oom``.
+
+A probe is one full measurement shape: prefill and ``probe_steps`` decode steps
+(``runners.generate.timed_generate``), with the method's budget resolved for that prompt.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from methods import resolve_budget
+from runners.errors import KVBenchError
+
+SEARCHES = ("batch", "context")
+OOM_EXIT = 3
+
+
+@dataclass
+class Probe:
+    """One tried value: ``outcome`` is ``ok``, ``oom`` or ``error`` (``detail`` says why)."""
+
+    value: int
+    outcome: str
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def largest_fitting(fits: Callable[[int], Probe], low: int, high: int) -> tuple[int | None, list[Probe]]:
+    """Largest ``n`` in ``[low, high]`` whose probe is ``ok``, by bisection (memory is monotone in
+    batch and length). ``high`` is tried first, then ``low``, then midpoints.
+
+    Parameters
+    ----------
+    fits : callable
+        ``fits(n) -> Probe``.
+    low, high : int
+        Search range (batch size or prompt tokens), ``1 <= low <= high``.
+
+    Returns
+    -------
+    tuple[int | None, list[Probe]]
+        The threshold (None if even ``low`` does not fit) and every probe in the order tried.
+
+    Raises
+    ------
+    ValueError
+        For an empty range.
+    RuntimeError
+        If a probe ends in ``error`` (not an OOM): the search cannot conclude.
+    """
+    if not 1 <= low <= high:
+        raise ValueError(f"need 1 <= low <= high, got [{low}, {high}]")
+    probes: list[Probe] = []
+
+    def ok(n: int) -> bool:
+        probe = fits(n)
+        probes.append(probe)
+        if probe.outcome == "error":
+            raise RuntimeError(f"probe at {n} failed (not an OOM): {probe.detail}")
+        return probe.outcome == "ok"
+
+    if ok(high):
+        return high, probes
+    if low == high or not ok(low):
+        return None, probes
+    good, bad = low, high  # invariant: good fits, bad does not
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good, probes
+
+
+def probe_shape(cfg: DictConfig, search: str, value: int) -> tuple[int, int]:
+    """``(batch, prompt_len)`` of a probe at ``value`` of the searched quantity."""
+    r = cfg.runner
+    return (value, r.prompt_len) if search == "batch" else (r.batch, value)
+
+
+def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Module | None = None) -> None:
+    """One measurement shape (raises on OOM). Loads the model unless given."""
+    from runners.generate import synthetic_prompts, timed_generate
+    from runners.models import load_model
+    from runners.quality import build_method
+
+    method = build_method(cfg)
+    model = model if model is not None else load_model(cfg.model, "cpu")
+    budget = resolve_budget(
+        None if not method.budget_applies else cfg.budget,
+        prompt_len,
+        model.config.max_position_embeddings,
+        cfg.budget_unit,
+    )
+    steps = cfg.runner.probe_steps if cfg.runner.probe_steps is not None else cfg.runner.gen_len - 1
+    ids = synthetic_prompts(model.config.vocab_size, batch, prompt_len, cfg.seed).to(model.device)
+    timed_generate(model, ids, method, budget, steps)
+
+
+def is_oom(err: BaseException) -> bool:
+    """Whether an exception is an out-of-memory failure (CUDA, Python or the CPU allocator)."""
+    text = str(err)
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or any(
+        s in text for s in ("can't allocate memory", "not enough memory", "std::bad_alloc")
+    )
+
+
+def run_capped(argv: list[str], cap_bytes: int, timeout: float) -> tuple[str, str]:
+    """Run a child process under an address-space cap of ``cap_bytes``; ``(outcome, detail)``.
+
+    Outcome ``ok`` (exit 0), ``oom`` (exit ``OOM_EXIT``, or killed by a signal: the OOM killer, an
+    abort on ``bad_alloc``) or ``error`` (any other exit, or the timeout); detail is the last line
+    the child wrote to stderr.
+    """
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
+
+    try:
+        proc = subprocess.run(argv, preexec_fn=limit, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "error", f"probe exceeded {timeout:.0f} s"
+    tail = (proc.stderr.strip().splitlines() or [""])[-1][:300]
+    if proc.returncode == 0:
+        return "ok", ""
+    if proc.returncode == OOM_EXIT:
+        return "oom", tail
+    if proc.returncode < 0:
+        return "oom", f"killed by {signal.Signals(-proc.returncode).name}: {tail}"
+    return "error", tail
+
+
+def cpu_probe(cfg: DictConfig, batch: int, prompt_len: int, cap_bytes: int, timeout: float) -> Probe:
+    """Run one probe in a child process (``python -m runners.oom``) under ``cap_bytes``."""
+    value = batch if cfg.runner.search == "batch" else prompt_len
+    payload = json.dumps(
+        {"cfg": OmegaConf.to_container(cfg, resolve=True), "batch": batch, "prompt": prompt_len}
+    )
+    start = time.perf_counter()
+    outcome, detail = run_capped([sys.executable, "-m", "runners.oom", payload], cap_bytes, timeout)
+    return Probe(value, outcome, detail, time.perf_counter() - start)
+
+
+def cuda_probe(cfg: DictConfig, model: torch.nn.Module, batch: int, prompt_len: int) -> Probe:
+    """Run one probe on the CUDA device of ``model`` in this process."""
+    value = batch if cfg.runner.search == "batch" else prompt_len
+    start = time.perf_counter()
+    try:
+        run_probe(cfg, batch, prompt_len, model)
+        outcome, detail = "ok", ""
+    except Exception as err:
+        if not is_oom(err):
+            return Probe(
+                value, "error", f"{type(err).__name__}: {err}".splitlines()[0], time.perf_counter() - start
+            )
+        outcome, detail = "oom", f"{type(err).__name__}: {err}".splitlines()[0][:300]
+    gc.collect()
+    torch.cuda.empty_cache()
+    return Probe(value, outcome, detail, time.perf_counter() - start)
+
+
+def check_search(cfg: DictConfig) -> None:
+    """Validate the search before any work.
+
+    Raises
+    ------
+    KVBenchError
+        For an unknown search, an empty range, a too-long context or a missing CPU cap.
+    """
+    r = cfg.runner
+    if r.search not in SEARCHES:
+        raise KVBenchError(f"runner.search must be one of {SEARCHES}, got {r.search!r}")
+    if not 1 <= r.low <= r.high:
+        raise KVBenchError(f"need 1 <= runner.low <= runner.high, got [{r.low}, {r.high}]")
+    longest = (r.high if r.search == "context" else r.prompt_len) + r.gen_len
+    if longest > cfg.model.max_context:
+        raise KVBenchError(
+            f"a probe of {longest} tokens exceeds the context of {cfg.model.name} ({cfg.model.max_context})"
+        )
+    if r.device == "cpu" and not r.memory_cap_gb:
+        raise KVBenchError("runner.memory_cap_gb is required on CPU (the child process' address-space cap)")
+
+
+def run_oom(cfg: DictConfig) -> dict:
+    """Find one method's OOM threshold and return its record (status ``ok`` even when nothing
+    fits: the threshold is then None and every probe says ``oom``).
+
+    Raises
+    ------
+    KVBenchError
+        For bad input, before any probe.
+    """
+    from runners.quality import build_method
+    from runners.record import failure, finish, new_record
+    from runners.report import print_summary
+    from runners.results import ResultStore, run_id
+
+    check_search(cfg)
+    method = build_method(cfg)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config["task"] = None
+    if not method.budget_applies:
+        config["budget"] = None
+    rid = run_id(config)
+    store = ResultStore(cfg.paths.results_dir)
+    if not cfg.rerun and (done := store.finished(rid)) is not None:
+        print(f"run {rid} already finished (rerun=true to repeat)")
+        print_summary(done)
+        return done
+    r = cfg.runner
+    device = torch.device(r.device)
+    model = None
+    if device.type == "cuda":
+        from runners.models import load_model
+
+        model = load_model(cfg.model, r.device)
+        if r.cuda_memory_fraction:
+            torch.cuda.set_per_process_memory_fraction(float(r.cuda_memory_fraction), device)
+    cap = int(r.memory_cap_gb * 2**30) if r.memory_cap_gb else None
+
+    def fits(n: int) -> Probe:
+        batch, prompt = probe_shape(cfg, r.search, n)
+        probe = (
+            cpu_probe(cfg, batch, prompt, cap, r.probe_timeout_s)
+            if model is None
+            else cuda_probe(cfg, model, batch, prompt)
+        )
+        print(
+            f"{method.name}: {r.search}={n} -> {probe.outcome} ({probe.seconds:.1f} s) {probe.detail}",
+            flush=True,
+        )
+        return probe
+
+    record = new_record(
+        rid, config, method.name, "synthetic", device,
+        shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch": r.batch}, n_samples=0,
+    )  # fmt: skip
+    start = time.perf_counter()
+    try:
+        threshold, probes = largest_fitting(fits, r.low, r.high)
+        key = "max_batch" if r.search == "batch" else "max_context"
+        record.update(
+            status="ok",
+            metrics={key: threshold},
+            efficiency={
+                "search": r.search,
+                "threshold": threshold,
+                "memory_cap_bytes": cap,
+                "cuda_memory_fraction": r.cuda_memory_fraction,
+                "probes": [asdict(p) for p in probes],
+            },
+        )
+    except Exception as err:
+        record.update(failure(err))
+        raise
+    finally:
+        record["wall_seconds"] = time.perf_counter() - start
+        finish(cfg, store, record, [])
+    print(f"{method.name}: largest {r.search} that fits = {threshold}")
+    return record
+
+
+def _child(payload: str) -> int:
+    """Child-process entry of a CPU probe: exit 0 (fits), ``OOM_EXIT`` (allocation failed) or 1."""
+    args = json.loads(payload)
+    cfg = OmegaConf.create(args["cfg"])
+    try:
+        run_probe(cfg, args["batch"], args["prompt"])
+    except Exception as err:
+        print(f"{type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
+        return OOM_EXIT if is_oom(err) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

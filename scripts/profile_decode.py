@@ -1,0 +1,102 @@
+"""Where a method's decode step spends its time: one layer's seam work (append, attention, score
+update, eviction/merging) on synthetic tensors, timed per phase and profiled per op.
+
+    python scripts/profile_decode.py keepkv            # vs FullKV, SmolLM2 geometry, B = 512
+    python scripts/profile_decode.py zsmerge --slots 1024 --device cuda
+
+The model's own work (projections, MLP) is the same for every method and is left out; multiply
+the per-layer microseconds by the number of layers for the per-step cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from methods import METHOD_REGISTRY, CompressedLayer, CompressionMethod
+
+
+def build(name: str) -> CompressionMethod:
+    return METHOD_REGISTRY[name](checkpoint="random") if name == "less" else METHOD_REGISTRY[name]()
+
+
+def make_layer(method: CompressionMethod, args, budget: int | None, prompt: int) -> CompressedLayer:
+    gen = torch.Generator(device=args.device).manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=args.device)
+
+    layer = CompressedLayer(method, budget)
+    layer.update(rand(1, args.kv_heads, prompt, args.head_dim), rand(1, args.kv_heads, prompt, args.head_dim))
+    method.prefill(layer, rand(1, args.q_heads, prompt, args.head_dim), args.head_dim**-0.5)
+    layer.prefilled = True
+    return layer
+
+
+def phases(method: CompressionMethod, layer: CompressedLayer, args, steps: int) -> dict[str, float]:
+    """Mean microseconds per decode step of each phase of the seam."""
+    totals = {"append": 0.0, "attention": 0.0, "update + evict/merge": 0.0}
+    scale = args.head_dim**-0.5
+    for _ in range(steps):
+        k = torch.randn(1, args.kv_heads, 1, args.head_dim, device=args.device)
+        q = torch.randn(1, args.q_heads, 1, args.head_dim, device=args.device)
+        marks = [time.perf_counter()]
+        layer.update(k, k)
+        sync(args)
+        marks.append(time.perf_counter())
+        _, probs = method.decode_attention(layer, q, layer.values, scale)
+        sync(args)
+        marks.append(time.perf_counter())
+        method.decode_step(layer, probs)
+        sync(args)
+        marks.append(time.perf_counter())
+        for name, a, b in zip(totals, marks, marks[1:], strict=False):
+            totals[name] += b - a
+    return {name: 1e6 * t / steps for name, t in totals.items()}
+
+
+def sync(args) -> None:
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("method")
+    parser.add_argument("--slots", type=int, default=512)
+    parser.add_argument("--prompt-factor", type=int, default=4)
+    parser.add_argument("--q-heads", type=int, default=9)
+    parser.add_argument("--kv-heads", type=int, default=3)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--ops", type=int, default=15, help="rows of the per-op profile")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    with torch.inference_mode():
+        full = METHOD_REGISTRY["fullkv"]()
+        base = phases(full, make_layer(full, args, None, args.slots), args, args.steps)
+        method = build(args.method)
+        layer = make_layer(method, args, args.slots, args.prompt_factor * args.slots)
+        ours = phases(method, layer, args, args.steps)
+        print(f"per layer and decode step (us), {args.slots} slots, device {args.device}")
+        print(f"{'phase':<24}{'fullkv':>10}{args.method:>14}{'extra':>10}")
+        for name in base:
+            print(f"{name:<24}{base[name]:>10.1f}{ours[name]:>14.1f}{ours[name] - base[name]:>10.1f}")
+        print(f"{'total':<24}{sum(base.values()):>10.1f}{sum(ours.values()):>14.1f}"
+              f"{sum(ours.values()) - sum(base.values()):>10.1f}")  # fmt: skip
+        with profile() as prof:
+            phases(method, layer, args, 50)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.ops))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Efficiency measurement: timed batched generation, KV bytes vs slot counts, buffers that hold
+no more than the budget, the efficiency record, OOM bisection and the capped child process."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from methods import H2O, METHOD_REGISTRY, CompressedLayer, FullKV, ZSMerge
+from runners.efficiency import summarise
+from runners.generate import TimedRun, greedy_generate, timed_generate
+from runners.oom import OOM_EXIT, Probe, largest_fitting, run_capped
+from tests.conftest import REPO
+from tests.test_cli import run_cli
+from tests.test_method_matrix import BYTES_PER_SLOT, SETTINGS
+
+PROMPT, STEPS = 48, 10
+
+
+def prompts(batch: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 128, (batch, PROMPT), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_batch_rows_equal_their_single_prompt_runs(tiny_model, name):
+    """Equal-length prompts in one batch: every row generates what it generates alone."""
+    kwargs = SETTINGS[name][1]
+    method = METHOD_REGISTRY[name](**kwargs)
+    budget = 12 if method.compresses else None
+    batch = timed_generate(tiny_model, prompts(3), METHOD_REGISTRY[name](**kwargs), budget, STEPS)
+    for row in range(3):
+        alone = greedy_generate(
+            tiny_model, prompts(3)[row : row + 1], METHOD_REGISTRY[name](**kwargs), budget, STEPS + 1, set()
+        )
+        assert batch.tokens[row].tolist() == alone.tokens, f"row {row}"
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_timings_positive_and_kv_bytes_match_slots(tiny_model, name):
+    method = METHOD_REGISTRY[name](**SETTINGS[name][0])
+    budget = 20 if method.compresses else None
+    run = timed_generate(tiny_model, prompts(2), method, budget, STEPS)
+    assert run.prefill_seconds > 0 and len(run.step_seconds) == STEPS and min(run.step_seconds) > 0
+    aux = 0  # state standing in for evicted tokens, per layer: batch x kv_heads x ... x 4 bytes (fp32)
+    if name == "less":  # H [R, head_dim] + z [R]
+        aux = 2 * (2 * 2 * (8 * 16 + 8) * 4)
+    if name == "streamingllm":  # the 4 sinks' original keys, re-rotated at each step
+        aux = 2 * (2 * 2 * 4 * 16 * 4)
+    assert run.kv_bytes == 2 * sum(run.slots) * BYTES_PER_SLOT + aux  # batch 2, exact
+    assert run.fullkv_bytes == 2 * 2 * (PROMPT + STEPS) * BYTES_PER_SLOT  # batch x layers x tokens
+    assert run.allocated_bytes >= run.kv_bytes
+    if method.compresses and method.budget_holds_in_decode:
+        assert max(run.slots) <= budget
+
+
+@pytest.mark.parametrize("method", [H2O(), ZSMerge()])
+def test_buffers_hold_at_most_one_slot_over_budget(method):
+    """Preallocated buffers are sized budget + 1 (the appended token before eviction): memory of
+    evicted tokens is really gone, not masked."""
+    layer = CompressedLayer(method, 16)
+    layer.update(torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8))
+    method.prefill(layer, torch.randn(1, 6, 64, 8), 0.3)
+    layer.prefilled = True
+    per_slot = 2 * 2 * 8 * 4  # kv_heads x (K, V) x head_dim x fp32
+    for _ in range(40):
+        layer.update(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8))
+        method.decode_step(layer, torch.softmax(torch.randn(1, 2, layer.n_slots), -1))
+        assert layer.n_slots <= 16
+        assert (
+            layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes() == 17 * per_slot
+        )
+    assert layer.allocated_bytes() < 64 * per_slot
+
+
+def test_fullkv_buffer_grows_geometrically_and_keeps_every_token():
+    layer = CompressedLayer(FullKV(), None)
+    keys = torch.randn(1, 2, 300, 8)
+    layer.update(keys[:, :, :10], keys[:, :, :10])
+    layer.prefilled = True
+    storages = set()
+    for i in range(10, 300):
+        layer.update(keys[:, :, i : i + 1], keys[:, :, i : i + 1])
+        storages.add(layer.keys.untyped_storage().data_ptr())
+    assert torch.equal(layer.keys, keys) and layer.positions[0, 0].tolist() == list(range(300))
+    assert len(storages) <= 8  # a handful of reallocations for 290 appends, not one per step
+
+
+def fake_run(prefill: float, steps: list[float]) -> TimedRun:
+    return TimedRun(prefill, steps, 100, 120, 10, 400, [5, 5], [], torch.zeros(2, len(steps) + 1))
+
+
+def test_summary_is_the_median_over_repeats():
+    runs = [fake_run(1.0, [0.1] * 4), fake_run(3.0, [0.3] * 4), fake_run(2.0, [0.2] * 4)]
+    eff = summarise(runs, batch=2, prompt_len=50, peaks=[7, 9, None])
+    assert eff["prefill_seconds"] == 2.0 and math.isclose(eff["decode_seconds"], 0.8)
+    assert math.isclose(eff["latency_seconds"], 2.8)
+    assert math.isclose(eff["decode_tokens_per_s"], 2 * 4 / 0.8)
+    assert math.isclose(eff["tokens_per_s"], 2 * 5 / 2.8)  # batch x (1 + steps) tokens per latency
+    assert math.isclose(eff["prefill_tokens_per_s"], 2 * 50 / 2.0)
+    assert math.isclose(eff["decode_step_ms_median"], 200.0)
+    assert eff["peak_memory_bytes"] == 9 and eff["kv_fraction_of_fullkv"] == 0.25
+
+
+class FakeAllocator:
+    """Memory of a probe: ``per_unit`` bytes per batch row (or token) on top of a fixed base."""
+
+    def __init__(self, limit: int, per_unit: int = 10, base: int = 25) -> None:
+        self.limit, self.per_unit, self.base, self.tried = limit, per_unit, base, []
+
+    def __call__(self, n: int) -> Probe:
+        self.tried.append(n)
+        fits = self.base + n * self.per_unit <= self.limit
+        return Probe(n, "ok" if fits else "oom")
+
+
+@pytest.mark.parametrize("limit", [25, 35, 60, 333, 655, 1000, 5000])
+def test_bisection_returns_the_boundary_of_a_known_limit(limit):
+    alloc = FakeAllocator(limit)
+    threshold, probes = largest_fitting(alloc, 1, 64)
+    expected = min(64, (limit - 25) // 10)
+    assert threshold == (expected if expected >= 1 else None)
+    assert [p.value for p in probes] == alloc.tried
+    assert len(probes) <= math.ceil(math.log2(64)) + 2
+
+
+def test_bisection_stops_on_a_non_oom_failure():
+    with pytest.raises(RuntimeError, match="not an OOM"):
+        largest_fitting(lambda n: Probe(n, "error", "boom"), 1, 8)
+
+
+def test_capped_child_reports_oom_not_a_crash():
+    """A child that fails to allocate under RLIMIT_AS exits OOM_EXIT (as ``python -m runners.oom``
+    does); a child killed by a signal also counts as oom; an ordinary failure is an error."""
+    alloc = (
+        "import sys\ntry:\n    b = bytearray(8 * 2**30)\nexcept MemoryError as e:\n"
+        f"    print('MemoryError', file=sys.stderr); sys.exit({OOM_EXIT})\n"
+    )
+    assert run_capped([sys.executable, "-c", alloc], 1 * 2**30, 60)[0] == "oom"
+    assert run_capped([sys.executable, "-c", "bytearray(10**6)"], 1 * 2**30, 60) == ("ok", "")
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert run_capped([sys.executable, "-c", kill], 1 * 2**30, 60)[0] == "oom"
+    assert run_capped([sys.executable, "-c", "raise SystemExit(1)"], 1 * 2**30, 60)[0] == "error"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["runner=efficiency", "runner.prompt_len=8000", "runner.gen_len=500"], "exceeds the context"),
+        (["runner=efficiency", "runner.batch=0"], "runner.batch must be >= 1"),
+        (["runner=oom", "runner.search=width"], "runner.search must be one of"),
+        (["runner=oom", "runner.low=9", "runner.high=4"], "runner.low <= runner.high"),
+        (["runner=error", "runner.budgets=[]"], "runner.budgets is empty"),
+        (["runner=error", "method=fullkv"], "has no error"),
+    ],
+)
+def test_bad_runner_input_is_one_error_line(tmp_path, overrides, message):
+    proc = run_cli(tmp_path, *overrides)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+    assert "loading model" not in proc.stdout
+
+
+@pytest.mark.integration
+def test_efficiency_runner_record_on_the_embedded_model(tmp_path):
+    proc = run_cli(
+        tmp_path, "runner=efficiency", "method=h2o", "budget=0.25", "runner.prompt_len=64",
+        "runner.gen_len=9", "runner.batch=2", "runner.repeats=2", "runner.warmup_steps=2",
+        "runner.curve_every=4",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(next((tmp_path / "results" / "runs").glob("*/record.json")).read_text())
+    eff = record["efficiency"]
+    assert record["status"] == "ok" and record["shape"] == {"prompt_len": 64, "gen_len": 9, "batch": 2}
+    for key in ("prefill_seconds", "decode_seconds", "latency_seconds", "tokens_per_s", "decode_tokens_per_s",
+                "prefill_tokens_per_s", "decode_step_ms_median", "peak_memory_bytes"):  # fmt: skip
+        assert eff[key] > 0, key
+    per_slot = 30 * 3 * 64 * 2 * 4  # SmolLM2: layers x KV heads x head_dim x (K, V) x fp32
+    assert record["budget_slots"] == 16 and eff["slots_end"] == 16
+    assert eff["kv_bytes_end"] == 2 * 16 * per_slot and eff["fullkv_bytes_end"] == 2 * (64 + 8) * per_slot
+    assert [p["context"] for p in record["curve"]] == [68, 72]
+    assert all(p["kv_bytes"] == 2 * 16 * per_slot for p in record["curve"])
+
+
+@pytest.mark.integration
+def test_cpu_oom_search_on_the_embedded_model(tmp_path):
+    """Probes in capped child processes: a batch that cannot fit is recorded as oom and the
+    bisection ends at a boundary (1 fits, 64 x 1024 tokens of FullKV cannot under 2.5 GiB)."""
+    proc = run_cli(
+        tmp_path, "runner=oom", "method=fullkv", "runner.prompt_len=1024", "runner.gen_len=2",
+        "runner.low=1", "runner.high=64", "runner.memory_cap_gb=2.5",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(next((tmp_path / "results" / "runs").glob("*/record.json")).read_text())
+    probes = record["efficiency"]["probes"]
+    assert probes[0]["value"] == 64 and probes[0]["outcome"] == "oom"
+    threshold = record["metrics"]["max_batch"]
+    assert threshold is not None and 1 <= threshold < 64
+    assert all(p["outcome"] == ("ok" if p["value"] <= threshold else "oom") for p in probes)
+    assert (REPO / "runners" / "oom.py").is_file()
+
+
+@pytest.mark.parametrize("name", ["h2o", "zsmerge", "keepkv", "streamingllm"])
+def test_shadow_caches_measure_zero_error_at_a_covering_budget(tiny_model, name):
+    """A shadow cache that keeps everything reproduces FullKV's attention output; a small budget
+    does not (the error runner's measurement, ZSMerge Figure 4)."""
+    from runners.error import ShadowCaches
+
+    method = METHOD_REGISTRY[name]()
+    shadows = ShadowCaches(method, [PROMPT + STEPS, 8], 2, tiny_model.base_model.rotary_emb)
+    greedy_generate(tiny_model, prompts(1), FullKV(), None, STEPS, set(), observer=shadows)
+    assert torch.equal(shadows.steps, torch.full((2, 2), STEPS - 1.0))  # every decode step, every layer
+    error = shadows.error_sum / shadows.steps
+    assert error[0].max() < 1e-5 and error[1].min() > 1e-3
