@@ -13,7 +13,6 @@ its high-water mark reset before each repeat where Linux allows it).
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -25,9 +24,8 @@ from runners.errors import KVBenchError
 from runners.generate import TimedRun, synthetic_prompts, timed_generate
 from runners.models import load_model
 from runners.quality import build_method
-from runners.record import failure, finish, new_record
+from runners.record import new_record, recording, stored_run
 from runners.report import print_summary
-from runners.results import ResultStore, run_id
 
 
 def check_shape(cfg: DictConfig) -> None:
@@ -113,11 +111,8 @@ def run_efficiency(cfg: DictConfig) -> dict:
     config["task"] = None  # synthetic prompts: no task
     if not method.budget_applies:
         config["budget"] = None
-    rid = run_id(config)
-    store = ResultStore(cfg.paths.results_dir)
-    if not cfg.rerun and (done := store.finished(rid)) is not None:
-        print(f"run {rid} already finished (rerun=true to repeat); stored result:")
-        print_summary(done)
+    store, rid, done = stored_run(cfg, config, print_summary)
+    if done is not None:
         return done
     print(f"loading model {cfg.model.name}", flush=True)
     model = load_model(cfg.model, cfg.device)
@@ -130,19 +125,11 @@ def run_efficiency(cfg: DictConfig) -> dict:
         shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch": r.batch},
         budget_slots=budget, n_samples=r.batch,
     )  # fmt: skip
-    start = time.perf_counter()
-    try:
+    with recording(cfg, store, record):
         efficiency, curve = measure(model, method, cfg, budget)
         record.update(
             status="ok", metrics={"tokens_per_s": efficiency["tokens_per_s"]}, efficiency=efficiency
         )
         record["curve"] = curve
-    except Exception as err:
-        record.update(failure(err))
-        if record["status"] != "oom":
-            raise
-    finally:
-        record["wall_seconds"] = time.perf_counter() - start
-        finish(cfg, store, record, [])
     print_summary(record)
     return record

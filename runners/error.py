@@ -11,8 +11,6 @@ averaged over steps and samples, per layer and over layers.
 
 from __future__ import annotations
 
-import time
-
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -22,8 +20,7 @@ from runners.errors import KVBenchError
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model, load_tokenizer
 from runners.quality import build_components
-from runners.record import failure, finish, new_record
-from runners.results import ResultStore, run_id
+from runners.record import new_record, recording, stored_run
 
 
 class ShadowCaches:
@@ -104,11 +101,8 @@ def run_error(cfg: DictConfig) -> dict:
         )
     config = OmegaConf.to_container(cfg, resolve=True)
     config["budget"] = None  # the budgets are runner.budgets
-    rid = run_id(config)
-    store = ResultStore(cfg.paths.results_dir)
-    if not cfg.rerun and (done := store.finished(rid)) is not None:
-        print(f"run {rid} already finished (rerun=true to repeat)")
-        print_error_table(done)
+    store, rid, done = stored_run(cfg, config, print_error_table)
+    if done is not None:
         return done
     tokenizer = load_tokenizer(cfg.model)
     samples = task.load(tokenizer)
@@ -126,8 +120,7 @@ def run_error(cfg: DictConfig) -> dict:
     layers = model.config.num_hidden_layers
     error_sum = torch.zeros((len(budgets), layers), dtype=torch.float64)
     steps = torch.zeros_like(error_sum)
-    start = time.perf_counter()
-    try:
+    with recording(cfg, store, record):
         for ids in tqdm(prompts, desc=f"error {method.name}", disable=not cfg.runner.progress):
             slots = [
                 resolve_budget(b, ids.shape[1], model.config.max_position_embeddings, cfg.budget_unit)
@@ -147,13 +140,6 @@ def run_error(cfg: DictConfig) -> dict:
             error_analysis={"budgets": budgets, "mean": mean, "per_layer": per_layer,
                             "decode_steps": steps[0].tolist()},
         )  # fmt: skip
-    except Exception as err:
-        record.update(failure(err))
-        if record["status"] != "oom":
-            raise
-    finally:
-        record["wall_seconds"] = time.perf_counter() - start
-        finish(cfg, store, record, [])
     print_error_table(record)
     return record
 

@@ -212,9 +212,8 @@ def run_oom(cfg: DictConfig) -> dict:
         For bad input, before any probe.
     """
     from runners.quality import build_method
-    from runners.record import failure, finish, new_record
+    from runners.record import new_record, recording, stored_run
     from runners.report import print_summary
-    from runners.results import ResultStore, run_id
 
     check_search(cfg)
     method = build_method(cfg)
@@ -222,11 +221,8 @@ def run_oom(cfg: DictConfig) -> dict:
     config["task"] = None
     if not method.budget_applies:
         config["budget"] = None
-    rid = run_id(config)
-    store = ResultStore(cfg.paths.results_dir)
-    if not cfg.rerun and (done := store.finished(rid)) is not None:
-        print(f"run {rid} already finished (rerun=true to repeat)")
-        print_summary(done)
+    store, rid, done = stored_run(cfg, config, print_summary)
+    if done is not None:
         return done
     r = cfg.runner
     device = torch.device(r.device)
@@ -256,8 +252,7 @@ def run_oom(cfg: DictConfig) -> dict:
         rid, config, method.name, "synthetic", device,
         shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch": r.batch}, n_samples=0,
     )  # fmt: skip
-    start = time.perf_counter()
-    try:
+    with recording(cfg, store, record):  # an OOM inside a probe is an outcome, never raised here
         threshold, probes = largest_fitting(fits, r.low, r.high)
         key = "max_batch" if r.search == "batch" else "max_context"
         record.update(
@@ -271,12 +266,6 @@ def run_oom(cfg: DictConfig) -> dict:
                 "probes": [asdict(p) for p in probes],
             },
         )
-    except Exception as err:
-        record.update(failure(err))
-        raise
-    finally:
-        record["wall_seconds"] = time.perf_counter() - start
-        finish(cfg, store, record, [])
     print(f"{method.name}: largest {r.search} that fits = {threshold}")
     return record
 

@@ -8,7 +8,6 @@ record (atomic) -> loggers -> summary table.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 from hydra.utils import instantiate
@@ -20,9 +19,8 @@ from runners.environment import peak_device_bytes, peak_rss_bytes
 from runners.errors import KVBenchError
 from runners.generate import GenerationResult, eos_token_ids, greedy_generate
 from runners.models import load_model, load_tokenizer, validate_model_config
-from runners.record import failure, finish, new_record
+from runners.record import new_record, recording, stored_run
 from runners.report import print_summary
-from runners.results import ResultStore, run_id
 from tasks import TASK_REGISTRY, Task
 
 
@@ -117,11 +115,8 @@ def run_quality(cfg: DictConfig) -> dict:
     config = OmegaConf.to_container(cfg, resolve=True)
     if not method.budget_applies:
         config["budget"] = None
-    rid = run_id(config)
-    store = ResultStore(cfg.paths.results_dir)
-    if not cfg.rerun and (done := store.finished(rid)) is not None:
-        print(f"run {rid} already finished (rerun=true to repeat); stored result:")
-        print_summary(done)
+    store, rid, done = stored_run(cfg, config, print_summary)
+    if done is not None:
         return done
     tokenizer = load_tokenizer(cfg.model)
     samples = task.load(tokenizer)
@@ -150,8 +145,7 @@ def run_quality(cfg: DictConfig) -> dict:
     )
     results: list[GenerationResult] = []
     predictions: list[dict] = []
-    start = time.perf_counter()
-    try:
+    with recording(cfg, store, record, predictions, lambda: record.update(samples_done=len(results))):
         for sample, ids in tqdm(
             list(zip(samples, prompts, strict=True)), desc=f"{method.name}", disable=not cfg.runner.progress
         ):
@@ -192,13 +186,5 @@ def run_quality(cfg: DictConfig) -> dict:
             metrics=metrics,
             efficiency=_efficiency(results, [p.shape[1] for p in prompts], model.device),
         )
-    except Exception as err:
-        record.update(failure(err))
-        if record["status"] != "oom":
-            raise
-    finally:
-        record["wall_seconds"] = time.perf_counter() - start
-        record["samples_done"] = len(results)
-        finish(cfg, store, record, predictions)
     print_summary(record)
     return record

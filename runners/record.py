@@ -4,13 +4,16 @@ the record atomically and feeding the loggers."""
 from __future__ import annotations
 
 import datetime as dt
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from runners.environment import device_info, git_sha, package_versions
-from runners.results import SCHEMA_VERSION, ResultStore
+from runners.results import SCHEMA_VERSION, ResultStore, run_id
 
 
 def new_record(rid: str, config: dict, method: str, task: str, device: torch.device, **fields) -> dict:
@@ -41,3 +44,41 @@ def failure(err: BaseException) -> dict:
     """``status``/``error`` fields for an exception: ``oom`` for CUDA/CPU out-of-memory errors."""
     oom = isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(err)
     return {"status": "oom" if oom else "error", "error": f"{type(err).__name__}: {err}".splitlines()[0]}
+
+
+def stored_run(
+    cfg: DictConfig, config: dict, show: Callable[[dict], None]
+) -> tuple[ResultStore, str, dict | None]:
+    """The store, the run id of ``config``, and its finished record unless ``rerun`` is set
+    (a finished run is not repeated: its record is shown with ``show`` and returned)."""
+    rid = run_id(config)
+    store = ResultStore(cfg.paths.results_dir)
+    if not cfg.rerun and (done := store.finished(rid)) is not None:
+        print(f"run {rid} already finished (rerun=true to repeat); stored result:")
+        show(done)
+        return store, rid, done
+    return store, rid, None
+
+
+@contextmanager
+def recording(
+    cfg: DictConfig,
+    store: ResultStore,
+    record: dict,
+    predictions: list[dict] | None = None,
+    before_write: Callable[[], None] | None = None,
+) -> Iterator[None]:
+    """Run the body and write the record whatever happens: an OOM is recorded as status ``oom``
+    (and not raised), any other exception as ``error`` (and raised); ``wall_seconds`` is set."""
+    start = time.perf_counter()
+    try:
+        yield
+    except Exception as err:
+        record.update(failure(err))
+        if record["status"] != "oom":
+            raise
+    finally:
+        record["wall_seconds"] = time.perf_counter() - start
+        if before_write is not None:
+            before_write()
+        finish(cfg, store, record, predictions or [])
