@@ -18,8 +18,8 @@ from tqdm import tqdm
 from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
 from runners.errors import KVBenchError
 from runners.generate import eos_token_ids, greedy_generate
-from runners.models import load_model, load_tokenizer
-from runners.quality import build_components
+from runners.models import load_model
+from runners.quality import build_components, load_prompts
 from runners.record import new_record, recording, stored_run
 
 
@@ -104,11 +104,7 @@ def run_error(cfg: DictConfig) -> dict:
     store, rid, done = stored_run(cfg, config, print_error_table)
     if done is not None:
         return done
-    tokenizer = load_tokenizer(cfg.model)
-    samples = task.load(tokenizer)
-    if not samples:
-        raise KVBenchError(f"task {task.name} selected no samples")
-    prompts = [task.encode(tokenizer, s) for s in samples]
+    tokenizer, samples, prompts = load_prompts(cfg, task)
     new = cfg.runner.decode_tokens
     if (longest := max(p.shape[1] for p in prompts)) + new > cfg.model.max_context:
         raise KVBenchError(

@@ -70,6 +70,21 @@ def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
     return method, _build(cfg.task, "task", TASK_REGISTRY)
 
 
+def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.Tensor]]:
+    """The tokenizer, the task's samples and their encoded prompts ``[1, prompt]``.
+
+    Raises
+    ------
+    KVBenchError
+        If the task selects no samples (and as ``Task.load`` for missing data).
+    """
+    tokenizer = load_tokenizer(cfg.model)
+    samples = task.load(tokenizer)
+    if not samples:
+        raise KVBenchError(f"task {task.name} selected no samples")
+    return tokenizer, samples, [task.encode(tokenizer, s) for s in samples]
+
+
 def stop_token_ids(tokenizer, strings: tuple[str, ...]) -> set[int]:
     """Token ids of extra stop strings (the last token of each, as THUDM's ``pred.py`` takes "\\n")."""
     return {tokenizer.encode(text, add_special_tokens=False)[-1] for text in strings}
@@ -118,11 +133,7 @@ def run_quality(cfg: DictConfig) -> dict:
     store, rid, done = stored_run(cfg, config, print_summary)
     if done is not None:
         return done
-    tokenizer = load_tokenizer(cfg.model)
-    samples = task.load(tokenizer)
-    if not samples:
-        raise KVBenchError(f"task {task.name} selected no samples")
-    prompts = [task.encode(tokenizer, s) for s in samples]
+    tokenizer, samples, prompts = load_prompts(cfg, task)
     need, longest, new = max((p.shape[1] + task.max_new(s), p.shape[1], task.max_new(s))
                              for p, s in zip(prompts, samples, strict=True))  # fmt: skip
     if need > cfg.model.max_context:
