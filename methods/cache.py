@@ -26,15 +26,15 @@ if TYPE_CHECKING:
     from methods.base import CompressionMethod
 
 
-def _slot_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def slot_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``index`` ``[batch, kv_heads, k]`` expanded over the trailing dims of a slot tensor ``t``."""
     extra = t.shape[3:]
     return index.view(*index.shape, *([1] * len(extra))).expand(*index.shape, *extra)
 
 
-def _gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``t[b, h, index[b, h, j], ...]`` for a slot tensor with any trailing dims."""
-    return t.gather(2, _slot_index(t, index))
+    return t.gather(2, slot_index(t, index))
 
 
 def _in_buffer(t: torch.Tensor, buf: torch.Tensor | None) -> bool:
@@ -194,7 +194,7 @@ class CompressedLayer(CacheLayerMixin):
         self.values = self.values.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, self.values.shape[-1]))
         self.log_weight = self.log_weight.gather(2, index)
         self.positions = self.positions.gather(2, index)
-        self.state = {name: _gather_slots(t, index) for name, t in self.state.items()}
+        self.state = {name: gather_slots(t, index) for name, t in self.state.items()}
         self._buffers.clear()  # the old buffers (the uncompressed prompt) are released now
 
     def _slot_tensors(self) -> dict[str, torch.Tensor]:
@@ -228,9 +228,9 @@ class CompressedLayer(CacheLayerMixin):
         """Exchange slots ``a`` and ``b`` ``[batch, kv_heads]`` (int64) of every head, in place."""
         ia, ib = a.unsqueeze(-1), b.unsqueeze(-1)
         for t in self._slot_tensors().values():
-            xa, xb = _gather_slots(t, ia), _gather_slots(t, ib)
-            t.scatter_(2, _slot_index(t, ia), xb)
-            t.scatter_(2, _slot_index(t, ib), xa)
+            xa, xb = gather_slots(t, ia), gather_slots(t, ib)
+            t.scatter_(2, slot_index(t, ia), xb)
+            t.scatter_(2, slot_index(t, ib), xa)
 
     def set_slots(
         self,

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.base import CompressionMethod
-from methods.cache import CompressedLayer
+from methods.cache import CompressedLayer, gather_slots, slot_index
 from methods.scoring import complement, window_logits
 from methods.zip_merge import group_logsumexp, merge_groups, merge_pair
 
@@ -267,9 +267,8 @@ class KeepKV(CompressionMethod):
         sink = min(self.n_sink, budget - recent)
         middle = (pos >= sink) & (pos < layer.seen_tokens - recent)
         victim = torch.where(middle, self._select_score(layer), torch.inf).argmin(dim=-1, keepdim=True)
-        d = layer.keys.shape[-1]
         norm = layer.state["key_norm"].clamp(min=1e-12)  # as F.normalize
-        k_victim = layer.keys.gather(2, victim.unsqueeze(-1).expand(-1, -1, 1, d)).float()
+        k_victim = gather_slots(layer.keys, victim).float()
         cos = (layer.keys.float() @ k_victim.transpose(-1, -2)).squeeze(-1) / (norm * norm.gather(2, victim))
         best, partner = cos.scatter(2, victim, NEG_INF).max(dim=-1, keepdim=True)
         merge = best > self.threshold  # [b, h, 1]
@@ -277,14 +276,9 @@ class KeepKV(CompressionMethod):
         log_votes = layer.log_weight.gather(2, pair)
         log_votes[..., 1:] = torch.where(merge, log_votes[..., 1:], NEG_INF)
 
-        def members(t: torch.Tensor) -> torch.Tensor:
-            return t.gather(
-                2, pair.view(*pair.shape, *([1] * (t.dim() - 3))).expand(*pair.shape, *t.shape[3:])
-            )
-
         out = merge_pair(
-            members(layer.keys),
-            members(layer.values),
+            gather_slots(layer.keys, pair),
+            gather_slots(layer.values, pair),
             log_votes,
             self._merge_score(layer).gather(2, pair),
             zip_keys=self.merge == "zip",
@@ -294,7 +288,8 @@ class KeepKV(CompressionMethod):
         if self.estimator == "ema":
             new_state = (out.log_score - self._bias_correction(layer)).float()
         else:
-            new_state = self._merge_rows(members(layer.state["rows"]), log_votes, torch.zeros_like(pair), 1)
+            rows = gather_slots(layer.state["rows"], pair)
+            new_state = self._merge_rows(rows, log_votes, torch.zeros_like(pair), 1)
         name = "log_ema" if self.estimator == "ema" else "rows"
         for t, new in (
             (layer.keys, out.keys),
@@ -302,11 +297,8 @@ class KeepKV(CompressionMethod):
             (layer.log_weight, out.log_votes),
             (layer.state[name], new_state),
         ):
-            index = partner.view(*partner.shape, *([1] * (t.dim() - 3))).expand(*partner.shape, *t.shape[3:])
-            t.scatter_(2, index, new.to(t.dtype))
-        layer.state["key_norm"].scatter_(
-            2, partner, layer.keys.gather(2, partner[..., None].expand(-1, -1, 1, d)).float().norm(dim=-1)
-        )
+            t.scatter_(2, slot_index(t, partner), new.to(t.dtype))
+        layer.state["key_norm"].scatter_(2, partner, gather_slots(layer.keys, partner).float().norm(dim=-1))
         layer.meta["merges"] += merge.sum()  # device tensors: no host sync per step
         layer.meta["evictions"] += (~merge).sum()
         layer.meta["zip_fallbacks"] += out.fallback.sum()

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from methods import resolve_budget
 from runners.errors import KVBenchError
+from runners.record import failure, is_oom, new_record, recording, stored_run
 
 SEARCHES = ("batch", "context")
 OOM_EXIT = 3
@@ -118,14 +119,6 @@ def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Modu
     timed_generate(model, ids, method, budget, steps)
 
 
-def is_oom(err: BaseException) -> bool:
-    """Whether an exception is an out-of-memory failure (CUDA, Python or the CPU allocator)."""
-    text = str(err)
-    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or any(
-        s in text for s in ("can't allocate memory", "not enough memory", "std::bad_alloc")
-    )
-
-
 def run_capped(argv: list[str], cap_bytes: int, timeout: float) -> tuple[str, str]:
     """Run a child process under an address-space cap of ``cap_bytes``; ``(outcome, detail)``.
 
@@ -170,11 +163,10 @@ def cuda_probe(cfg: DictConfig, model: torch.nn.Module, batch: int, prompt_len: 
         run_probe(cfg, batch, prompt_len, model)
         outcome, detail = "ok", ""
     except Exception as err:
-        if not is_oom(err):
-            return Probe(
-                value, "error", f"{type(err).__name__}: {err}".splitlines()[0], time.perf_counter() - start
-            )
-        outcome, detail = "oom", f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        result = failure(err)
+        if result["status"] != "oom":
+            return Probe(value, "error", result["error"], time.perf_counter() - start)
+        outcome, detail = "oom", result["error"][:300]
     gc.collect()
     torch.cuda.empty_cache()
     return Probe(value, outcome, detail, time.perf_counter() - start)
@@ -212,7 +204,6 @@ def run_oom(cfg: DictConfig) -> dict:
         For bad input, before any probe.
     """
     from runners.quality import build_method
-    from runners.record import new_record, recording, stored_run
     from runners.report import print_summary
 
     check_search(cfg)

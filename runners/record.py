@@ -40,10 +40,18 @@ def finish(cfg: DictConfig, store: ResultStore, record: dict, predictions: list[
         logger.log(record)
 
 
+def is_oom(err: BaseException) -> bool:
+    """Whether an exception is an out-of-memory failure (CUDA, Python or the CPU allocator)."""
+    text = str(err)
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or any(
+        s in text for s in ("can't allocate memory", "not enough memory", "std::bad_alloc")
+    )
+
+
 def failure(err: BaseException) -> dict:
-    """``status``/``error`` fields for an exception: ``oom`` for CUDA/CPU out-of-memory errors."""
-    oom = isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(err)
-    return {"status": "oom" if oom else "error", "error": f"{type(err).__name__}: {err}".splitlines()[0]}
+    """``status``/``error`` fields for an exception: ``oom`` for out-of-memory errors (:func:`is_oom`)."""
+    message = f"{type(err).__name__}: {err}".splitlines()[0]
+    return {"status": "oom" if is_oom(err) else "error", "error": message}
 
 
 def stored_run(
