@@ -10,7 +10,7 @@ fits a memory cap, found by bisection. An OOM is a recorded outcome of a probe, 
   ``torch.OutOfMemoryError`` is an ``oom``.
 
 A probe is one full measurement shape: prefill and ``probe_steps`` decode steps
-(``runners.generate.timed_generate``), with the method's budget resolved for that prompt.
+(``runners.timing.timed_generate``), with the method's budget resolved for that prompt.
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ def probe_shape(cfg: DictConfig, search: str, value: int) -> tuple[int, int]:
 
 def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Module | None = None) -> None:
     """One measurement shape (raises on OOM). Loads the model unless given."""
-    from runners.generate import synthetic_prompts, timed_generate
     from runners.models import load_model
     from runners.quality import build_method
+    from runners.timing import synthetic_prompts, timed_generate
 
     method = build_method(cfg)
     model = model if model is not None else load_model(cfg.model, "cpu")

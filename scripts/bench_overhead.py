@@ -7,7 +7,7 @@
    ``--contexts`` (1K ... 8K, the embedded model's longest), divided by FullKV's at the longest
    context. Target: >= 2x, and flat (within 10%) from the shortest to the longest context.
 
-Method and FullKV decode steps alternate (two caches, one model, ``runners.generate.Decoder``), so
+Method and FullKV decode steps alternate (two caches, one model, ``runners.timing.Decoder``), so
 that drifts of a shared machine hit both alike; each figure is the median over ``--repeats`` fresh
 prefills x ``--steps`` timed steps, after ``--warmup`` untimed steps. Prompts are random token ids.
 LESS runs with untrained random kernels (its cost does not depend on their values) and KVMerger with
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget
 from runners.environment import device_info
-from runners.generate import Decoder, synthetic_prompts
+from runners.timing import Decoder, synthetic_prompts
 
 FAMILY = {
     "h2o": "eviction",

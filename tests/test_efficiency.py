@@ -12,8 +12,9 @@ import torch
 
 from methods import H2O, METHOD_REGISTRY, CompressedLayer, FullKV, ZSMerge
 from runners.efficiency import summarise
-from runners.generate import TimedRun, greedy_generate, timed_generate
+from runners.generate import greedy_generate
 from runners.oom import OOM_EXIT, Probe, largest_fitting, run_capped
+from runners.timing import TimedRun, timed_generate
 from tests.conftest import REPO
 from tests.test_cli import run_cli
 from tests.test_method_matrix import BYTES_PER_SLOT, SETTINGS
