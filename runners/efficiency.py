@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from methods import CompressionMethod, resolve_budget
@@ -23,7 +23,7 @@ from runners.environment import peak_device_bytes, peak_rss_bytes, reset_peak_me
 from runners.errors import KVBenchError
 from runners.models import load_model
 from runners.quality import build_method
-from runners.record import new_record, recording, stored_run
+from runners.record import new_record, recording, run_config, stored_run
 from runners.report import print_summary
 from runners.timing import TimedRun, synthetic_prompts, timed_generate
 
@@ -107,10 +107,7 @@ def run_efficiency(cfg: DictConfig) -> dict:
     """
     check_shape(cfg)
     method = build_method(cfg)
-    config = OmegaConf.to_container(cfg, resolve=True)
-    config["task"] = None  # synthetic prompts: no task
-    if not method.budget_applies:
-        config["budget"] = None
+    config = run_config(cfg, method.budget_applies)
     store, rid, done = stored_run(cfg, config, print_summary)
     if done is not None:
         return done

@@ -20,7 +20,7 @@ from runners.errors import KVBenchError
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model
 from runners.quality import build_components, load_prompts
-from runners.record import new_record, recording, stored_run
+from runners.record import new_record, recording, run_config, stored_run
 
 
 class ShadowCaches:
@@ -99,8 +99,7 @@ def run_error(cfg: DictConfig) -> dict:
         raise KVBenchError(
             "runner=error compares a compressing method with FullKV; method=fullkv has no error"
         )
-    config = OmegaConf.to_container(cfg, resolve=True)
-    config["budget"] = None  # the budgets are runner.budgets
+    config = run_config(cfg, method.budget_applies)
     store, rid, done = stored_run(cfg, config, print_error_table)
     if done is not None:
         return done

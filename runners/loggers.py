@@ -48,8 +48,17 @@ class TableLogger:
         tmp.replace(self.store.root / "table.parquet")
 
 
+def sweep_group(record: dict) -> str | None:
+    """W&B group of a record: ``<experiment or "sweep">/<sweep dir name>`` for a multirun job."""
+    sweep = record.get("sweep")
+    if not sweep:
+        return None
+    return f"{sweep.get('experiment') or 'sweep'}/{Path(sweep['dir']).name}"
+
+
 class WandbLogger:
-    """One W&B run per KVBench run, with the record's config and summary (offline by default).
+    """One W&B run per KVBench run, with the record's config and summary (offline by default),
+    grouped by sweep (:func:`sweep_group`) unless ``group`` is set.
 
     Disabled with a warning when ``wandb`` is not installed.
     """
@@ -71,7 +80,8 @@ class WandbLogger:
             dir=self.dir,
             name=f"{record.get('method')}-{record.get('task')}-{record['run_id'][:8]}",
             id=record["run_id"],
-            group=self.group,
+            group=self.group or sweep_group(record),
+            job_type=(record.get("config") or {}).get("runner", {}).get("name"),
             config=record.get("config"),
             resume="allow",
             settings=wandb.Settings(silent=True, console="off"),

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from methods import resolve_budget
 from runners.errors import KVBenchError
-from runners.record import failure, is_oom, new_record, recording, stored_run
+from runners.record import failure, is_oom, new_record, recording, run_config, stored_run
 
 SEARCHES = ("batch", "context")
 OOM_EXIT = 3
@@ -208,10 +208,7 @@ def run_oom(cfg: DictConfig) -> dict:
 
     check_search(cfg)
     method = build_method(cfg)
-    config = OmegaConf.to_container(cfg, resolve=True)
-    config["task"] = None
-    if not method.budget_applies:
-        config["budget"] = None
+    config = run_config(cfg, method.budget_applies)
     store, rid, done = stored_run(cfg, config, print_summary)
     if done is not None:
         return done

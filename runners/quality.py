@@ -11,7 +11,7 @@ import statistics
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget, validate_budget
@@ -19,7 +19,7 @@ from runners.environment import peak_device_bytes, peak_rss_bytes
 from runners.errors import KVBenchError
 from runners.generate import GenerationResult, eos_token_ids, greedy_generate
 from runners.models import load_model, load_tokenizer, validate_model_config
-from runners.record import new_record, recording, stored_run
+from runners.record import new_record, recording, run_config, stored_run
 from runners.report import print_summary
 from tasks import TASK_REGISTRY, Task
 
@@ -127,9 +127,7 @@ def run_quality(cfg: DictConfig) -> dict:
         For bad input, before any model is loaded (or before generation for too-long prompts).
     """
     method, task = build_components(cfg)
-    config = OmegaConf.to_container(cfg, resolve=True)
-    if not method.budget_applies:
-        config["budget"] = None
+    config = run_config(cfg, method.budget_applies)
     store, rid, done = stored_run(cfg, config, print_summary)
     if done is not None:
         return done

@@ -9,11 +9,59 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from runners.environment import device_info, git_sha, package_versions
 from runners.results import SCHEMA_VERSION, ResultStore, run_id
+
+# Which parts of the config identify a run, per runner: (the task, the top-level budget). Efficiency
+# and OOM runs use synthetic prompts (no task); the error runner sweeps runner.budgets itself.
+IDENTITY_RULES: dict[str, tuple[bool, bool]] = {
+    "efficiency": (False, True),
+    "oom": (False, True),
+    "error": (True, False),
+}
+
+
+def run_config(cfg: DictConfig, budget_applies: bool = True) -> dict:
+    """The resolved config a run is stored under (docs/results.md): ``task`` is null for runners
+    without one, ``budget`` null where it does not apply (FullKV, the error runner's own budgets).
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The composed job config.
+    budget_applies : bool
+        False for a method that ignores the budget (``CompressionMethod.budget_applies``).
+    """
+    config = OmegaConf.to_container(cfg, resolve=True)
+    uses_task, uses_budget = IDENTITY_RULES.get(cfg.runner.name, (True, True))
+    if not uses_task:
+        config["task"] = None
+    if not (uses_budget and budget_applies):
+        config["budget"] = None
+    return config
+
+
+def in_multirun() -> bool:
+    """Whether this process runs one job of a Hydra ``--multirun`` sweep."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def sweep_info() -> dict | None:
+    """Where a multirun job comes from: the sweep directory, job number, experiment, overrides."""
+    if not in_multirun():
+        return None
+    hc = HydraConfig.get()
+    return {
+        "dir": str(hc.sweep.dir),
+        "job_num": hc.job.num,
+        "experiment": hc.runtime.choices.get("experiment"),
+        "overrides": list(hc.overrides.task),
+    }
 
 
 def new_record(rid: str, config: dict, method: str, task: str, device: torch.device, **fields) -> dict:
@@ -30,6 +78,7 @@ def new_record(rid: str, config: dict, method: str, task: str, device: torch.dev
         "config": config,
         "method": method,
         "task": task,
+        "sweep": sweep_info(),
     } | fields
 
 
@@ -77,16 +126,36 @@ def recording(
     before_write: Callable[[], None] | None = None,
 ) -> Iterator[None]:
     """Run the body and write the record whatever happens: an OOM is recorded as status ``oom``
-    (and not raised), any other exception as ``error`` (and raised); ``wall_seconds`` is set."""
+    (and not raised), any other exception as ``error`` (and raised, marked ``kvbench_recorded``);
+    ``wall_seconds`` is set."""
     start = time.perf_counter()
     try:
         yield
     except Exception as err:
         record.update(failure(err))
         if record["status"] != "oom":
+            err.kvbench_recorded = True  # type: ignore[attr-defined]
             raise
     finally:
         record["wall_seconds"] = time.perf_counter() - start
         if before_write is not None:
             before_write()
         finish(cfg, store, record, predictions or [])
+
+
+def record_failure(cfg: DictConfig, err: BaseException) -> str:
+    """Store an ``error``/``oom`` record for a job that failed before its run wrote one (bad input
+    found by validation, a model that does not load) so a sweep shows it. Returns the run id."""
+    try:
+        method = instantiate(cfg.method)
+    except Exception:  # the method config itself may be what is wrong
+        method = None
+    config = run_config(cfg, budget_applies=getattr(method, "budget_applies", True))
+    rid = run_id(config)
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    name = getattr(method, "name", None) or choices.get("method", "")
+    task = choices.get("task", "") if config.get("task") is not None else "synthetic"
+    record = new_record(rid, config, name, task, torch.device("cpu")) | failure(err)
+    record["device"] = None
+    finish(cfg, ResultStore(cfg.paths.results_dir), record, [])
+    return rid

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable
 
 from omegaconf import DictConfig
@@ -13,6 +14,7 @@ from runners.errors import KVBenchError
 from runners.less_train import run_train_less
 from runners.oom import run_oom
 from runners.quality import run_quality
+from runners.record import in_multirun, record_failure
 
 RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
     "efficiency": run_efficiency,
@@ -24,22 +26,41 @@ RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
 
 
 def run_from_config(cfg: DictConfig) -> float | None:
-    """Entry point of ``run.py``: run the configured runner; bad input -> one line, exit 2.
+    """Entry point of ``run.py``: run the configured runner.
+
+    A single run stops on bad input with one ``error:`` line and exit code 2, and on a failed run
+    (status ``oom``/``error``) with exit code 1. In a ``--multirun`` sweep every failure is recorded
+    in the result store (status ``error`` or ``oom``) and the job returns None, so the sweep goes on
+    and a sweeper (Optuna) sees a failed trial.
 
     Returns the run's first quality metric (what a Hydra sweeper optimises), or None.
     """
+    multirun = in_multirun()
     try:
         if cfg.runner.name not in RUNNER_REGISTRY:
             raise KVBenchError(f"unknown runner {cfg.runner.name!r} (known: {sorted(RUNNER_REGISTRY)})")
         record = RUNNER_REGISTRY[cfg.runner.name](cfg)
     except KVBenchError as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        if not multirun:
+            sys.exit(2)
+        rid = record_failure(cfg, err)
+        print(f"recorded as run {rid} (status error); the sweep goes on", file=sys.stderr)
+        return None
+    except Exception as err:
+        if not multirun:
+            raise
+        traceback.print_exc()
+        if not getattr(err, "kvbench_recorded", False):
+            record_failure(cfg, err)
+        return None
     if record["status"] != "ok":
         print(
             f"error: run {record['run_id']} ended with status {record['status']}: {record['error']}",
             file=sys.stderr,
         )
-        sys.exit(1)
+        if not multirun:
+            sys.exit(1)
+        return None
     metrics = record.get("metrics") or {}
     return next(iter(metrics.values()), None)

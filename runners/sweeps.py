@@ -1,0 +1,96 @@
+"""The jobs of an experiment sweep, as Hydra's basic sweeper would launch them, without running them.
+
+Reports use this to list what an experiment should have produced (and what is missing); tests use it
+to check that every sweep point of every experiment composes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from runners.errors import KVBenchError
+from runners.record import run_config
+from runners.results import run_id
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class Job:
+    """One sweep point: its overrides (``key=value``), composed config and run id."""
+
+    overrides: list[str]
+    cfg: DictConfig
+    run_id: str
+
+    def choice(self, key: str) -> str | None:
+        """The value this job's overrides give ``key`` (a config group choice or a field), as text."""
+        for item in self.overrides:
+            name, _, value = item.partition("=")
+            if name.lstrip("+~") == key:
+                return value
+        return None
+
+
+def experiment_names() -> list[str]:
+    """Every ``configs/experiment/<name>.yaml``."""
+    return sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+
+
+@contextmanager
+def _hydra() -> Iterator[None]:
+    if GlobalHydra.instance().is_initialized():  # inside a Hydra app or a test's initialize
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        yield
+
+
+def _job_overrides(base: DictConfig, extra: Sequence[str]) -> list[list[str]]:
+    params = base.hydra.sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(extra)
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)
+    return batches[0] if batches else [[]]
+
+
+def sweep_jobs(
+    experiment: str, scale: str = "smoke", overrides: Sequence[str] = ()
+) -> tuple[DictConfig, list[Job]]:
+    """The base config of ``experiment`` at ``scale`` and every job of its sweep.
+
+    Parameters
+    ----------
+    experiment : str
+        A name from :func:`experiment_names`.
+    scale : str
+        ``smoke`` or ``paper`` (the experiment's ``scales``).
+    overrides : Sequence[str]
+        Extra command-line overrides, sweeps included (``method=h2o,zsmerge``).
+
+    Raises
+    ------
+    KVBenchError
+        For an unknown experiment.
+    """
+    if experiment not in experiment_names():
+        raise KVBenchError(f"unknown experiment {experiment!r} (known: {', '.join(experiment_names())})")
+    head = [f"experiment={experiment}", f"scale={scale}"]
+    with _hydra():
+        base = compose(config_name="config", overrides=head, return_hydra_config=True)
+        jobs = []
+        for job_overrides in _job_overrides(base, overrides):
+            cfg = compose(config_name="config", overrides=head + list(job_overrides))
+            method = instantiate(cfg.method)
+            jobs.append(Job(list(job_overrides), cfg, run_id(run_config(cfg, method.budget_applies))))
+    base = OmegaConf.masked_copy(base, [k for k in base if k != "hydra"])
+    return base, jobs
