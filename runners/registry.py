@@ -33,7 +33,13 @@ def run_from_config(cfg: DictConfig) -> float | None:
     in the result store (status ``error`` or ``oom``) and the job returns None, so the sweep goes on
     and a sweeper (Optuna) sees a failed trial.
 
-    Returns the run's first quality metric (what a Hydra sweeper optimises), or None.
+    Returns the metric a Hydra sweeper optimises: ``optimize_metric`` or the run's first metric
+    (None for a failed run).
+
+    Raises
+    ------
+    KVBenchError
+        In a single run, if ``optimize_metric`` is not one of the run's metrics.
     """
     multirun = in_multirun()
     try:
@@ -63,4 +69,13 @@ def run_from_config(cfg: DictConfig) -> float | None:
             sys.exit(1)
         return None
     metrics = record.get("metrics") or {}
-    return next(iter(metrics.values()), None)
+    wanted = cfg.get("optimize_metric")
+    if wanted is None:
+        return next(iter(metrics.values()), None)
+    if wanted not in metrics:
+        message = f"optimize_metric {wanted!r} is not a metric of this run (metrics: {', '.join(metrics)})"
+        if not multirun:
+            raise KVBenchError(message)
+        print(f"error: {message}", file=sys.stderr)
+        return None
+    return metrics[wanted]

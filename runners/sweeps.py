@@ -27,11 +27,18 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 @dataclass
 class Job:
-    """One sweep point: its overrides (``key=value``), composed config and run id."""
+    """One sweep point: its overrides (``key=value``), composed config, the resolved config its
+    run is stored under (``runners.record.run_config``), its run id and registry names."""
 
     overrides: list[str]
     cfg: DictConfig
+    config: dict
     run_id: str
+    names: dict[str, str | None]
+
+    def name(self, group: str) -> str | None:
+        """Registry name of the job's ``method`` or ``task`` (None for a runner without a task)."""
+        return self.names.get(group)
 
     def choice(self, key: str) -> str | None:
         """The value this job's overrides give ``key`` (a config group choice or a field), as text."""
@@ -40,6 +47,13 @@ class Job:
             if name.lstrip("+~") == key:
                 return value
         return None
+
+
+def _task_name(task: dict | None) -> str | None:
+    from tasks import TASK_REGISTRY
+
+    target = (task or {}).get("_target_")
+    return next((n for n, c in TASK_REGISTRY.items() if f"{c.__module__}.{c.__qualname__}" == target), None)
 
 
 def experiment_names() -> list[str]:
@@ -91,6 +105,8 @@ def sweep_jobs(
         for job_overrides in _job_overrides(base, overrides):
             cfg = compose(config_name="config", overrides=head + list(job_overrides))
             method = instantiate(cfg.method)
-            jobs.append(Job(list(job_overrides), cfg, run_id(run_config(cfg, method.budget_applies))))
+            config = run_config(cfg, method.budget_applies)
+            names = {"method": method.name, "task": _task_name(config.get("task"))}
+            jobs.append(Job(list(job_overrides), cfg, config, run_id(config), names))
     base = OmegaConf.masked_copy(base, [k for k in base if k != "hydra"])
     return base, jobs

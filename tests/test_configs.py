@@ -8,6 +8,7 @@ from hydra.utils import instantiate
 
 from methods import METHOD_REGISTRY
 from runners.models import MODEL_SOURCES, validate_model_config
+from runners.sweeps import experiment_names, sweep_jobs
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
@@ -18,27 +19,46 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
 
 
+GLOBAL_GROUPS = ("experiment", "hparams_search")  # global packages: they set fields, not a node
+
+
 @pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
 def test_every_group_option_composes(group, option):
-    prefix = "+" if group == "experiment" else ""  # experiments are global packages, not in defaults
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"{prefix}{group}={option}"])
-    assert (
-        cfg[group] is not None if group != "experiment" else cfg.runner.name in ("efficiency", "error", "oom")
-    )
+        cfg = compose(config_name="config", overrides=[f"{group}={option}"], return_hydra_config=True)
+    if group not in GLOBAL_GROUPS:
+        assert cfg[group] is not None
+    else:  # each sweeps something: a grid (experiment) or a search space (Optuna)
+        assert cfg.hydra.sweeper.params and cfg.hydra.runtime.choices[group] == option
 
 
+def test_experiment_glob_matches_the_experiment_files():
+    """``experiment=glob(*)`` (what a user sweeps over every artefact with) lists every file."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        (batch,) = BasicSweeper.split_arguments(parser.parse_overrides(["experiment=glob(*)"]), None)
+    names = sorted(job[0].removeprefix("experiment=") for job in batch)
+    assert names == experiment_names() and len(names) >= 12
+
+
+@pytest.mark.parametrize("scale", ["smoke", "paper"])
 @pytest.mark.parametrize("option", options("experiment"))
-def test_every_experiment_sweep_point_composes_and_validates(option):
-    """Each value of each swept parameter composes, and its method builds (what -m would run)."""
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        base = compose(config_name="config", overrides=[f"+experiment={option}"], return_hydra_config=True)
-        params = base.hydra.sweeper.params or {}
-        assert params, "an experiment sweeps something"
-        for key, values in params.items():
-            for value in str(values).split(","):
-                cfg = compose(config_name="config", overrides=[f"+experiment={option}", f"{key}={value}"])
-                assert instantiate(cfg.method).name in METHOD_REGISTRY
+def test_every_experiment_sweep_job_composes_and_validates(option, scale):
+    """Every job ``python run.py -m experiment=<option> scale=<scale>`` would launch composes, its
+    method builds, and it names the model the scale asks for; smoke runs the embedded model."""
+    base, jobs = sweep_jobs(option, scale)
+    assert jobs and base.report.kind in ("table", "sensitivity", "curve", "error")
+    for job in jobs:
+        assert job.name("method") in METHOD_REGISTRY
+        validate_model_config(job.cfg.model)
+    models = {job.cfg.model.name for job in jobs}
+    assert (models == {"smollm2-135m"}) == (scale == "smoke")
+    if scale == "smoke":
+        assert {job.cfg.model.loader for job in jobs} == {"embedded_gguf"}
 
 
 def test_defaults_are_the_main_job():

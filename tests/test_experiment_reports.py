@@ -1,0 +1,174 @@
+"""Experiment reports and the summary render from small fixture stores; cells are record means."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import pytest
+
+from reports.experiment import build
+from reports.frame import label
+from reports.summary import interval, ranking, scored_runs
+from runners.results import ResultStore
+from runners.sweeps import experiment_names, sweep_jobs
+
+
+def fake_value(run_id: str, key: str) -> float:
+    """A deterministic number in [0, 100) per (run, key)."""
+    return int(hashlib.sha256(f"{run_id}/{key}".encode()).hexdigest()[:8], 16) % 10000 / 100
+
+
+def fixture_record(job, spec) -> dict:
+    """A finished record for a sweep job with every number its report reads."""
+    rid = job.run_id
+    keys = list(spec.get("values") or spec.get("metrics") or [])
+    metrics = {k: fake_value(rid, k) for k in keys}
+    if spec.kind == "error":
+        metrics = {f"rel_error@{b}": fake_value(rid, str(b)) / 100 for b in job.cfg.runner.budgets}
+    record = {
+        "run_id": rid,
+        "status": "ok",
+        "error": None,
+        "config": job.config,
+        "method": job.name("method"),
+        "task": job.name("task") or "synthetic",
+        "metrics": metrics,
+        "efficiency": {k: v for k, v in metrics.items()},
+        "n_samples": 2,
+    }
+    if spec.kind == "curve":
+        record["curve"] = [
+            {"context": c, "tokens_per_s": fake_value(rid, str(c)), "memory_bytes": c * 2**20}
+            for c in (600, 700)
+        ]
+    return record
+
+
+def fill(store: ResultStore, experiment: str, scale: str = "smoke", overrides=(), skip=()) -> dict[str, dict]:
+    base, jobs = sweep_jobs(experiment, scale, overrides)
+    written = {}
+    for job in jobs:
+        if job.run_id in written or job.run_id in skip:
+            continue
+        written[job.run_id] = fixture_record(job, base.report)
+        store.write(written[job.run_id], [])
+    return written
+
+
+@pytest.mark.parametrize("experiment", experiment_names())
+def test_every_experiment_report_renders_from_a_fixture_store(tmp_path, experiment):
+    store = ResultStore(tmp_path / "results")
+    written = fill(store, experiment)
+    report = build(experiment, "smoke", store.root, tmp_path / "out")
+    names = {p.name for p in report.files}
+    assert {f"{experiment}_smoke.md", f"{experiment}_smoke.tex"} <= names
+    base, _ = sweep_jobs(experiment, "smoke")
+    if base.report.get("figure") or base.report.kind != "table":
+        assert {f"{experiment}_smoke.png", f"{experiment}_smoke.pdf"} <= names
+        assert all((tmp_path / "out" / n).stat().st_size > 1000 for n in names if n[-3:] in ("png", "pdf"))
+    assert f"{len(written)} of {len(written)} distinct runs finished" in report.markdown
+    assert "## Missing or failed runs\n\nnone" in report.markdown
+    assert len(report.table) > 0
+
+
+def test_a_table_cell_is_the_mean_of_its_records(tmp_path):
+    """Two seeds per setting: each cell of ZSMerge Table 2 averages the two runs."""
+    store = ResultStore(tmp_path / "results")
+    written = fill(store, "zsmerge_table2", overrides=["seed=0,1"])
+    _, jobs = sweep_jobs("zsmerge_table2", "smoke", ["seed=0,1"])
+    report = build("zsmerge_table2", "smoke", store.root, tmp_path / "out", ["seed=0,1"])
+    table = report.table.set_index("method")
+    for method, budget in [("h2o", 0.1), ("zsmerge_xsum_paper", 0.05), ("less", 0.2)]:
+        runs = {j.run_id for j in jobs if j.choice("method") == method and j.cfg.budget == budget}
+        assert len(runs) == 2
+        expected = sum(written[r]["metrics"]["rougeL"] for r in runs) / 2
+        assert table.loc[method, f"rougeL @ {label(budget)}"] == pytest.approx(expected)
+    fullkv = {j.run_id for j in jobs if j.choice("method") == "fullkv"}
+    assert len(fullkv) == 2  # FullKV ignores the budget: one run per seed, shown once (budget none)
+    expected = sum(written[r]["metrics"]["rouge1"] for r in fullkv) / 2
+    assert table.loc["fullkv", "rouge1 @ none"] == pytest.approx(expected)
+
+
+def test_missing_and_failed_runs_are_listed_not_dropped(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    _, jobs = sweep_jobs("zsmerge_table2", "smoke")
+    missing = next(j for j in jobs if j.choice("method") == "h2o" and j.cfg.budget == 0.05)
+    failed = next(j for j in jobs if j.choice("method") == "less" and j.cfg.budget == 0.1)
+    fill(store, "zsmerge_table2", skip={missing.run_id})
+    record = store.read(failed.run_id) | {"status": "error", "error": "KVBenchError: no LESS kernel set"}
+    store.write(record, [])
+    report = build("zsmerge_table2", "smoke", store.root, tmp_path / "out")
+    assert "8 of 10 distinct runs finished" in report.markdown
+    assert f"| missing  | {' '.join(missing.overrides)}" in report.markdown
+    assert "no LESS kernel set" in report.markdown and failed.run_id in report.markdown
+    table = report.table.set_index("method")
+    assert (
+        table.loc["h2o", "rouge1 @ 0.05"] is None
+        or table.loc["h2o", "rouge1 @ 0.05"] != table.loc["h2o", "rouge1 @ 0.05"]
+    )
+
+
+def test_paper_numbers_sit_next_to_ours_only_for_the_same_model(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    fill(store, "zsmerge_table2", scale="paper")
+    report = build("zsmerge_table2", "paper", store.root, tmp_path / "out")
+    table = report.table.set_index(["model", "method"])
+    cols = list(report.table.columns)
+    assert cols.index("paper: rouge1 @ 0.2") == cols.index("rouge1 @ 0.2") + 1
+    assert table.loc[("llama2-7b", "h2o"), "paper: rouge1 @ 0.2"] == pytest.approx(30.83)
+    assert table.loc[("falcon-7b", "zsmerge_xsum_paper"), "paper: rougeL @ 0.05"] == pytest.approx(12.73)
+    smoke = ResultStore(tmp_path / "smoke")
+    fill(smoke, "zsmerge_table2")
+    small = build("zsmerge_table2", "smoke", smoke.root, tmp_path / "out")
+    assert not any(c.startswith("paper:") for c in small.table.columns)  # other model: no adjacent column
+    assert "The paper's numbers (ZSMerge Table 2" in small.markdown and "30.83" in small.markdown
+
+
+def write_quality(store: ResultStore, rid: str, method: str, budget, scores: list[float], task="xsum"):
+    record = {
+        "run_id": rid, "status": "ok", "method": method, "task": task,
+        "config": {"model": {"name": "m"}, "budget": budget, "budget_unit": "prompt",
+                   "runner": {"name": "quality"}, "method": {}},
+        "metrics": {"rouge1": sum(scores) / len(scores)},
+    }  # fmt: skip
+    store.write(record, [{"id": i, "metrics": {"rouge1": s, "rouge2": 0.0}} for i, s in enumerate(scores)])
+
+
+def test_summary_ranks_methods_per_budget_with_bootstrap_intervals(tmp_path):
+    store = ResultStore(tmp_path)
+    write_quality(store, "a", "fullkv", None, [30.0, 32.0, 34.0, 36.0])
+    write_quality(store, "b", "h2o", 0.2, [10.0, 20.0, 30.0, 40.0])
+    write_quality(store, "c", "zsmerge", 0.2, [30.0, 30.0, 31.0, 29.0])
+    write_quality(store, "d", "zsmerge", 0.2, [5.0, 6.0], task="cnndm")
+    write_quality(store, "e", "h2o", 0.2, [7.0, 8.0], task="cnndm")
+    runs = scored_runs(store, n_resamples=200)
+    h2o = runs[(runs["method"] == "h2o") & (runs["task"] == "xsum")].iloc[0]
+    assert h2o["mean"] == pytest.approx(25.0) and h2o["n"] == 4
+    assert 10.0 <= h2o["low"] < 25.0 < h2o["high"] <= 40.0
+    table = ranking(runs)["0.2"].set_index("method")
+    assert table.loc["fullkv (budget none)", "mean_rank"] == 1.0  # reference, ranked within xsum
+    assert table.loc["zsmerge", "mean_rank"] == pytest.approx((2 + 2) / 2)  # 2nd on xsum, 2nd on cnndm
+    assert table.loc["h2o", "mean_rank"] == pytest.approx((3 + 1) / 2)
+    assert table.index[0] == "fullkv (budget none)"
+
+
+def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_samples():
+    narrow = interval([10.0, 11.0] * 200, n_resamples=500)
+    wide = interval([10.0, 11.0] * 5, n_resamples=500)
+    assert narrow[0] < 10.5 < narrow[1] and wide[0] < 10.5 < wide[1]
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]
+    assert all(math.isnan(b) for b in interval([3.0], 100))  # no interval from one sample
+
+
+def test_reports_cli_writes_the_summary_and_rejects_unknown_experiments(tmp_path, capsys):
+    from reports.__main__ import main
+
+    store = ResultStore(tmp_path / "r")
+    write_quality(store, "b", "h2o", 0.2, [10.0, 20.0])
+    assert main(["summary", "--results-dir", str(store.root), "--resamples", "100"]) == 0
+    assert (store.root / "reports" / "summary.md").is_file()
+    assert main(["nope", "--results-dir", str(store.root)]) == 2
+    assert "unknown experiment 'nope'" in capsys.readouterr().err
+    assert json.loads((store.run_dir("b") / "record.json").read_text())["method"] == "h2o"

@@ -1,0 +1,121 @@
+"""Hydra multirun sweeps end to end: one record per job, reruns skip finished runs, a failing job is
+recorded and the sweep goes on, a killed sweep leaves readable records, Optuna and submitit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runners.results import ResultStore
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+
+TINY = ["task.limit=1", "task.max_new_tokens=4", "logger=table", "runner.progress=false"]
+
+
+def _env(tmp_path: Path, data_dir: Path) -> dict:
+    return os.environ | {
+        "KVBENCH_DATA_DIR": str(data_dir),
+        "KVBENCH_RESULTS_DIR": str(tmp_path / "results"),
+        "KVBENCH_LOG_DIR": str(tmp_path / "logs"),
+        "HYDRA_FULL_ERROR": "1",
+    }
+
+
+def multirun(tmp_path: Path, data_dir: Path, *overrides: str, timeout: int = 600):
+    cmd = [sys.executable, "run.py", "-m", *overrides, *TINY]
+    return subprocess.run(
+        cmd, cwd=REPO, env=_env(tmp_path, data_dir), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def records(tmp_path: Path) -> dict[str, dict]:
+    return {r["run_id"]: r for r in ResultStore(tmp_path / "results").records()}
+
+
+def record_mtimes(tmp_path: Path) -> dict[str, int]:
+    paths = (tmp_path / "results" / "runs").glob("*/record.json")
+    return {p.parent.name: p.stat().st_mtime_ns for p in paths}
+
+
+def test_two_by_two_multirun_writes_four_records_and_a_rerun_writes_none(tmp_path, data_dir):
+    sweep = ("method=h2o,zsmerge", "budget=0.1,0.2")
+    first = multirun(tmp_path, data_dir, *sweep)
+    assert first.returncode == 0, first.stderr[-3000:]
+    recs = records(tmp_path)
+    assert len(recs) == 4 and {r["status"] for r in recs.values()} == {"ok"}
+    assert {(r["method"], r["config"]["budget"]) for r in recs.values()} == {
+        ("h2o", 0.1), ("h2o", 0.2), ("zsmerge", 0.1), ("zsmerge", 0.2)
+    }  # fmt: skip
+    sweeps = {r["sweep"]["dir"] for r in recs.values()}
+    assert len(sweeps) == 1 and sorted(r["sweep"]["job_num"] for r in recs.values()) == [0, 1, 2, 3]
+    before = record_mtimes(tmp_path)
+    second = multirun(tmp_path, data_dir, *sweep)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert record_mtimes(tmp_path) == before  # no record rewritten
+    assert second.stdout.count("already finished") == 4
+
+
+def test_a_failing_job_is_recorded_and_the_others_finish(tmp_path, data_dir):
+    # alpha=-1 fails validation (ZSMerge Eq. 8 needs alpha in [0, 1]); it is the first job.
+    result = multirun(tmp_path, data_dir, "method=zsmerge", "method.alpha=-1,0.5")
+    assert result.returncode == 0, result.stderr[-3000:]
+    recs = sorted(records(tmp_path).values(), key=lambda r: r["config"]["method"]["alpha"])
+    assert [r["status"] for r in recs] == ["error", "ok"]
+    assert "alpha" in recs[0]["error"] and recs[1]["metrics"]["rouge1"] >= 0
+    # A failed run is attempted again on the next sweep (only finished runs are skipped).
+    again = multirun(tmp_path, data_dir, "method=zsmerge", "method.alpha=-1,0.5")
+    assert again.stdout.count("already finished") == 1 and "recorded as run" in again.stderr
+
+
+def test_killing_a_sweep_between_jobs_leaves_readable_records_and_it_resumes(tmp_path, data_dir):
+    cmd = [sys.executable, "run.py", "-m", "method=h2o", "budget=0.1,0.2,0.3", *TINY]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    runs = tmp_path / "results" / "runs"
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(runs.glob("*/record.json")):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    written = list(runs.glob("*/record.json"))
+    assert 1 <= len(written) < 3
+    for path in written:  # complete JSON: written by rename, never partially
+        assert json.loads(path.read_text())["status"] == "ok"
+    resumed = multirun(tmp_path, data_dir, "method=h2o", "budget=0.1,0.2,0.3")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.count("already finished") == len(written)
+    assert sorted(r["config"]["budget"] for r in records(tmp_path).values()) == [0.1, 0.2, 0.3]
+
+
+def test_optuna_sweeper_maximises_the_configured_metric(tmp_path, data_dir):
+    result = multirun(tmp_path, data_dir, "hparams_search=zsmerge_optuna", "hydra.sweeper.n_trials=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    recs = list(records(tmp_path).values())
+    assert len(recs) == 2 and all(r["status"] == "ok" for r in recs)
+    (results_file,) = (tmp_path / "logs").glob("multiruns/*/optimization_results.yaml")
+    best = yaml.safe_load(results_file.read_text())
+    assert best["best_value"] == pytest.approx(max(r["metrics"]["rougeL"] for r in recs))
+    best_alpha = best["best_params"]["method.alpha"]
+    assert any(r["config"]["method"]["alpha"] == pytest.approx(best_alpha) for r in recs)
+
+
+def test_submitit_local_launcher_runs_the_sweep_in_worker_processes(tmp_path, data_dir):
+    result = multirun(tmp_path, data_dir, "hydra/launcher=submitit_local", "method=h2o,zsmerge")
+    assert result.returncode == 0, result.stderr[-3000:]
+    recs = records(tmp_path)
+    assert {r["method"] for r in recs.values()} == {"h2o", "zsmerge"}
+    assert all(r["status"] == "ok" for r in recs.values())
+    assert list((tmp_path / "logs").glob("multiruns/*/.submitit/*/*_result.pkl"))
+    assert {r["sweep"]["job_num"] for r in recs.values()} == {0, 1}
