@@ -1,12 +1,54 @@
 """Decode attention over a compressed cache: one query per head, per-slot log-weight bias.
 
-This PyTorch function is the specification of the decode step (issue 9 adds a Triton kernel that
-must match it). GQA is handled by grouping query heads onto their KV head, never by repeating KV.
+:func:`decode_attention_torch` is the specification of the decode step and the CPU path;
+:func:`decode_attention` runs the fused Triton kernel (``kernels.triton_decode``) instead for
+one-token CUDA queries unless the backend is set to ``torch`` (config ``kernels=torch``). GQA is
+handled by grouping query heads onto their KV head, never by repeating KV.
 """
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
+
+BACKENDS = ("auto", "torch", "triton")
+_backend = "auto"
+
+
+def set_backend(name: str) -> None:
+    """Choose the decode-attention backend: ``auto`` (Triton on CUDA when triton is installed,
+    PyTorch otherwise), ``torch`` (always the PyTorch path) or ``triton`` (always the kernel; on
+    CPU only under ``TRITON_INTERPRET=1``, for tests).
+
+    Raises
+    ------
+    ValueError
+        For another name.
+    """
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"kernels must be one of {BACKENDS}, got {name!r}")
+    _backend = name
+
+
+def get_backend() -> str:
+    """The configured backend name (:func:`set_backend`)."""
+    return _backend
+
+
+def triton_available() -> bool:
+    """Whether the triton package is installed."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def uses_triton(query: torch.Tensor) -> bool:
+    """Whether :func:`decode_attention` runs the Triton kernel for this query."""
+    if _backend == "torch" or query.shape[2] != 1:
+        return False
+    if _backend == "triton":
+        return True
+    return query.is_cuda and triton_available()
 
 
 def decode_attention(
@@ -16,6 +58,27 @@ def decode_attention(
     log_weight: torch.Tensor | None,
     scaling: float,
     return_logits: bool = False,
+    scores: torch.Tensor | None = None,
+    decay: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`decode_attention_torch`, or the fused Triton kernel where :func:`uses_triton` says so
+    (same arguments, results equal within dtype tolerance)."""
+    if uses_triton(query):
+        from kernels.triton_decode import triton_decode_attention
+
+        return triton_decode_attention(query, keys, values, log_weight, scaling, return_logits, scores, decay)
+    return decode_attention_torch(query, keys, values, log_weight, scaling, return_logits, scores, decay)
+
+
+def decode_attention_torch(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    log_weight: torch.Tensor | None,
+    scaling: float,
+    return_logits: bool = False,
+    scores: torch.Tensor | None = None,
+    decay: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of new queries over the cache with an additive per-slot bias (ZSMerge Eq. 8).
 
@@ -33,6 +96,11 @@ def decode_attention(
         Softmax scale.
     return_logits : bool
         Return the unbiased logits instead of the group-mean probabilities.
+    scores : torch.Tensor | None
+        ``[batch, kv_heads, slots]`` float32 scores updated in place as ``decay * scores + probs``
+        (ZSMerge Eq. 5; H2O's accumulation with ``decay = 1``); not with ``return_logits``.
+    decay : float
+        ``lambda`` of that update.
 
     Returns
     -------
@@ -42,6 +110,11 @@ def decode_attention(
         ``[batch, kv_heads, slots]`` float32: the probabilities averaged over the query heads of
         each group and over ``q_len``; with ``return_logits`` the float32 logits
         ``q k^T * scaling`` (no bias) ``[batch, kv_heads, group * q_len, slots]``.
+
+    Raises
+    ------
+    ValueError
+        For ``scores`` together with ``return_logits``.
     """
     b, hq, q_len, d = query.shape
     hkv = keys.shape[1]
@@ -50,4 +123,11 @@ def decode_attention(
     biased = logits + log_weight.unsqueeze(2) if log_weight is not None else logits
     probs = torch.softmax(biased, dim=-1)
     out = torch.matmul(probs.to(values.dtype), values).view(b, hq, q_len, values.shape[-1])
-    return out, (logits if return_logits else probs.mean(dim=2))
+    if return_logits:
+        if scores is not None:
+            raise ValueError("the fused score update needs probabilities, not logits")
+        return out, logits
+    mean = probs.mean(dim=2)
+    if scores is not None:
+        scores.mul_(decay).add_(mean)
+    return out, mean

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig
 
+from kernels import set_backend
 from runners.efficiency import run_efficiency
 from runners.error import run_error
 from runners.errors import KVBenchError
@@ -43,6 +44,10 @@ def run_from_config(cfg: DictConfig) -> float | None:
     """
     multirun = in_multirun()
     try:
+        try:
+            set_backend(cfg.get("kernels", "auto"))
+        except ValueError as err:
+            raise KVBenchError(str(err)) from err
         if cfg.runner.name not in RUNNER_REGISTRY:
             raise KVBenchError(f"unknown runner {cfg.runner.name!r} (known: {sorted(RUNNER_REGISTRY)})")
         record = RUNNER_REGISTRY[cfg.runner.name](cfg)

@@ -27,6 +27,8 @@ def run_identity(config: dict) -> dict:
     identity["task"] = {
         k: v for k, v in (config.get("task") or {}).items() if k not in NON_IDENTITY_TASK_KEYS
     }
+    if config.get("kernels", "auto") != "auto":  # a forced decode backend is another run
+        identity["kernels"] = config["kernels"]
     return identity
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
 import torch
+
+if not torch.cuda.is_available():  # Triton kernels run on the CPU interpreter (set before triton.jit)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
