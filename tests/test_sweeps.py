@@ -119,3 +119,23 @@ def test_submitit_local_launcher_runs_the_sweep_in_worker_processes(tmp_path, da
     assert all(r["status"] == "ok" for r in recs.values())
     assert list((tmp_path / "logs").glob("multiruns/*/.submitit/*/*_result.pkl"))
     assert {r["sweep"]["job_num"] for r in recs.values()} == {0, 1}
+
+
+def test_a_sweep_with_an_unknown_option_stops_before_any_job(tmp_path, data_dir):
+    result = multirun(tmp_path, data_dir, "method=h2o,nope")
+    assert result.returncode == 2
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        result.stderr.strip().splitlines()[-1]
+    ]
+    assert "nope" in result.stderr and not (tmp_path / "results" / "runs").exists()
+
+
+def test_wandb_runs_are_grouped_by_sweep():
+    from runners.loggers import sweep_group
+
+    record = {
+        "sweep": {"dir": "logs/multiruns/2026-11-23_01-00-00", "job_num": 3, "experiment": "zsmerge_fig5"}
+    }
+    assert sweep_group(record) == "zsmerge_fig5/2026-11-23_01-00-00"
+    assert sweep_group({"sweep": {"dir": "x/2026", "experiment": None}}) == "sweep/2026"
+    assert sweep_group({"sweep": None}) is None
