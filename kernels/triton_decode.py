@@ -31,6 +31,18 @@ def _logits(q, k, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _block_logits(q, k_ptr, lw_ptr, smask, kv_mask, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                  UPCAST: tl.constexpr):  # fmt: skip
+    """Raw and biased logits ``[GROUP_P, BLOCK_S]`` of one block of slots."""
+    k = tl.load(k_ptr, mask=kv_mask, other=0.0)
+    raw = _logits(q, k, IEEE, UPCAST)
+    biased = raw
+    if HAS_BIAS:
+        biased = raw + tl.load(lw_ptr, mask=smask, other=0.0)[None, :]
+    return raw, biased
+
+
+@triton.jit
 def _weighted_values(p, v, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     if UPCAST:
         return tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
@@ -61,6 +73,7 @@ def _decode_kernel(
     q = (q.to(tl.float32) * scaling).to(K.dtype.element_ty)
     k_base = K + b * sk_b + h * sk_h
     v_base = V + b * sv_b + h * sv_h
+    lw_base = LW + b * sl_b + h * sl_h
     m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P], tl.float32)
     acc = tl.zeros([GROUP_P, D_P], tl.float32)
@@ -68,13 +81,11 @@ def _decode_kernel(
         s = start + tl.arange(0, BLOCK_S)
         smask = s < n_slots
         kv_mask = smask[:, None] & dmask[None, :]
-        k = tl.load(k_base + s[:, None] * sk_s + d[None, :] * sk_d, mask=kv_mask, other=0.0)
-        logits = _logits(q, k, IEEE, UPCAST)
+        k_ptr = k_base + s[:, None] * sk_s + d[None, :] * sk_d
+        raw, logits = _block_logits(q, k_ptr, lw_base + s * sl_s, smask, kv_mask, HAS_BIAS, IEEE, UPCAST)
         if LOGITS:
             p_ptr = P + b * sp_b + h * sp_h + g[:, None] * sp_g + s[None, :] * sp_s
-            tl.store(p_ptr, logits, mask=gmask[:, None] & smask[None, :])
-        if HAS_BIAS:
-            logits += tl.load(LW + b * sl_b + h * sl_h + s * sl_s, mask=smask, other=0.0)[None, :]
+            tl.store(p_ptr, raw, mask=gmask[:, None] & smask[None, :])
         logits = tl.where(smask[None, :], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(logits, axis=1))
         alpha = tl.exp(m_i - m_new)
@@ -91,10 +102,8 @@ def _decode_kernel(
             s = start + tl.arange(0, BLOCK_S)
             smask = s < n_slots
             kv_mask = smask[:, None] & dmask[None, :]
-            k = tl.load(k_base + s[:, None] * sk_s + d[None, :] * sk_d, mask=kv_mask, other=0.0)
-            logits = _logits(q, k, IEEE, UPCAST)
-            if HAS_BIAS:
-                logits += tl.load(LW + b * sl_b + h * sl_h + s * sl_s, mask=smask, other=0.0)[None, :]
+            k_ptr = k_base + s[:, None] * sk_s + d[None, :] * sk_d
+            _, logits = _block_logits(q, k_ptr, lw_base + s * sl_s, smask, kv_mask, HAS_BIAS, IEEE, UPCAST)
             p = tl.exp(logits - m_i[:, None]) / l_i[:, None]
             p = tl.where(gmask[:, None], p, 0.0)
             mean = tl.sum(p, axis=0) / GROUP
