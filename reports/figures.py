@@ -3,6 +3,7 @@ cell means and saves it as PNG and PDF."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def lines(
             ax.set_title(f"{facet} = {panel}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 60), fontsize=9)
     return save(fig, stem)
 
 
@@ -71,7 +72,7 @@ def sensitivity(
         ax.set_ylabel("score")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 60), fontsize=9)
     return save(fig, stem)
 
 
@@ -86,5 +87,5 @@ def curves(points: pd.DataFrame, hue: str, title: str, stem: Path) -> list[Path]
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 60), fontsize=9)
     return save(fig, stem)

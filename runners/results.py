@@ -19,6 +19,7 @@ from pathlib import Path
 SCHEMA_VERSION = 1
 IDENTITY_KEYS = ("model", "method", "task", "runner", "budget", "budget_unit", "seed")
 NON_IDENTITY_TASK_KEYS = ("data_dir",)
+NON_IDENTITY_RUNNER_KEYS = ("progress",)  # display only: a progress bar does not make another run
 
 
 def run_identity(config: dict) -> dict:
@@ -27,6 +28,8 @@ def run_identity(config: dict) -> dict:
     identity["task"] = {
         k: v for k, v in (config.get("task") or {}).items() if k not in NON_IDENTITY_TASK_KEYS
     }
+    if isinstance(config.get("runner"), dict):
+        identity["runner"] = {k: v for k, v in config["runner"].items() if k not in NON_IDENTITY_RUNNER_KEYS}
     if config.get("kernels", "auto") != "auto":  # a forced decode backend is another run
         identity["kernels"] = config["kernels"]
     return identity
@@ -97,3 +100,20 @@ class ResultStore:
             except (OSError, json.JSONDecodeError):
                 continue
         return out
+
+    def reindex(self) -> list[tuple[str, str]]:
+        """Move every record whose stored run id is not the id its config has under the current
+        :func:`run_identity` (a store written before the identity rules changed) to its current id,
+        unless a record already sits there. Returns the ``(old, new)`` ids moved."""
+        moved = []
+        for record in self.records():
+            old, new = record["run_id"], run_id(record["config"])
+            if old == new or self.run_dir(new).exists():
+                continue
+            self.run_dir(old).rename(self.run_dir(new))
+            atomic_write_text(
+                self.run_dir(new) / "record.json",
+                json.dumps(record | {"run_id": new}, indent=2, sort_keys=True, default=str) + "\n",
+            )
+            moved.append((old, new))
+        return moved

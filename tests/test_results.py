@@ -41,3 +41,27 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     atomic_write_text(target, "old")
     atomic_write_text(target, "new")
     assert target.read_text() == "new"
+
+
+def test_display_settings_do_not_change_the_run_id():
+    from runners.results import run_id
+
+    base = {"model": {"name": "m"}, "method": {"alpha": 1.0}, "task": {"limit": 2}, "budget": 0.1,
+            "runner": {"name": "quality", "progress": True}}  # fmt: skip
+    quiet = base | {"runner": {"name": "quality", "progress": False}}
+    assert run_id(base) == run_id(quiet)
+    assert run_id(base) != run_id(base | {"runner": {"name": "efficiency", "progress": True}})
+    assert run_id(base) == run_id(base | {"kernels": "auto"}) != run_id(base | {"kernels": "torch"})
+
+
+def test_reindex_moves_records_to_their_current_ids(tmp_path):
+    from runners.results import ResultStore, run_id
+
+    store = ResultStore(tmp_path)
+    config = {"model": {"name": "m"}, "budget": 0.1, "runner": {"name": "quality", "progress": False}}
+    store.write({"run_id": "old0000000000000", "status": "ok", "config": config}, [{"id": 1}])
+    assert store.reindex() == [("old0000000000000", run_id(config))]
+    moved = store.finished(run_id(config))
+    assert moved["run_id"] == run_id(config) and not store.run_dir("old0000000000000").exists()
+    assert (store.run_dir(run_id(config)) / "predictions.jsonl").read_text() == '{"id": 1}\n'
+    assert store.reindex() == []
