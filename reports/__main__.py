@@ -1,6 +1,7 @@
 """``python -m reports <experiment> [--scale smoke|paper]``: an experiment's table and figure;
 ``python -m reports summary``: methods ranked per budget across tasks; ``python -m reports runs``:
-every stored run as one table. Reads only the result store (``--results-dir``, default
+every stored run as one table; ``python -m reports reindex``: move records of an older store to
+their current run ids (``ResultStore.reindex``). Reads only the result store (``--results-dir``, default
 ``$KVBENCH_RESULTS_DIR`` or ``results``) and writes into ``--out`` (default ``<results-dir>/reports``).
 """
 
@@ -34,7 +35,9 @@ def list_runs(store: ResultStore) -> int:
 def main(argv: list[str]) -> int:
     """Parse the arguments and write the requested report."""
     parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split("\n\n")[0])
-    parser.add_argument("name", help=f"summary, runs, or an experiment: {', '.join(experiment_names())}")
+    parser.add_argument(
+        "name", help=f"summary, runs, reindex, or an experiment: {', '.join(experiment_names())}"
+    )
     parser.add_argument("overrides", nargs="*", help="extra overrides the sweep ran with (seed=0,1,2)")
     parser.add_argument("--scale", default="smoke", choices=("smoke", "paper"))
     parser.add_argument("--results-dir", default=os.environ.get("KVBENCH_RESULTS_DIR", "results"))
@@ -45,6 +48,10 @@ def main(argv: list[str]) -> int:
     out = args.out or str(store.root / "reports")
     if args.name == "runs":
         return list_runs(store)
+    if args.name == "reindex":
+        moved = store.reindex()
+        print(f"{len(moved)} records moved to their current run ids under {store.root}/runs")
+        return 0
     if args.name == "summary":
         text, path = render_summary(store, out, args.resamples)
         print(text)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 
 import pytest
@@ -169,6 +168,9 @@ def test_reports_cli_writes_the_summary_and_rejects_unknown_experiments(tmp_path
     write_quality(store, "b", "h2o", 0.2, [10.0, 20.0])
     assert main(["summary", "--results-dir", str(store.root), "--resamples", "100"]) == 0
     assert (store.root / "reports" / "summary.md").is_file()
+    assert main(["reindex", "--results-dir", str(store.root)]) == 0
+    assert "1 records moved" in capsys.readouterr().out  # the fixture's id "b" is not its config's hash
     assert main(["nope", "--results-dir", str(store.root)]) == 2
     assert "unknown experiment 'nope'" in capsys.readouterr().err
-    assert json.loads((store.run_dir("b") / "record.json").read_text())["method"] == "h2o"
+    (moved,) = store.records()
+    assert moved["method"] == "h2o" and moved["run_id"] != "b" and not store.run_dir("b").exists()
