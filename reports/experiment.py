@@ -18,7 +18,7 @@ What to show comes from the experiment file's ``report`` node (``configs/experim
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +26,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from reports import figures
-from reports.frame import cell_means, job_frame, label, not_done
+from reports.frame import cell_means, job_frame, label, not_done, read_records
 from runners.results import ResultStore, atomic_write_text
 from runners.sweeps import sweep_jobs
 
@@ -110,10 +110,27 @@ def _latex(frame: pd.DataFrame, caption: str) -> str:
     return frame.to_latex(index=False, float_format="%.2f", na_rep="--", caption=caption, escape=True)
 
 
-def _table_kind(frame, spec, jobs, out_stem, title, index):
+@dataclass
+class Context:
+    """What every report kind reads: the job frame, the spec, the jobs, their records (by run id),
+    the table's index keys, the output stem and the figure title."""
+
+    frame: pd.DataFrame
+    spec: DictConfig
+    jobs: list
+    records: dict[str, dict | None]
+    index: list[str]
+    stem: Path
+    title: str
+
+
+Rendered = tuple[pd.DataFrame, list[Path], list[tuple[str, pd.DataFrame]]]  # table, figures, extra tables
+
+
+def _table_kind(ctx: Context) -> Rendered:
+    frame, spec, index = ctx.frame, ctx.spec, ctx.index
     columns, values = list(spec.get("columns") or []), list(spec["values"])
-    means = cell_means(frame, [*index, *columns], values)
-    ours = wide_table(means, index, columns, values)
+    table = wide_table(cell_means(frame, [*index, *columns], values), index, columns, values)
     files = []
     if spec.get("figure"):
         fig = spec.figure
@@ -121,66 +138,80 @@ def _table_kind(frame, spec, jobs, out_stem, title, index):
         keys = _ordered([hue, fig.x, *([fig.facet] if fig.get("facet") else [])])
         fig_means = cell_means(frame, keys, [fig.y])
         if len(fig_means):
-            files += figures.lines(fig_means, fig.x, fig.y, hue, fig.get("facet"), title, out_stem)
+            files += figures.lines(fig_means, fig.x, fig.y, hue, fig.get("facet"), ctx.title, ctx.stem)
     extra = []
-    if spec.get("per_dataset"):
-        subsets = sorted(c for c in frame.columns if c not in values and _is_subset_metric(c, frame))
+    if spec.get("per_dataset"):  # LongBench: one column per subset the runs scored (record protocol)
+        subsets = _ordered(
+            s
+            for r in ctx.records.values()
+            if r and r["status"] == "ok"
+            for s in (r.get("protocol") or {}).get("subsets", [])
+        )
         per = wide_table(cell_means(frame, [*index, *columns], subsets), index, columns, subsets)
         extra.append(("Per dataset", per))
-    return ours, means, files, extra
+    paper = paper_cells(spec, index, columns)
+    if len(paper):
+        ours_models = _ordered(frame["model"])
+        several = "model" in index and len(ours_models) > 1
+        table = with_paper(table, paper, index, columns, values, None if several else ours_models[0])
+        if not set(ours_models) <= set(paper["model"]):
+            paper_index = index if "model" in index else ["model", *index]
+            ref = wide_table(paper, paper_index, columns, values)
+            others = ", ".join(m for m in ours_models if m not in set(paper["model"]))
+            extra.append((f"The paper's numbers ({spec.paper.source}; its models, not {others})", ref))
+    return table, files, extra
 
 
-def _is_subset_metric(column: str, frame: pd.DataFrame) -> bool:
-    skip = ("cat/", "avg", "method.", "decode", "prefill", "kv_", "fullkv", "state_", "peak", "budget")
-    numeric = pd.api.types.is_numeric_dtype(frame[column])
-    return numeric and "/" not in column and not column.startswith(skip) and column not in _META
-
-
-_META = {"run_id", "status", "error", "overrides", "n_samples", "generated_tokens_mean", "prompt_tokens_mean"}
-
-
-def _sensitivity_kind(frame, spec, jobs, out_stem, title):
+def _sensitivity_kind(ctx: Context) -> Rendered:
     knobs = []
-    for job in jobs:
+    for job in ctx.jobs:
         vary = OmegaConf.to_container(job.cfg.vary) if job.cfg.get("vary") else {}
         knob, value = next(iter(vary.items())) if vary else ("anchor", None)
         knobs.append((knob, value))
-    frame = frame.assign(knob=[k for k, _ in knobs], value=[v for _, v in knobs])
-    metrics = list(spec.metrics)
+    frame = ctx.frame.assign(knob=[k for k, _ in knobs], value=[v for _, v in knobs])
+    metrics = list(ctx.spec.metrics)
     done = frame[frame["status"] == "ok"]
     present = [m for m in metrics if m in done]
     means = done.groupby(["knob", "value"], sort=False)[present].mean().reset_index()
-    labels = dict(spec.labels)
-    files = figures.sensitivity(means, metrics, labels, title, out_stem) if len(means) else []
-    table = means.assign(knob=means["knob"].map(lambda k: labels.get(k, k)))
-    return table, means, files, []
+    labels = dict(ctx.spec.labels)
+    files = figures.sensitivity(means, metrics, labels, ctx.title, ctx.stem) if len(means) else []
+    return means.assign(knob=means["knob"].map(lambda k: labels.get(k, k))), files, []
 
 
-def _curve_kind(frame, spec, jobs, out_stem, title, store):
-    hue = spec.index[0]
+def _curve_kind(ctx: Context) -> Rendered:
+    hue = ctx.spec.index[0]
     points = []
-    for job, (_, row) in zip(jobs, frame.iterrows(), strict=True):
-        record = store.read(job.run_id) if row["status"] == "ok" else None
+    for job, (_, row) in zip(ctx.jobs, ctx.frame.iterrows(), strict=True):
+        record = ctx.records[job.run_id] if row["status"] == "ok" else None
         for p in (record or {}).get("curve") or []:
             points.append({hue: row[hue], **p, "memory_mib": (p.get("memory_bytes") or 0) / 2**20})
     points = pd.DataFrame(points).drop_duplicates() if points else pd.DataFrame()
-    files = figures.curves(points, hue, title, out_stem) if len(points) else []
     if points.empty:
-        return points, points, files, []
+        return points, [], []
+    files = figures.curves(points, hue, ctx.title, ctx.stem)
     table = points.pivot_table(index="context", columns=hue, values=["tokens_per_s", "memory_mib"])
     table.columns = [f"{v} @ {h}" for v, h in table.columns]
-    return table.reset_index(), points, files, []
+    return table.reset_index(), files, []
 
 
-def _error_kind(frame, spec, jobs, out_stem, title):
-    hue = spec.index[0]
+def _error_kind(ctx: Context) -> Rendered:
+    hue = ctx.spec.index[0]
+    frame = ctx.frame
     cols = [c for c in frame.columns if c.startswith("rel_error@")]
     long = frame[frame["status"] == "ok"].melt(id_vars=[hue, "run_id"], value_vars=cols, var_name="k")
     long = long.assign(budget=long["k"].str.removeprefix("rel_error@"), rel_error=long["value"])
     long = long.assign(status="ok", run_id=long["run_id"] + long["k"])
     means = cell_means(long, [hue, "budget"], ["rel_error"])
-    files = figures.lines(means, "budget", "rel_error", hue, None, title, out_stem) if len(means) else []
-    return wide_table(means, [hue], ["budget"], ["rel_error"]), means, files, []
+    files = figures.lines(means, "budget", "rel_error", hue, None, ctx.title, ctx.stem) if len(means) else []
+    return wide_table(means, [hue], ["budget"], ["rel_error"]), files, []
+
+
+KINDS: dict[str, Callable[[Context], Rendered]] = {
+    "table": _table_kind,
+    "sensitivity": _sensitivity_kind,
+    "curve": _curve_kind,
+    "error": _error_kind,
+}
 
 
 def build(
@@ -205,30 +236,12 @@ def build(
     if several_models and "model" not in index:
         index = ["model", *index]
     keys = _ordered([*index, *(spec.get("columns") or []), "model"])
-    frame = job_frame(jobs, store, keys)
+    records = read_records(jobs, store)
+    frame = job_frame(jobs, records, keys)
     stem = Path(out_dir) / f"{experiment}_{scale}"
     models = ", ".join(_ordered(frame["model"].map(str)))
     title = f"{spec.title} ({scale}: {models})"
-    kind = spec.kind
-    if kind == "curve":
-        table, _, files, extra = _curve_kind(frame, spec, jobs, stem, title, store)
-    elif kind == "sensitivity":
-        table, _, files, extra = _sensitivity_kind(frame, spec, jobs, stem, title)
-    elif kind == "error":
-        table, _, files, extra = _error_kind(frame, spec, jobs, stem, title)
-    else:
-        table, _, files, extra = _table_kind(frame, spec, jobs, stem, title, index)
-        columns = list(spec.get("columns") or [])
-        paper = paper_cells(spec, index, columns)
-        if len(paper):
-            ours_models = _ordered(frame["model"])
-            model = None if several_models else ours_models[0]
-            table = with_paper(table, paper, index, columns, list(spec["values"]), model)
-            if not set(ours_models) <= set(paper["model"]):
-                paper_index = index if "model" in index else ["model", *index]
-                ref = wide_table(paper, paper_index, columns, list(spec["values"]))
-                others = ", ".join(m for m in ours_models if m not in set(paper["model"]))
-                extra.append((f"The paper's numbers ({spec.paper.source}; its models, not {others})", ref))
+    table, files, extra = KINDS[spec.kind](Context(frame, spec, jobs, records, index, stem, title))
     distinct = frame.drop_duplicates("run_id")
     lines = [
         f"# {title}",

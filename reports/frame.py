@@ -37,13 +37,19 @@ def _number(value: object) -> object:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def job_frame(jobs: Sequence[Job], store: ResultStore, keys: Sequence[str]) -> pd.DataFrame:
+def read_records(jobs: Sequence[Job], store: ResultStore) -> dict[str, dict | None]:
+    """The stored record of each distinct run of ``jobs`` (None where there is none), read once."""
+    return {rid: store.read(rid) for rid in dict.fromkeys(job.run_id for job in jobs)}
+
+
+def job_frame(jobs: Sequence[Job], records: dict[str, dict | None], keys: Sequence[str]) -> pd.DataFrame:
     """One row per job: ``run_id``, ``status`` (``ok``/``error``/``oom``, or ``missing`` when the
     store has no record), ``error``, ``overrides``, the report ``keys`` and the record's flat
-    metrics and efficiency figures (:func:`runners.loggers.flat_summary`)."""
+    metrics and efficiency figures (:func:`runners.loggers.flat_summary`). ``records`` as
+    :func:`read_records`."""
     rows = []
     for job in jobs:
-        record = store.read(job.run_id)
+        record = records[job.run_id]
         row: dict = {
             "run_id": job.run_id,
             "status": record["status"] if record else "missing",

@@ -174,3 +174,17 @@ def test_reports_cli_writes_the_summary_and_rejects_unknown_experiments(tmp_path
     assert "unknown experiment 'nope'" in capsys.readouterr().err
     (moved,) = store.records()
     assert moved["method"] == "h2o" and moved["run_id"] != "b" and not store.run_dir("b").exists()
+
+
+def test_per_dataset_table_has_the_subsets_the_runs_scored(tmp_path):
+    """ZSMerge Table 5: one column per LongBench subset named in the records' protocol."""
+    store = ResultStore(tmp_path / "results")
+    written = fill(store, "zsmerge_table3")
+    for rid, record in written.items():
+        record["protocol"] = {"subsets": ["narrativeqa", "qasper"]}
+        record["metrics"] |= {"narrativeqa": fake_value(rid, "n"), "qasper": fake_value(rid, "q")}
+        record["efficiency"] |= {"merges_total": 7.0}  # a counter is not a subset
+        store.write(record, [])
+    report = build("zsmerge_table3", "smoke", store.root, tmp_path / "out")
+    per = report.markdown.split("## Per dataset")[1].split("##")[0]
+    assert "narrativeqa @ 512" in per and "qasper @ 1024" in per and "merges_total" not in per
