@@ -8,6 +8,7 @@ handled by grouping query heads onto their KV head, never by repeating KV.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -37,8 +38,9 @@ def get_backend() -> str:
     return _backend
 
 
+@functools.cache
 def triton_available() -> bool:
-    """Whether the triton package is installed."""
+    """Whether the triton package is installed (looked up once: this sits on the decode path)."""
     return importlib.util.find_spec("triton") is not None
 
 

@@ -24,10 +24,15 @@ from runners.report import print_summary
 from tasks import TASK_REGISTRY, Task
 
 
+def registered_name(target: str | None, registry: dict) -> str | None:
+    """The registry name of the class a config's ``_target_`` names, or None if it is not registered."""
+    return next((n for n, c in registry.items() if f"{c.__module__}.{c.__qualname__}" == target), None)
+
+
 def _build(node: DictConfig, group: str, registry: dict) -> object:
     """Instantiate a method/task config, turning bad names or values into one-line errors."""
     target = node.get("_target_", "")
-    if not any(f"{cls.__module__}.{cls.__qualname__}" == target for cls in registry.values()):
+    if registered_name(target, registry) is None:
         raise KVBenchError(f"unknown {group} target {target!r} (known {group}s: {sorted(registry)})")
     try:
         return instantiate(node)

@@ -19,8 +19,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from runners.errors import KVBenchError
+from runners.quality import registered_name
 from runners.record import run_config
 from runners.results import run_id
+from tasks import TASK_REGISTRY
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -47,13 +49,6 @@ class Job:
             if name.lstrip("+~") == key:
                 return value
         return None
-
-
-def _task_name(task: dict | None) -> str | None:
-    from tasks import TASK_REGISTRY
-
-    target = (task or {}).get("_target_")
-    return next((n for n, c in TASK_REGISTRY.items() if f"{c.__module__}.{c.__qualname__}" == target), None)
 
 
 def experiment_names() -> list[str]:
@@ -106,7 +101,8 @@ def sweep_jobs(
             cfg = compose(config_name="config", overrides=head + list(job_overrides))
             method = instantiate(cfg.method)
             config = run_config(cfg, method.budget_applies)
-            names = {"method": method.name, "task": _task_name(config.get("task"))}
+            task_target = (config.get("task") or {}).get("_target_")
+            names = {"method": method.name, "task": registered_name(task_target, TASK_REGISTRY)}
             jobs.append(Job(list(job_overrides), cfg, config, run_id(config), names))
     base = OmegaConf.masked_copy(base, [k for k in base if k != "hydra"])
     return base, jobs
