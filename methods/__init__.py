@@ -7,11 +7,12 @@
 from methods import attention  # noqa: F401  (registers the attention implementation)
 from methods.base import CompressionMethod
 from methods.budget import resolve_budget, validate_budget
-from methods.cache import CompressedCache, CompressedLayer
+from methods.cache import CompressedCache
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
 from methods.kvmerger import KVMerger
+from methods.layer import CompressedLayer
 from methods.less import LESS
 from methods.snapkv import SnapKV
 from methods.streamingllm import StreamingLLM

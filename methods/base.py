@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import decode_attention
-from methods.cache import CompressedLayer
+from methods.layer import CompressedLayer
 
 
 @dataclass

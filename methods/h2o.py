@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 
 from methods.base import CompressionMethod
-from methods.cache import CompressedLayer
+from methods.layer import CompressedLayer
 from methods.scoring import causal_column_sums, lowest_score, top_and_recent
 
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.base import CompressionMethod
-from methods.cache import CompressedLayer, gather_slots, slot_index
+from methods.layer import CompressedLayer, gather_slots, slot_index
 from methods.scoring import complement, window_logits
 from methods.zip_merge import group_logsumexp, merge_groups, merge_pair
 

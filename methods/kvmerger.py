@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.base import CompressionMethod
-from methods.cache import CompressedLayer
+from methods.layer import CompressedLayer
 from methods.scoring import causal_column_sums
 
 PAPER_PROTECTED_SHARE = (0.17 + 0.12) / 0.5  # protected share of the budget in the paper's 50% setting

@@ -23,8 +23,8 @@ from typing import ClassVar
 
 import torch
 
-from methods.cache import CompressedLayer
 from methods.h2o import H2O
+from methods.layer import CompressedLayer
 from methods.less_checkpoints import kernel_set_dir, load_kernel_set
 from methods.less_kernels import LessKernels
 from methods.scoring import complement, oldest_from

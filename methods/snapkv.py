@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from methods.base import CompressionMethod
-from methods.cache import CompressedLayer
+from methods.layer import CompressedLayer
 from methods.scoring import lowest_score, pool_scores, top_and_recent, window_attention
 
 POOLINGS = ("max", "avg")

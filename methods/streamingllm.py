@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 
 from methods.base import CompressionMethod
-from methods.cache import CompressedLayer
+from methods.layer import CompressedLayer
 from methods.rope import rerotate
 from methods.scoring import oldest_from
 

@@ -151,7 +151,7 @@ def test_votes_account_for_every_token(tiny_model, preset):
 def test_in_place_decode_eviction_equals_the_full_rebuild(preset):
     """The per-step in-place path (victim + partner only) gives the same slots, votes, scores,
     keys and values as Algorithm 1's full rebuild with one slot over budget."""
-    from methods.cache import CompressedLayer
+    from methods.layer import CompressedLayer
 
     gen = torch.Generator().manual_seed(3)
     base = torch.randn(1, 2, 1, 16, generator=gen)
