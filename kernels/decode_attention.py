@@ -62,9 +62,15 @@ def decode_attention(
     return_logits: bool = False,
     scores: torch.Tensor | None = None,
     decay: float = 1.0,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`decode_attention_torch`, or the fused Triton kernel where :func:`uses_triton` says so
-    (same arguments, results equal within dtype tolerance)."""
+    (same arguments, results equal within dtype tolerance; soft-capped logits always take the
+    PyTorch path)."""
+    if softcap is not None:
+        return decode_attention_torch(
+            query, keys, values, log_weight, scaling, return_logits, scores, decay, softcap
+        )
     if uses_triton(query):
         from kernels.triton_decode import triton_decode_attention
 
@@ -81,10 +87,12 @@ def decode_attention_torch(
     return_logits: bool = False,
     scores: torch.Tensor | None = None,
     decay: float = 1.0,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of new queries over the cache with an additive per-slot bias (ZSMerge Eq. 8).
 
-    ``a = softmax(q k^T * scaling + log_weight)`` in float32, ``o = a V``.
+    ``a = softmax(cap(q k^T * scaling) + log_weight)`` in float32, ``o = a V``, where ``cap`` is
+    the identity or Gemma-2's logit soft-capping ``c * tanh(x / c)``.
 
     Parameters
     ----------
@@ -103,6 +111,8 @@ def decode_attention_torch(
         (ZSMerge Eq. 5; H2O's accumulation with ``decay = 1``); not with ``return_logits``.
     decay : float
         ``lambda`` of that update.
+    softcap : float | None
+        Logit soft-cap ``c`` (None: none); the returned logits are the capped ones.
 
     Returns
     -------
@@ -122,6 +132,8 @@ def decode_attention_torch(
     hkv = keys.shape[1]
     q = query.reshape(b, hkv, (hq // hkv) * q_len, d) * scaling
     logits = torch.matmul(q, keys.transpose(-1, -2)).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     biased = logits + log_weight.unsqueeze(2) if log_weight is not None else logits
     probs = torch.softmax(biased, dim=-1)
     out = torch.matmul(probs.to(values.dtype), values).view(b, hq, q_len, values.shape[-1])

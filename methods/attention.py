@@ -4,9 +4,10 @@ Models are loaded with ``attn_implementation="kvbench"``; transformers then buil
 them, and this function owns causality. The :class:`~methods.cache.CompressedCache` arrives as the
 ``kvbench_cache`` keyword that our generation loop passes to the model's forward.
 
-- Prefill (the layer is empty before this call): output by fused SDPA over the whole prompt
-  (every official code path computes prefill output uncompressed), then the method scores and
-  compresses the layer.
+- Prefill (the layer is empty before this call): output over the whole prompt (every official
+  code path computes prefill output uncompressed) by fused causal SDPA, or on a sliding-window
+  layer / with logit soft-capping by :func:`prefill_attention`'s chunked path; then the layer's
+  rule (the method, or ``methods.sliding`` on a sliding layer) scores and compresses the layer.
 - Decode step: explicit attention over the slots with the ``log_weight`` bias
   (``kernels.decode_attention``), whose probabilities the method uses to update its scores
   before evicting/merging (ZSMerge Algorithm 1 order). Methods that need no probabilities get
@@ -20,8 +21,71 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from methods.cache import CompressedCache
+from methods.scoring import group_queries, softcap_logits
 
 ATTN_IMPLEMENTATION = "kvbench"
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    chunk: int = 512,
+) -> torch.Tensor:
+    """Causal attention of a prompt over itself, with an optional sliding window and logit soft-cap.
+
+    Query ``i`` attends to keys ``j`` with ``i - window < j <= i`` (transformers'
+    ``sliding_window_overlay``); soft-capping maps logits to ``c * tanh(logits / c)`` before the
+    softmax (Gemma-2, ``attn_logit_softcapping``). Without either this is fused causal SDPA;
+    with them, queries go in chunks whose keys start at the window's start, so memory is
+    ``O(chunk x (chunk + window))`` per head, never ``prompt x prompt``.
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        ``[batch, q_heads, prompt, head_dim]`` post-RoPE.
+    key, value : torch.Tensor
+        ``[batch, kv_heads, prompt, head_dim]``.
+    scaling : float
+        Softmax scale.
+    window : int | None
+        Sliding window (tokens), or None for full causal attention.
+    softcap : float | None
+        Logit soft-cap ``c``, or None.
+    chunk : int
+        Query rows per chunk.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, q_heads, prompt, head_dim]`` in the query's dtype.
+    """
+    length = query.shape[2]
+    if softcap is None and (window is None or window >= length):
+        return F.scaled_dot_product_attention(
+            query, key, value, is_causal=length > 1, scale=scaling, enable_gqa=True
+        )
+    b, hq = query.shape[:2]
+    hkv = key.shape[1]
+    out = torch.empty((b, hq, length, value.shape[-1]), dtype=query.dtype, device=query.device)
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
+        lo = 0 if window is None else max(0, start - window + 1)
+        q_pos = torch.arange(start, stop, device=query.device)[:, None]
+        k_pos = torch.arange(lo, stop, device=query.device)[None, :]
+        allowed = k_pos <= q_pos
+        if window is not None:
+            allowed &= k_pos > q_pos - window
+        q = group_queries(query[:, :, start:stop], hkv).float()
+        logits = torch.einsum("bhgqd,bhkd->bhgqk", q, key[:, :, lo:stop].float()) * scaling
+        logits = softcap_logits(logits, softcap).masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        rows = torch.einsum("bhgqk,bhkd->bhgqd", probs, value[:, :, lo:stop].float())
+        out[:, :, start:stop] = rows.reshape(b, hq, stop - start, -1).to(query.dtype)
+    return out
 
 
 def kvbench_attention(
@@ -32,6 +96,8 @@ def kvbench_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    softcap: float | None = None,
+    sliding_window: int | None = None,
     kvbench_cache: CompressedCache | None = None,
     kvbench_observer=None,
     **kwargs,
@@ -49,7 +115,10 @@ def kvbench_attention(
     attention_mask : torch.Tensor | None
         Must be None (padding is not supported by this function yet).
     scaling : float | None
-        Softmax scale; ``head_dim ** -0.5`` if None.
+        Softmax scale; ``head_dim ** -0.5`` if None (Gemma passes ``query_pre_attn_scalar ** -0.5``).
+    softcap, sliding_window : float | None, int | None
+        What the model's attention module passes; they must agree with the layer's
+        :class:`~methods.architecture.LayerSpec`, which the cache read from the config.
     kvbench_cache : CompressedCache
         The cache the model was called with.
     kvbench_observer : callable, optional
@@ -66,6 +135,9 @@ def kvbench_attention(
     ------
     ValueError
         If no ``kvbench_cache`` was passed or an attention mask was given.
+    RuntimeError
+        If the module's ``softcap`` / ``sliding_window`` differ from what the cache was built
+        for (the config and the modelling code disagree).
     NotImplementedError
         For a multi-token forward on an already filled layer (chunked prefill).
     """
@@ -74,12 +146,11 @@ def kvbench_attention(
     if attention_mask is not None:
         raise ValueError("the 'kvbench' attention takes no attention mask (it owns causality)")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    _check_layer(kvbench_cache.layers[module.layer_idx], softcap, sliding_window)
     layer = kvbench_cache.layers[module.layer_idx]
-    method = kvbench_cache.method
+    method = layer.method  # the run's method, or the sliding-window rule on a sliding layer
     if not layer.prefilled:
-        out = F.scaled_dot_product_attention(
-            query, key, value, is_causal=query.shape[2] > 1, scale=scale, enable_gqa=True
-        )
+        out = prefill_attention(query, key, value, scale, layer.window, layer.softcap)
         method.prefill(layer, query, scale)
         layer.prefilled = True
     elif query.shape[2] == 1:
@@ -91,6 +162,15 @@ def kvbench_attention(
         q_len = query.shape[2]
         kvbench_observer(module.layer_idx, query, key[:, :, -q_len:], value[:, :, -q_len:], out, scale)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _check_layer(layer, softcap: float | None, sliding_window: int | None) -> None:
+    if (softcap or None) != layer.softcap or (sliding_window or None) != layer.window:
+        raise RuntimeError(
+            f"layer {layer.layer_idx}: the model attends with softcap={softcap}, "
+            f"sliding_window={sliding_window}, but its config gave softcap={layer.softcap}, "
+            f"window={layer.window}"
+        )
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, kvbench_attention)

@@ -98,12 +98,15 @@ class CompressionMethod:
             (see ``decode_scores``; None when ``needs_decode_probs`` is False).
         """
         keys = layer.keys
-        if not self.needs_decode_probs:
+        if not self.needs_decode_probs and layer.softcap is None:
             out = F.scaled_dot_product_attention(query, keys, values, scale=scaling, enable_gqa=True)
             return out, None
         logits = self.decode_scores == "logits"
         bias = layer.log_weight if self.uses_log_weight else None
-        return decode_attention(query, keys, values, bias, scaling, return_logits=logits)
+        out, scores = decode_attention(
+            query, keys, values, bias, scaling, return_logits=logits, softcap=layer.softcap
+        )
+        return out, scores if self.needs_decode_probs else None
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise state from the prompt and compress the layer to its budget.

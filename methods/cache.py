@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.cache_utils import Cache
 
+from methods.architecture import LayerSpec, layer_specs
 from methods.layer import CompressedLayer
+from methods.sliding import SlidingWindow, sliding_bound
 
 if TYPE_CHECKING:
     from methods.base import CompressionMethod
@@ -23,31 +25,53 @@ if TYPE_CHECKING:
 class CompressedCache(Cache):
     """A ``transformers.Cache`` of :class:`CompressedLayer` for one batch of prompts.
 
+    Full-attention layers follow ``method``; sliding-window layers follow
+    :class:`~methods.sliding.SlidingWindow` with ``min(budget, window - 1)`` slots (the rule of
+    ``methods.sliding``). Each layer's tensors live on the device of the keys it first receives,
+    so a model sharded over several devices (``device_map``) keeps every layer's cache on that
+    layer's device.
+
     Parameters
     ----------
     method : CompressionMethod
-        The rules (scoring, eviction, merging) applied to every layer.
-    num_layers : int
-        Decoder layers of the model.
+        The rules (scoring, eviction, merging) applied to every full-attention layer.
     budget : int | None
         Slots per (layer, KV head), already resolved for this sample (``methods.budget``);
         None disables compression.
-    rotary_emb : torch.nn.Module | None
-        The model's rotary embedding (``model.base_model.rotary_emb``), if it has one.
+    specs : list[LayerSpec] | int
+        One :class:`~methods.architecture.LayerSpec` per decoder layer
+        (:func:`~methods.architecture.layer_specs`), or a layer count for plain full-attention
+        layers without RoPE information.
     """
 
-    def __init__(
-        self,
-        method: CompressionMethod,
-        num_layers: int,
-        budget: int | None,
-        rotary_emb: torch.nn.Module | None = None,
-    ) -> None:
-        super().__init__(
-            layers=[CompressedLayer(method, budget, rotary_emb, i, num_layers) for i in range(num_layers)]
-        )
+    def __init__(self, method: CompressionMethod, budget: int | None, specs: list[LayerSpec] | int) -> None:
+        if isinstance(specs, int):
+            specs = [LayerSpec() for _ in range(specs)]
+        window_rule = SlidingWindow()
+        layers = []
+        for i, spec in enumerate(specs):
+            if spec.window is None:
+                layers.append(CompressedLayer(method, budget, spec, i, len(specs)))
+            else:
+                layers.append(
+                    CompressedLayer(window_rule, sliding_bound(budget, spec.window), spec, i, len(specs))
+                )
+        super().__init__(layers=layers)
         self.method = method
         self.budget = budget
+
+    @classmethod
+    def for_model(
+        cls, model: torch.nn.Module, method: CompressionMethod, budget: int | None
+    ) -> CompressedCache:
+        """A cache for ``model``'s layers (:func:`~methods.architecture.layer_specs`).
+
+        Raises
+        ------
+        UnsupportedArchitectureError
+            For layer types the seam does not support.
+        """
+        return cls(method, budget, layer_specs(model))
 
     @property
     def n_slots(self) -> list[int]:
@@ -74,9 +98,16 @@ class CompressedCache(Cache):
 
     def bytes_per_token(self) -> int:
         """Key+value bytes one token occupies over all layers (batch included)."""
-        total = 0
-        for layer in self.layers:
-            if layer.keys is not None:
-                b, h, _, d = layer.keys.shape
-                total += b * h * (d + layer.values.shape[-1]) * layer.keys.element_size()
-        return total
+        return sum(_token_bytes(layer) for layer in self.layers)
+
+    def fullkv_bytes(self) -> int:
+        """Key+value bytes the model's own uncompressed cache would hold for the tokens seen so far
+        (sliding-window layers hold at most ``window - 1`` tokens)."""
+        return sum(layer.fullkv_tokens() * _token_bytes(layer) for layer in self.layers)
+
+
+def _token_bytes(layer: CompressedLayer) -> int:
+    if layer.keys is None:
+        return 0
+    b, h, _, d = layer.keys.shape
+    return b * h * (d + layer.values.shape[-1]) * layer.keys.element_size()

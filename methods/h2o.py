@@ -89,7 +89,9 @@ class H2O(CompressionMethod):
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Accumulated attention from all prompt queries; keep top-heavy + recent if over budget."""
-        layer.state["scores"] = causal_column_sums(query, layer.keys, scaling, self.chunk_size)
+        layer.state["scores"] = causal_column_sums(
+            query, layer.keys, scaling, self.chunk_size, softcap=layer.softcap
+        )
         budget = self.slot_budget(layer)
         if budget is not None and layer.n_slots > budget:
             heavy, recent = self.split(budget)

@@ -162,7 +162,7 @@ class KeepKV(CompressionMethod):
         layer.meta.update(
             window=window, ema_terms=window, merges=0, evictions=0, zip_fallbacks=0, dropped_votes=0
         )
-        logits = window_logits(query, layer.keys, window, scaling)  # [b, h, g, w, L]
+        logits = window_logits(query, layer.keys, window, scaling, layer.softcap)  # [b, h, g, w, L]
         log_s = torch.logsumexp(logits, dim=2) - math.log(logits.shape[2])  # group mean of exp(logit)
         if self.estimator == "ema":
             alpha = self._alpha(window)

@@ -100,7 +100,7 @@ class KVMerger(CompressionMethod):
         length = layer.n_slots
         if self.exact_budget and (layer.budget is None or length <= layer.budget):
             return
-        acc = causal_column_sums(query, layer.keys, scaling, self.chunk_size)
+        acc = causal_column_sums(query, layer.keys, scaling, self.chunk_size, softcap=layer.softcap)
         protected = self._protected(acc, *self.protected_counts(length, layer.budget))
         if self.exact_budget:
             set_id = self._adjacent_sets(layer.keys, protected, length - layer.budget)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
+from methods.architecture import LayerSpec
+
 if TYPE_CHECKING:
     from methods.base import CompressionMethod
 
@@ -68,21 +70,21 @@ class CompressedLayer(CacheLayerMixin):
         :meth:`kv_bytes`, since it replaces cache memory.
     budget : int | None
         Slot budget resolved for the current sample (None: no compression).
-    rotary_emb : torch.nn.Module | None
-        The model's rotary embedding, for methods that re-rotate keys (StreamingLLM).
+    spec : LayerSpec
+        What the model's architecture says of this layer (``methods.architecture``): its sliding
+        window (None for full attention), logit soft-cap and rotary embedding (for methods that
+        re-rotate keys: StreamingLLM).
     seen_tokens : int
         Tokens seen so far (prompt + appended); the position of the next token.
     layer_idx, num_layers : int
         This layer's index and the model's number of decoder layers (per-layer budget schedules).
     """
 
-    is_sliding = False
-
     def __init__(
         self,
         method: CompressionMethod,
         budget: int | None,
-        rotary_emb: torch.nn.Module | None = None,
+        spec: LayerSpec | None = None,
         layer_idx: int = 0,
         num_layers: int = 1,
     ) -> None:
@@ -90,7 +92,8 @@ class CompressedLayer(CacheLayerMixin):
         self.layer_idx, self.num_layers = layer_idx, num_layers
         self.method = method
         self.budget = budget
-        self.rotary_emb = rotary_emb
+        self.spec = spec if spec is not None else LayerSpec()
+        self.is_sliding = self.spec.window is not None
         self.seen_tokens = 0
         self.prefilled = False
         self.log_weight: torch.Tensor | None = None
@@ -240,6 +243,21 @@ class CompressedLayer(CacheLayerMixin):
         self.keys, self.values, self.log_weight, self.positions = keys, values, log_weight, positions
         self.state = state
         self._buffers.clear()
+
+    @property
+    def window(self) -> int | None:
+        """The layer's sliding window (tokens a query attends to, itself included), or None."""
+        return self.spec.window
+
+    @property
+    def softcap(self) -> float | None:
+        """The attention-logit soft-cap of the layer (Gemma-2), or None."""
+        return self.spec.softcap
+
+    def fullkv_tokens(self) -> int:
+        """Tokens the model's own (uncompressed) cache would hold now: all seen tokens, or on a
+        sliding layer the last ``window - 1`` (transformers' ``DynamicSlidingWindowLayer``)."""
+        return self.seen_tokens if self.window is None else min(self.seen_tokens, self.window - 1)
 
     def real_slots(self) -> float:
         """Mean over heads of the slots that can be attended (``log_weight > -inf``; padding excluded)."""

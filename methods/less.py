@@ -27,7 +27,7 @@ from methods.h2o import H2O
 from methods.layer import CompressedLayer
 from methods.less_checkpoints import kernel_set_dir, load_kernel_set
 from methods.less_kernels import LessKernels
-from methods.scoring import complement, oldest_from
+from methods.scoring import complement, oldest_from, softcap_logits
 
 POLICIES = ("h2o", "lambda")
 RANDOM = "random"  # checkpoint value: untrained kernels (efficiency runs only)
@@ -121,7 +121,7 @@ class LESS(H2O):
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Empty state, then the sparse policy's prefill; what it evicts goes into the state."""
         b, h, n, _ = layer.keys.shape
-        if self.checkpoint == RANDOM and len(self.kernels) <= layer.layer_idx:
+        while self.checkpoint == RANDOM and len(self.kernels) <= layer.layer_idx:  # sliding layers skip LESS
             self.kernels.append(
                 LessKernels(query.shape[1], h, layer.keys.shape[-1], self.rank).to(query.device)
             )
@@ -142,20 +142,34 @@ class LESS(H2O):
         self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sparse softmax + low-rank term in log space; returns the output and the sparse-only
-        group-mean probabilities ``[batch, kv_heads, slots]`` (H2O's scores)."""
+        group-mean probabilities ``[batch, kv_heads, slots]`` (H2O's scores).
+
+        With ``lse = log(exp(lse_sparse) + denom)`` the output is
+        ``exp(lse_sparse - lse) * sparse_out + exp(-lse) * numer`` (LESS Sec. 3.2); the second term
+        is computed as ``(numer / denom) * exp(log(denom) - lse)``, which stays finite for any
+        logits (``exp(-lse)`` alone overflows when every logit is near -100) and is exactly 0 for
+        an empty state (``denom = 0``)."""
         b, hq, _, d = query.shape
         hkv = layer.keys.shape[1]
         q = query.reshape(b, hkv, hq // hkv, d).float()
-        logits = torch.einsum("bhgd,bhsd->bhgs", q, layer.keys.float()) * scaling
+        logits = softcap_logits(
+            torch.einsum("bhgd,bhsd->bhgs", q, layer.keys.float()) * scaling, layer.softcap
+        )
         lse_sparse = torch.logsumexp(logits, dim=-1)
         probs = torch.softmax(logits, dim=-1)
         phi = self._kernels(layer).phi(query.float()).view(b, hkv, hq // hkv, -1)
         numer = torch.einsum("bhgr,bhrd->bhgd", phi, layer.aux["H"])
         denom = torch.einsum("bhgr,bhr->bhg", phi, layer.aux["z"])
-        denom = torch.where(denom > 0, denom.clamp(min=1e-6), torch.zeros_like(denom))  # official guard
-        lse = torch.logaddexp(denom.log(), lse_sparse)
+        live = denom > 0
+        denom = torch.where(live, denom.clamp(min=1e-6), torch.ones_like(denom))  # official guard
+        log_denom = torch.where(live, denom.log(), torch.full_like(denom, float("-inf")))
+        lse = torch.logaddexp(log_denom, lse_sparse)
         sparse_out = torch.einsum("bhgs,bhsd->bhgd", probs, values.float())
-        out = torch.exp(lse_sparse - lse).unsqueeze(-1) * sparse_out + torch.exp(-lse).unsqueeze(-1) * numer
+        low_rank = torch.where(live.unsqueeze(-1), numer / denom.unsqueeze(-1), torch.zeros_like(numer))
+        out = (
+            torch.exp(lse_sparse - lse).unsqueeze(-1) * sparse_out
+            + torch.exp(log_denom - lse).unsqueeze(-1) * low_rank
+        )
         return out.to(values.dtype).view(b, hq, 1, d), probs.mean(dim=2)
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:

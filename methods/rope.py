@@ -2,39 +2,80 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers.models.llama.modeling_llama import rotate_half
 
-_LAST_ANGLES: dict = {}  # cos/sin of the last (rotary module, delta, dtype, device) asked for
 
+class LayerRotary:
+    """The rotary embedding of one kind of decoder layer, for re-rotating its cached keys.
 
-def rerotate(keys: torch.Tensor, delta: int, rotary_emb: torch.nn.Module) -> torch.Tensor:
-    """Move post-RoPE keys from position ``p`` to ``p + delta``: ``R(p + delta) k = R(delta) R(p) k``.
-
-    StreamingLLM (Xiao et al. 2023, Sec. 3.2) assigns positions by cache index; this gives the
-    same keys without storing them pre-RoPE. Exact for RoPE types whose angles are linear in the
-    position with unit attention scaling (default, linear, Llama-3).
+    Models with per-layer RoPE (Gemma-3: base 10k on sliding layers, 1M on global ones) keep one
+    rotary module that takes the layer type (``rotary_emb(x, position_ids, layer_type)``); this
+    object binds that type, and caches the angles of the last shift it computed (every layer of
+    a decode step shifts by the same delta). One instance serves all layers of one type.
 
     Parameters
     ----------
-    keys : torch.Tensor
-        ``[batch, kv_heads, slots, head_dim]`` post-RoPE keys.
-    delta : int
-        Position shift (tokens, may be negative).
     rotary_emb : torch.nn.Module
         The model's rotary embedding (``model.base_model.rotary_emb``), called as
-        ``rotary_emb(x, position_ids) -> (cos, sin)``.
-
-    Returns
-    -------
-    torch.Tensor
-        Keys of the same shape and dtype.
+        ``rotary_emb(x, position_ids[, layer_type]) -> (cos, sin)``.
+    layer_type : str | None
+        The layer type the module is asked for (``config.layer_types[i]``), or None when its
+        forward takes no layer type.
     """
-    if delta == 0:
-        return keys
-    key = (id(rotary_emb), delta, keys.dtype, keys.device)
-    if _LAST_ANGLES.get("key") != key:  # every layer of a decode step shifts by the same delta
-        position = torch.tensor([[delta]], device=keys.device)
-        cos, sin = rotary_emb(keys, position)
-        _LAST_ANGLES.update(key=key, cos=cos.unsqueeze(1).to(keys.dtype), sin=sin.unsqueeze(1).to(keys.dtype))
-    return keys * _LAST_ANGLES["cos"] + rotate_half(keys) * _LAST_ANGLES["sin"]
+
+    def __init__(self, rotary_emb: torch.nn.Module, layer_type: str | None = None) -> None:
+        self.rotary_emb = rotary_emb
+        self.layer_type = layer_type
+        self._last: tuple | None = None
+        self._angles: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def takes_layer_type(rotary_emb: torch.nn.Module) -> bool:
+        """Whether ``rotary_emb.forward`` has a ``layer_type`` parameter (per-layer RoPE)."""
+        return "layer_type" in inspect.signature(rotary_emb.forward).parameters
+
+    def angles(
+        self, delta: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` of a shift by ``delta`` positions, each ``[1, 1, 1, rotary_dim]``."""
+        key = (delta, dtype, device)
+        if self._last != key:
+            position = torch.tensor([[delta]], device=device)
+            probe = torch.zeros((1,), dtype=dtype, device=device)
+            args = (probe, position) if self.layer_type is None else (probe, position, self.layer_type)
+            cos, sin = self.rotary_emb(*args)
+            self._angles = (cos.unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype))
+            self._last = key
+        return self._angles
+
+    def rerotate(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
+        """Move post-RoPE keys from position ``p`` to ``p + delta``: ``R(p + delta) k = R(delta) R(p) k``.
+
+        StreamingLLM (Xiao et al. 2023, Sec. 3.2) assigns positions by cache index; this gives the
+        same keys without storing them pre-RoPE. Exact for RoPE types whose angles are linear in
+        the position with unit attention scaling (default, linear, Llama-3); with a partial rotary
+        dimension (``rotary_dim < head_dim``) only the first ``rotary_dim`` channels turn.
+
+        Parameters
+        ----------
+        keys : torch.Tensor
+            ``[batch, kv_heads, slots, head_dim]`` post-RoPE keys.
+        delta : int
+            Position shift (tokens, may be negative).
+
+        Returns
+        -------
+        torch.Tensor
+            Keys of the same shape and dtype.
+        """
+        if delta == 0:
+            return keys
+        cos, sin = self.angles(delta, keys.dtype, keys.device)
+        rot = cos.shape[-1]
+        if rot == keys.shape[-1]:
+            return keys * cos + rotate_half(keys) * sin
+        head, tail = keys[..., :rot], keys[..., rot:]
+        return torch.cat([head * cos + rotate_half(head) * sin, tail], dim=-1)

@@ -6,13 +6,21 @@ import torch
 import torch.nn.functional as F
 
 
+def softcap_logits(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Attention-logit soft-capping (Gemma-2, ``attn_logit_softcapping``): ``c * tanh(logits / c)``;
+    ``logits`` unchanged when ``softcap`` is None."""
+    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
+
+
 def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """View ``[batch, q_heads, q, head_dim]`` as ``[batch, kv_heads, group, q, head_dim]`` (no copy)."""
     b, hq, q, d = query.shape
     return query.view(b, kv_heads, hq // kv_heads, q, d)
 
 
-def window_logits(query: torch.Tensor, keys: torch.Tensor, window: int, scaling: float) -> torch.Tensor:
+def window_logits(
+    query: torch.Tensor, keys: torch.Tensor, window: int, scaling: float, softcap: float | None = None
+) -> torch.Tensor:
     """Causal logits of the last ``window`` prompt queries over all prompt keys, per query head.
 
     Parameters
@@ -25,23 +33,27 @@ def window_logits(query: torch.Tensor, keys: torch.Tensor, window: int, scaling:
         Observation window (queries); clipped to the prompt length.
     scaling : float
         Softmax scale.
+    softcap : float | None
+        Logit soft-cap (Gemma-2; :func:`softcap_logits`), or None.
 
     Returns
     -------
     torch.Tensor
-        ``[batch, kv_heads, group, window, prompt]`` float32 ``q k^T * scaling``, ``-inf`` where a
-        key comes after the query; row ``i`` is query ``prompt - window + i``.
+        ``[batch, kv_heads, group, window, prompt]`` float32 ``q k^T * scaling`` (soft-capped),
+        ``-inf`` where a key comes after the query; row ``i`` is query ``prompt - window + i``.
     """
     length = keys.shape[-2]
     w = min(window, length)
     q = group_queries(query[:, :, length - w :], keys.shape[1]).float()
-    logits = torch.einsum("bhgqd,bhkd->bhgqk", q, keys.float()) * scaling
+    logits = softcap_logits(torch.einsum("bhgqd,bhkd->bhgqk", q, keys.float()) * scaling, softcap)
     q_pos = torch.arange(length - w, length, device=keys.device)
     k_pos = torch.arange(length, device=keys.device)
     return logits.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
 
 
-def window_attention(query: torch.Tensor, keys: torch.Tensor, window: int, scaling: float) -> torch.Tensor:
+def window_attention(
+    query: torch.Tensor, keys: torch.Tensor, window: int, scaling: float, softcap: float | None = None
+) -> torch.Tensor:
     """Attention probabilities of the last ``window`` prompt queries over all prompt keys.
 
     The observation window of SnapKV (Li et al. 2024, Sec. 4) and ZSMerge (App. B, window_size);
@@ -53,7 +65,7 @@ def window_attention(query: torch.Tensor, keys: torch.Tensor, window: int, scali
     torch.Tensor
         ``[batch, kv_heads, window, prompt]`` float32; row ``i`` is query ``prompt - window + i``.
     """
-    return torch.softmax(window_logits(query, keys, window, scaling), dim=-1).mean(dim=2)
+    return torch.softmax(window_logits(query, keys, window, scaling, softcap), dim=-1).mean(dim=2)
 
 
 def pool_scores(scores: torch.Tensor, kernel_size: int, pooling: str = "max") -> torch.Tensor:
@@ -95,6 +107,7 @@ def causal_column_sums(
     scaling: float,
     chunk: int = 256,
     row_weights: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Column sums of the causal prompt attention matrix, computed in query chunks.
 
@@ -115,6 +128,8 @@ def causal_column_sums(
     row_weights : torch.Tensor | None
         ``[prompt]`` weight of each query row (None: all 1). ZeroMerge's prefill initialisation
         weights row ``i`` by ``lam ** (prompt - 1 - i)``.
+    softcap : float | None
+        Logit soft-cap (Gemma-2; :func:`softcap_logits`), or None.
 
     Returns
     -------
@@ -128,7 +143,7 @@ def causal_column_sums(
     for start in range(0, length, chunk):
         stop = min(start + chunk, length)
         logits = torch.einsum("bhgqd,bhkd->bhgqk", q[:, :, :, start:stop].float(), keys[:, :, :stop].float())
-        logits = logits * scaling
+        logits = softcap_logits(logits * scaling, softcap)
         future = k_pos[None, :stop] > torch.arange(start, stop, device=keys.device)[:, None]
         probs = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
         if row_weights is None:

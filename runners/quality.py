@@ -15,10 +15,12 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget, validate_budget
+from methods.architecture import layer_specs
+from methods.sliding import layer_protocol
 from runners.environment import peak_device_bytes, peak_rss_bytes
 from runners.errors import KVBenchError
 from runners.generate import GenerationResult, eos_token_ids, greedy_generate
-from runners.models import load_model, load_tokenizer, validate_model_config
+from runners.models import load_model, load_tokenizer, resolve_model_config
 from runners.record import new_record, recording, run_config, stored_run
 from runners.report import print_summary
 from tasks import TASK_REGISTRY, Task
@@ -47,15 +49,16 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
     Raises
     ------
     KVBenchError
-        For a bad budget, unknown method target, bad hyperparameters, bad model config or a
-        missing method asset (LESS kernels).
+        For a bad budget, unknown method target, bad hyperparameters, bad model config, an
+        unsupported architecture or a missing method asset (LESS kernels). Fills the model
+        config's null fields from the model's own config (``runners.models.resolve_model_config``).
     """
     try:
         validate_budget(cfg.budget, cfg.budget_unit)
     except ValueError as err:
         raise KVBenchError(str(err)) from err
     method = _build(cfg.method, "method", METHOD_REGISTRY)
-    validate_model_config(cfg.model)
+    resolve_model_config(cfg.model)
     try:
         method.attach_assets(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
     except FileNotFoundError as err:
@@ -154,7 +157,7 @@ def run_quality(cfg: DictConfig) -> dict:
         task.name,
         model.device,
         data_source=task.source,
-        protocol=task.protocol() | {"eos_token_ids": sorted(eos)},
+        protocol=task.protocol() | {"eos_token_ids": sorted(eos)} | layer_protocol(layer_specs(model)),
         n_samples=len(samples),
     )
     results: list[GenerationResult] = []

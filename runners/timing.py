@@ -101,8 +101,7 @@ class Decoder:
             raise ValueError(f"need a non-empty batch, got shape {tuple(input_ids.shape)}")
         self.model, self.device = model, input_ids.device
         self.batch, self.length = input_ids.shape
-        rotary_emb = getattr(model.base_model, "rotary_emb", None)
-        self.cache = CompressedCache(method, model.config.num_hidden_layers, budget, rotary_emb)
+        self.cache = CompressedCache.for_model(model, method, budget)
         _sync(self.device)
         start = time.perf_counter()
         out = model(

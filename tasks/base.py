@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import torch
 
+from runners.errors import KVBenchError
 from tasks.truncation import middle_truncate
 
 
@@ -77,6 +78,9 @@ class Task:
     min_new_tokens: int = 0
     #: Whether a raw ``prompt_text`` is tokenized with the tokenizer's special tokens (BOS).
     add_special_tokens: bool = True
+    #: ``auto``: prompts meant for a chat model get the tokenizer's chat template (an ``error:``
+    #: line when it has none); ``none``: their text is tokenized raw (base models).
+    chat_template: str = "auto"
 
     def load(self, tokenizer=None) -> list[Sample]:
         """Read (or generate) the samples; local data directory first, hub otherwise.
@@ -106,7 +110,13 @@ class Task:
 
         A raw prompt is middle-truncated to ``max_input_tokens`` first (LongBench/InfiniteBench
         protocol: truncation before the template, as THUDM's ``pred.py``); chat messages get the
-        template with the generation prompt.
+        template with the generation prompt, or with ``chat_template="none"`` their contents
+        joined by blank lines and tokenized raw (with special tokens).
+
+        Raises
+        ------
+        runners.errors.KVBenchError
+            If the sample needs a chat template the tokenizer does not have.
         """
         messages = sample.prompt_messages
         if sample.prompt_text is not None:
@@ -117,6 +127,15 @@ class Task:
                 ids = tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"]
                 return torch.tensor([ids], dtype=torch.long)
             messages = [{"role": "user", "content": text}]
+        if self.chat_template == "none":
+            text = "\n\n".join(m["content"] for m in messages)
+            return torch.tensor([tokenizer(text, add_special_tokens=True)["input_ids"]], dtype=torch.long)
+        if getattr(tokenizer, "chat_template", None) is None:
+            name = getattr(tokenizer, "name_or_path", "the model")
+            raise KVBenchError(
+                f"the tokenizer of {name} has no chat template (a base model?); run with "
+                f"task.chat_template=none to give it the raw prompt (recorded in the run's protocol)"
+            )
         enc = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
@@ -125,6 +144,7 @@ class Task:
     def protocol(self) -> dict:
         """The protocol facts recorded with every result (template, truncation, EOS set ...)."""
         return {
+            "chat_template_mode": self.chat_template,
             "max_input_tokens": self.max_input_tokens,
             "min_new_tokens": self.min_new_tokens,
             "add_special_tokens": self.add_special_tokens,
@@ -133,6 +153,21 @@ class Task:
     def score(self, predictions: list[str], samples: list[Sample]) -> tuple[dict[str, float], list[dict]]:
         """Aggregate metrics and per-sample metric dicts for the predictions."""
         raise NotImplementedError
+
+
+CHAT_TEMPLATE_CHOICES = ("auto", "none")
+
+
+def check_chat_template(value: str, choices: tuple[str, ...] = CHAT_TEMPLATE_CHOICES) -> None:
+    """Validate ``task.chat_template``.
+
+    Raises
+    ------
+    ValueError
+        For a value outside ``choices``.
+    """
+    if value not in choices:
+        raise ValueError(f"task.chat_template must be one of {choices}, got {value!r}")
 
 
 def check_limit(limit: int | None, max_new_tokens: int) -> None:

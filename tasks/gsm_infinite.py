@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from runners.errors import KVBenchError
-from tasks.base import Sample, Task, check_limit
+from tasks.base import Sample, Task, check_chat_template, check_limit
 from tasks.data import load_rows, read_jsonl
 from tasks.generators import gsm_symbolic
 from tasks.metrics.gsm_metrics import realistic_correct, symbolic_recall
@@ -91,10 +91,12 @@ class GSMInfinite(Task):
     symbolic_per_op: int = 5
     seed: int = 0
     max_new_tokens: int = 512
+    chat_template: str = "auto"
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         check_limit(self.limit, self.max_new_tokens)
+        check_chat_template(self.chat_template)
         if self.subset not in ("medium", "hard", "symbolic"):
             raise ValueError(f"task.subset must be medium, hard or symbolic, got {self.subset!r}")
         if self.sampling not in ("zsmerge", "first"):
@@ -177,7 +179,7 @@ class GSMInfinite(Task):
         """Subset, length, sampling and prompt facts."""
         return super().protocol() | {
             "benchmark": f"GSM-Infinite {self.subset} {self.length} (ZSMerge scorer)",
-            "chat_template": True,
+            "chat_template": self.chat_template != "none",
             "sampling": self.sampling,
             "per_op_limit": self.per_op_limit,
             "prompt": "row messages, else "

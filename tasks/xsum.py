@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from rouge_score import rouge_scorer
 
-from tasks.base import Sample, Task, check_limit
+from tasks.base import Sample, Task, check_chat_template, check_limit
 from tasks.data import load_rows
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -59,6 +59,8 @@ class Summarization(Task):
         Chat prompt; ``{document}`` is replaced by the article.
     protocol_name : str
         ``chat`` or a HELM k-shot file (XSum only).
+    chat_template : str
+        ``auto`` (the chat protocol uses the tokenizer's template) or ``none`` (its text raw).
     """
 
     name: ClassVar[str] = "summarization"
@@ -69,10 +71,12 @@ class Summarization(Task):
     max_new_tokens: int = 64
     instruction: str = "Summarize the following article in one sentence.\n\n{document}"
     protocol_name: str = "chat"
+    chat_template: str = "auto"
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         check_limit(self.limit, self.max_new_tokens)
+        check_chat_template(self.chat_template)
         if self.protocol_name not in self.files:
             raise ValueError(
                 f"task.protocol_name must be one of {sorted(self.files)}, got {self.protocol_name!r}"
@@ -95,7 +99,7 @@ class Summarization(Task):
 
     def protocol(self) -> dict:
         """Prompt protocol, template use and stop string."""
-        chat = self.protocol_name == "chat"
+        chat = self.protocol_name == "chat" and self.chat_template != "none"
         return super().protocol() | {
             "protocol": self.protocol_name,
             "chat_template": chat,

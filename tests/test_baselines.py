@@ -8,6 +8,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kernels import decode_attention
 from methods import H2O, CompressedLayer, SnapKV, StreamingLLM
+from methods.architecture import LayerSpec
+from methods.rope import LayerRotary
 from methods.scoring import causal_column_sums
 from tests.conftest import tiny_llama
 
@@ -134,7 +136,7 @@ def test_streamingllm_keeps_exactly_sinks_and_recent(tiny_model, rerotate):
 
 
 def test_rerotated_key_equals_key_computed_at_that_position():
-    from methods.rope import rerotate
+    from methods.rope import LayerRotary
 
     model = tiny_llama()
     rotary = model.base_model.rotary_emb
@@ -145,8 +147,9 @@ def test_rerotated_key_equals_key_computed_at_that_position():
         return apply_rotary_pos_emb(x, x, cos, sin)[1]
 
     at_p = rope(raw, [0, 1, 2, 3, 7])
-    torch.testing.assert_close(rerotate(at_p, 13, rotary), rope(raw, [13, 14, 15, 16, 20]))
-    torch.testing.assert_close(rerotate(at_p, -3, rotary), rope(raw, [-3, -2, -1, 0, 4]))
+    turn = LayerRotary(rotary)
+    torch.testing.assert_close(turn.rerotate(at_p, 13), rope(raw, [13, 14, 15, 16, 20]))
+    torch.testing.assert_close(turn.rerotate(at_p, -3), rope(raw, [-3, -2, -1, 0, 4]))
 
 
 def test_streamingllm_attention_equals_the_papers_cache_index_positions():
@@ -164,7 +167,7 @@ def test_streamingllm_attention_equals_the_papers_cache_index_positions():
     gen = torch.Generator().manual_seed(0)
     raw_k = torch.randn(1, 2, length, 16, generator=gen)
     values = torch.randn(1, 2, length, 16, generator=gen)
-    layer = CompressedLayer(method, budget, rotary)
+    layer = CompressedLayer(method, budget, LayerSpec(rotary=LayerRotary(rotary)))
     layer.update(rope(raw_k, list(range(length))), values)
     method.prefill(layer, torch.zeros(1, 6, length, 16), 0.25)
     kept = layer.positions[0, 0].tolist()

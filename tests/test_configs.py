@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from methods import METHOD_REGISTRY
+from runners.errors import KVBenchError
 from runners.models import MODEL_SOURCES, validate_model_config
 from runners.sweeps import experiment_names, sweep_jobs
 from tests.conftest import REPO
@@ -81,7 +82,13 @@ def test_method_configs_build_registered_methods(option):
 def test_model_configs_validate_without_loading(option):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={option}"])
-    assert cfg.model.loader in MODEL_SOURCES and cfg.model.max_context > 0
+    assert cfg.model.loader in MODEL_SOURCES
+    if option in ("hf", "gguf"):  # the generic ways: the user names the model, the rest is read from it
+        assert cfg.model.max_context is None and cfg.model.name is None
+        with pytest.raises(KVBenchError, match=r"needs model\.(id|path)"):
+            validate_model_config(cfg.model)
+        return
+    assert cfg.model.max_context > 0  # presets fix the paper's context
     validate_model_config(cfg.model)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from methods import H2O, METHOD_REGISTRY, CompressedLayer, FullKV, ZSMerge
+from methods.architecture import layer_specs
 from runners.efficiency import summarise
 from runners.generate import greedy_generate
 from runners.oom import OOM_EXIT, Probe, largest_fitting, run_capped
@@ -211,7 +212,7 @@ def test_shadow_caches_measure_zero_error_at_a_covering_budget(tiny_model, name)
     from runners.error import ShadowCaches
 
     method = METHOD_REGISTRY[name]()
-    shadows = ShadowCaches(method, [PROMPT + STEPS, 8], 2, tiny_model.base_model.rotary_emb)
+    shadows = ShadowCaches(method, [PROMPT + STEPS, 8], layer_specs(tiny_model))
     greedy_generate(tiny_model, prompts(1), FullKV(), None, STEPS, set(), observer=shadows)
     assert torch.equal(shadows.steps, torch.full((2, 2), STEPS - 1.0))  # every decode step, every layer
     error = shadows.error_sum / shadows.steps

@@ -79,6 +79,38 @@ def test_log_space_decode_equals_the_plain_formula():
         assert torch.allclose(out[0, hq, 0].double(), num / den, atol=1e-5)
 
 
+@pytest.mark.parametrize("logit", [-100.0, 100.0])
+@pytest.mark.parametrize("empty_state", [True, False])
+def test_decode_is_finite_for_extreme_logits_and_an_empty_state(logit, empty_state):
+    """Every logit near -100 or +100 (Qwen2.5-class models reach lse = -101), with nothing evicted
+    yet (H = z = 0) or a live state: finite, and equal to the plain formula in float64."""
+    method = LESS(kernels=tiny_kernels(1))
+    gen = torch.Generator().manual_seed(2)
+    layer = CompressedLayer(method, budget=None)
+    direction = torch.ones(B, HKV, 10, D)
+    layer.update(
+        direction + 0.01 * torch.randn(B, HKV, 10, D, generator=gen),
+        torch.randn(B, HKV, 10, D, generator=gen),
+    )
+    query = torch.ones(B, HQ, 1, D) * (logit / (D * SCALE))  # q . k * scale ~= logit for every slot
+    if empty_state:
+        layer.aux = {"H": torch.zeros(B, HKV, R, D), "z": torch.zeros(B, HKV, R)}
+    else:
+        layer.aux = {"H": torch.randn(B, HKV, R, D, generator=gen), "z": torch.rand(B, HKV, R, generator=gen)}
+    out, probs = method.decode_attention(layer, query, layer.values, SCALE)
+    assert torch.isfinite(out).all() and torch.isfinite(probs).all()
+    phi = method.kernels[0].phi(query).double()
+    for hq in range(HQ):
+        h = hq // (HQ // HKV)
+        logits = layer.keys[0, h].double() @ query[0, hq, 0].double() * SCALE
+        shift = logits.max()  # the plain formula, rescaled by exp(-shift) in float64 to stay finite
+        e = torch.exp(logits - shift)
+        low = phi[0, hq, 0] * torch.exp(-shift)
+        num = e @ layer.values[0, h].double() + low @ layer.aux["H"][0, h].double()
+        den = e.sum() + low @ layer.aux["z"][0, h].double()
+        assert torch.allclose(out[0, hq, 0].double(), num / den, atol=1e-4)
+
+
 @pytest.mark.parametrize("budget", [10, 24])
 def test_zero_state_is_exactly_h2o(tiny_model, budget):
     ids = torch.randint(0, 128, (1, 48), generator=torch.Generator().manual_seed(3))

@@ -1,0 +1,63 @@
+"""The rule every method follows on a sliding-window layer (Mistral-v0.1, Gemma-2/3, Phi-3, ...).
+
+A sliding layer attends only to the last ``window`` tokens (itself included), so the model's own
+cache keeps the last ``window - 1`` and never more. On such a layer, whatever the method, the
+seam keeps the most recent ``min(budget, window - 1)`` tokens (``window - 1`` for FullKV): at
+prefill the window's tail of the prompt, then one eviction of the oldest token per decode step.
+This is exactly the model's own cache when ``budget >= window - 1``, and the tightest recent
+window inside the sliding window when the budget is smaller; the method's own scoring, merging
+and state apply to the full-attention layers, where tokens outside any window are kept. The rule
+is recorded in every run's protocol (``sliding_layers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from methods.architecture import LayerSpec
+from methods.base import CompressionMethod
+from methods.layer import CompressedLayer
+from methods.scoring import oldest_from
+
+SLIDING_RULE = "recent min(budget, window - 1) tokens (window - 1 for fullkv); method applies to full layers"
+
+
+def layer_protocol(specs: list[LayerSpec]) -> dict:
+    """What a run records of the model's layers: counts, the sliding window and its rule, the
+    logit soft-cap (keys only where the model has them)."""
+    sliding = [s.window for s in specs if s.window is not None]
+    out: dict = {"layers": len(specs)}
+    if sliding:
+        out |= {"sliding_layers": len(sliding), "sliding_window": max(sliding), "sliding_rule": SLIDING_RULE}
+    if specs and specs[0].softcap is not None:
+        out["attn_logit_softcapping"] = specs[0].softcap
+    return out
+
+
+def sliding_bound(budget: int | None, window: int) -> int:
+    """Slots a sliding layer of ``window`` tokens holds between decode steps under ``budget``."""
+    return window - 1 if budget is None else max(1, min(budget, window - 1))
+
+
+@dataclass
+class SlidingWindow(CompressionMethod):
+    """Keep the most recent ``layer.budget`` tokens of a sliding-window layer (all heads alike)."""
+
+    name: ClassVar[str] = "sliding_window"
+    needs_decode_probs: ClassVar[bool] = False
+    uses_log_weight: ClassVar[bool] = False
+
+    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
+        """Keep the last ``layer.budget`` prompt tokens."""
+        n = layer.n_slots
+        if n > layer.budget:
+            b, h = layer.positions.shape[:2]
+            layer.gather(torch.arange(n - layer.budget, n, device=layer.device).expand(b, h, -1))
+
+    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
+        """Evict the oldest token once over ``layer.budget``."""
+        if layer.n_slots > layer.budget:
+            layer.drop(oldest_from(layer.positions, 0))
