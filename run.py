@@ -24,7 +24,8 @@ def cli() -> None:
         main()
     except MissingConfigException as err:
         options = f" (available: {', '.join(err.options)})" if err.options else ""
-        print(f"error: {str(err).splitlines()[0]}{options}", file=sys.stderr)
+        hint = "; any other model: model=hf model.id=<hub id or folder>" if "'model/" in str(err) else ""
+        print(f"error: {str(err).splitlines()[0]}{options}{hint}", file=sys.stderr)
         sys.exit(2)
     except (ConfigCompositionException, OverrideParseException) as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
