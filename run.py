@@ -30,6 +30,9 @@ def cli() -> None:
     except (ConfigCompositionException, OverrideParseException) as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # the run's record says status "interrupted" (runners.record.recording)
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,29 @@ class CompressionMethod:
         """Whether decoding also stays within the budget (False: only the prompt is compressed)."""
         return self.compresses
 
+    def slot_bound(self, layer: CompressedLayer) -> int | None:
+        """Slots per KV head this method holds on ``layer`` between decode steps, or None when
+        decoding may grow the layer without bound (FullKV, prompt-only methods).
+
+        The one owner of the per-layer budget: the layer sizes its buffers from it (plus the slot a
+        decode step appends before evicting) and the method evicts down to it. Methods whose
+        per-layer bound differs from ``layer.budget`` (KeepKV's cosine layer budgets, H2O
+        Baseline+'s extra slots) override it.
+        """
+        if layer.budget is None or not self.budget_holds_in_decode:
+            return None
+        return layer.budget
+
+    def check_budget(self, budget: int, tokens: int) -> None:
+        """Check that ``budget`` slots work for a sample of ``tokens`` tokens (prompt + new) before
+        any model loads; no-op by default (methods with a budget split override it).
+
+        Raises
+        ------
+        ValueError
+            With the method's reason (e.g. a ZSMerge split with no context slot).
+        """
+
     def attach_assets(
         self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str
     ) -> None:

@@ -42,36 +42,48 @@ class CompressedCache(Cache):
         One :class:`~methods.architecture.LayerSpec` per decoder layer
         (:func:`~methods.architecture.layer_specs`), or a layer count for plain full-attention
         layers without RoPE information.
+    max_tokens : int | None
+        Tokens the run will append at most (prompt + new tokens - 1), when known: caps every
+        buffer (``CompressedLayer._capacity``).
     """
 
-    def __init__(self, method: CompressionMethod, budget: int | None, specs: list[LayerSpec] | int) -> None:
+    def __init__(
+        self,
+        method: CompressionMethod,
+        budget: int | None,
+        specs: list[LayerSpec] | int,
+        max_tokens: int | None = None,
+    ) -> None:
         if isinstance(specs, int):
             specs = [LayerSpec() for _ in range(specs)]
         window_rule = SlidingWindow()
         layers = []
         for i, spec in enumerate(specs):
-            if spec.window is None:
-                layers.append(CompressedLayer(method, budget, spec, i, len(specs)))
-            else:
-                layers.append(
-                    CompressedLayer(window_rule, sliding_bound(budget, spec.window), spec, i, len(specs))
-                )
+            rule, bound = (
+                (method, budget) if spec.window is None else (window_rule, sliding_bound(budget, spec.window))
+            )
+            layers.append(CompressedLayer(rule, bound, spec, i, len(specs), max_tokens))
         super().__init__(layers=layers)
         self.method = method
         self.budget = budget
 
     @classmethod
     def for_model(
-        cls, model: torch.nn.Module, method: CompressionMethod, budget: int | None
+        cls,
+        model: torch.nn.Module,
+        method: CompressionMethod,
+        budget: int | None,
+        max_tokens: int | None = None,
     ) -> CompressedCache:
-        """A cache for ``model``'s layers (:func:`~methods.architecture.layer_specs`).
+        """A cache for ``model``'s layers (:func:`~methods.architecture.layer_specs`); ``max_tokens``
+        as in the class docstring.
 
         Raises
         ------
         UnsupportedArchitectureError
             For layer types the seam does not support.
         """
-        return cls(method, budget, layer_specs(model))
+        return cls(method, budget, layer_specs(model), max_tokens)
 
     @property
     def n_slots(self) -> list[int]:

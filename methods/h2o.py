@@ -79,8 +79,20 @@ class H2O(CompressionMethod):
             raise ValueError(f"H2O budget of {budget} slots leaves no heavy-hitter slot (recent={recent})")
         return heavy, recent
 
-    def slot_budget(self, layer: CompressedLayer) -> int | None:
-        """The layer's budget plus the Baseline+ slots of ``state_rank`` (tokens)."""
+    def check_budget(self, budget: int, tokens: int) -> None:
+        """The heavy/recent split must leave a heavy-hitter slot once compression starts.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`split`.
+        """
+        if tokens > budget:
+            self.split(budget)
+
+    def slot_bound(self, layer: CompressedLayer) -> int | None:
+        """The layer's budget plus the Baseline+ slots of ``state_rank`` (tokens): what H2O holds,
+        and what the layer sizes its buffers from (``CompressionMethod.slot_bound``)."""
         if layer.budget is None or not self.state_rank:
             return layer.budget
         d_k, d_v = layer.keys.shape[-1], layer.values.shape[-1]
@@ -92,7 +104,7 @@ class H2O(CompressionMethod):
         layer.state["scores"] = causal_column_sums(
             query, layer.keys, scaling, self.chunk_size, softcap=layer.softcap
         )
-        budget = self.slot_budget(layer)
+        budget = self.slot_bound(layer)
         if budget is not None and layer.n_slots > budget:
             heavy, recent = self.split(budget)
             self.keep(layer, top_and_recent(layer.state["scores"], heavy, recent))
@@ -100,7 +112,7 @@ class H2O(CompressionMethod):
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Add this step's attention; evict the lowest-scoring non-recent token if over budget."""
         layer.state["scores"].add_(probs)
-        budget = self.slot_budget(layer)
+        budget = self.slot_bound(layer)
         if budget is None or layer.n_slots <= budget:
             return
         _, recent = self.split(budget)

@@ -116,6 +116,14 @@ class KeepKV(CompressionMethod):
             raise ValueError(f"alpha must be in [0, 1), got {self.alpha}")
         if self.n_sink < 0 or (self.window is not None and self.window < 1):
             raise ValueError("n_sink must be >= 0 and window >= 1")
+        if not -1.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold is a cosine similarity in [-1, 1], got {self.threshold}")
+        if self.guard < 0:
+            raise ValueError(f"guard must be >= 0, got {self.guard}")
+        if self.max_factor <= 0:
+            raise ValueError(
+                f"max_factor must be > 0 (ZIP key factors lie in (0, max_factor]), got {self.max_factor}"
+            )
 
     # ------------------------------------------------------------------ budgets
     def layer_budget(self, layer: CompressedLayer) -> tuple[int, int]:
@@ -127,6 +135,10 @@ class KeepKV(CompressionMethod):
             heavy = (budget - recent) * cosine_share(layer.layer_idx, layer.num_layers, self.decay_ratio)
             budget = recent + max(1, round(heavy))
         return budget, recent
+
+    def slot_bound(self, layer: CompressedLayer) -> int | None:
+        """The layer's slots from :meth:`layer_budget` (cosine schedule included)."""
+        return None if layer.budget is None else self.layer_budget(layer)[0]
 
     def _alpha(self, window: int) -> float:
         return self.alpha if self.alpha is not None else 1.0 - 2.0 / (window + 1)

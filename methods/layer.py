@@ -78,6 +78,9 @@ class CompressedLayer(CacheLayerMixin):
         Tokens seen so far (prompt + appended); the position of the next token.
     layer_idx, num_layers : int
         This layer's index and the model's number of decoder layers (per-layer budget schedules).
+    max_tokens : int | None
+        Tokens the run will append at most (prompt + new tokens - 1), when known: no buffer is
+        ever larger (a budget above the prompt allocates nothing it cannot use).
     """
 
     def __init__(
@@ -87,8 +90,10 @@ class CompressedLayer(CacheLayerMixin):
         spec: LayerSpec | None = None,
         layer_idx: int = 0,
         num_layers: int = 1,
+        max_tokens: int | None = None,
     ) -> None:
         super().__init__()
+        self.max_tokens = max_tokens
         self.layer_idx, self.num_layers = layer_idx, num_layers
         self.method = method
         self.budget = budget
@@ -143,13 +148,18 @@ class CompressedLayer(CacheLayerMixin):
 
     def _capacity(self, needed: int) -> int:
         """Slots to allocate when a buffer must grow to hold ``needed`` slots: exactly the prompt at
-        prefill (compression follows), the budget plus the slot a decode step appends before
-        evicting, or geometric growth (1.25x + 64) when the cache may outgrow the budget (FullKV,
-        prompt-only methods)."""
+        prefill (compression follows); then the method's bound (``CompressionMethod.slot_bound``)
+        plus the slot a decode step appends before evicting, never more than the tokens the run
+        will append (``max_tokens``, when known); for an unbounded layer (FullKV, prompt-only
+        methods) ``max_tokens``, or geometric growth (1.25x + 64) when it is unknown."""
         if not self.prefilled:
             return needed
-        if self.budget is not None and self.method.budget_holds_in_decode and needed <= self.budget + 1:
-            return self.budget + 1
+        bound = self.method.slot_bound(self)
+        if bound is not None and needed <= bound + 1:
+            cap = bound + 1 if self.max_tokens is None else min(bound + 1, self.max_tokens)
+            return max(cap, needed)
+        if self.max_tokens is not None and needed <= self.max_tokens:
+            return self.max_tokens
         return needed + needed // 4 + 64
 
     def _append(

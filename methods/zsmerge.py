@@ -78,6 +78,13 @@ class ZSMerge(CompressionMethod):
             raise ValueError(f"proximity_ratio must be > 0, got {self.proximity_ratio}")
         if self.residual_ratio < 0:
             raise ValueError(f"residual_ratio must be >= 0, got {self.residual_ratio}")
+        for field in ("proximity_ratio", "residual_ratio"):  # >= 1 is a slot count, never rounded
+            value = getattr(self, field)
+            if value >= 1 and not float(value).is_integer():
+                raise ValueError(
+                    f"{field} must be a fraction below 1 or a whole slot count, got {value} "
+                    f"(it would become {int(value)} slots)"
+                )
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
         if not 0.0 <= self.lam <= 1.0:
@@ -88,6 +95,17 @@ class ZSMerge(CompressionMethod):
             raise ValueError(f"pool_kernel must be odd, got {self.pool_kernel}")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
+
+    def check_budget(self, budget: int, tokens: int) -> None:
+        """The tripartite split must leave a context slot once compression starts.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`split`.
+        """
+        if tokens > budget:
+            self.split(budget)
 
     def split(self, budget: int) -> tuple[int, int, int]:
         """Tripartite budget ``(B_p, B_c, B_r)`` of Eq. 3 (App. C.2 allocation order).

@@ -1,6 +1,7 @@
 """``python -m reports <experiment> [--scale smoke|paper]``: an experiment's table and figure;
 ``python -m reports summary``: methods ranked per budget across tasks; ``python -m reports runs``:
-every stored run as one table; ``python -m reports reindex``: move records of an older store to
+every stored run as one table; ``python -m reports table``: rebuild ``table.csv`` / ``table.parquet``
+from the records; ``python -m reports reindex``: move records of an older store to
 their current run ids (``ResultStore.reindex``). Reads only the result store (``--results-dir``, default
 ``$KVBENCH_RESULTS_DIR`` or ``results``) and writes into ``--out`` (default ``<results-dir>/reports``).
 """
@@ -14,7 +15,7 @@ import sys
 import pandas as pd
 
 from runners.errors import KVBenchError
-from runners.loggers import flat_summary
+from runners.loggers import flat_summary, write_tables
 from runners.results import ResultStore
 from runners.sweeps import experiment_names
 
@@ -36,7 +37,7 @@ def main(argv: list[str]) -> int:
     """Parse the arguments and write the requested report."""
     parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "name", help=f"summary, runs, reindex, or an experiment: {', '.join(experiment_names())}"
+        "name", help=f"summary, runs, table, reindex, or an experiment: {', '.join(experiment_names())}"
     )
     parser.add_argument("overrides", nargs="*", help="extra overrides the sweep ran with (seed=0,1,2)")
     parser.add_argument("--scale", default="smoke", choices=("smoke", "paper"))
@@ -48,6 +49,10 @@ def main(argv: list[str]) -> int:
     out = args.out or str(store.root / "reports")
     if args.name == "runs":
         return list_runs(store)
+    if args.name == "table":
+        path = write_tables(store.root)
+        print(f"written: {path} and {path.with_suffix('.parquet')}")
+        return 0
     if args.name == "reindex":
         moved = store.reindex()
         print(f"{len(moved)} records moved to their current run ids under {store.root}/runs")

@@ -40,15 +40,23 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux ``/proc/cpuinfo`` ``model name``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def device_info(device: torch.device) -> dict:
-    """What the run ran on: CUDA device name, or CPU model and thread count."""
+    """What the run ran on: CUDA device name and index, or CPU model and thread count."""
     if device.type == "cuda":
-        return {"type": "cuda", "name": torch.cuda.get_device_name(device)}
-    return {
-        "type": "cpu",
-        "name": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-    }
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return {"type": "cuda", "index": index, "name": torch.cuda.get_device_name(index)}
+    return {"type": "cpu", "name": cpu_model(), "threads": torch.get_num_threads()}
 
 
 def _proc_status(field: str) -> int | None:

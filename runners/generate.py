@@ -124,7 +124,7 @@ def greedy_generate(
         raise ValueError(f"greedy_generate takes one prompt at a time, got batch {input_ids.shape[0]}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    cache = CompressedCache.for_model(model, method, budget)
+    cache = CompressedCache.for_model(model, method, budget, input_ids.shape[1] + max_new_tokens - 1)
     length = input_ids.shape[1]
     start = time.perf_counter()
     out = model(

@@ -137,11 +137,30 @@ def run_capped(argv: list[str], cap_bytes: int, timeout: float) -> tuple[str, st
     tail = (proc.stderr.strip().splitlines() or [""])[-1][:300]
     if proc.returncode == 0:
         return "ok", ""
-    if proc.returncode == OOM_EXIT:
-        return "oom", tail
+    if proc.returncode == OOM_EXIT or (proc.returncode == 1 and tail.startswith("MemoryError")):
+        return "oom", tail  # the child's own verdict, or a MemoryError before it could give one
     if proc.returncode < 0:
         return "oom", f"killed by {signal.Signals(-proc.returncode).name}: {tail}"
     return "error", tail
+
+
+def check_cap_leaves_room(cfg: DictConfig, cap_bytes: int, timeout: float) -> None:
+    """Start a capped child that only imports KVBench and loads the model: a cap below that is not
+    an OOM threshold of the method but a cap too small to measure anything.
+
+    Raises
+    ------
+    KVBenchError
+        If the child fails under the cap (naming the cap and the child's last line).
+    """
+    payload = json.dumps({"cfg": OmegaConf.to_container(cfg, resolve=True), "load_only": True})
+    outcome, detail = run_capped([sys.executable, "-m", "runners.oom", payload], cap_bytes, timeout)
+    if outcome != "ok":
+        raise KVBenchError(
+            f"runner.memory_cap_gb={cfg.runner.memory_cap_gb} leaves no room to start: importing KVBench "
+            f"and loading {cfg.model.name} under the cap failed ({outcome}: {detail or 'no message'}); "
+            "raise the cap"
+        )
 
 
 def cpu_probe(cfg: DictConfig, batch: int, prompt_len: int, cap_bytes: int, timeout: float) -> Probe:
@@ -222,6 +241,8 @@ def run_oom(cfg: DictConfig) -> dict:
         if r.cuda_memory_fraction:
             torch.cuda.set_per_process_memory_fraction(float(r.cuda_memory_fraction), device)
     cap = int(r.memory_cap_gb * 2**30) if r.memory_cap_gb else None
+    if model is None:
+        check_cap_leaves_room(cfg, cap, r.probe_timeout_s)
 
     def fits(n: int) -> Probe:
         batch, prompt = probe_shape(cfg, r.search, n)
@@ -263,6 +284,11 @@ def _child(payload: str) -> int:
     args = json.loads(payload)
     cfg = OmegaConf.create(args["cfg"])
     try:
+        if args.get("load_only"):
+            from runners.models import load_model
+
+            load_model(cfg.model, "cpu")
+            return 0
         run_probe(cfg, args["batch"], args["prompt"])
     except Exception as err:
         print(f"{type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)

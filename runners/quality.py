@@ -98,6 +98,38 @@ def stop_token_ids(tokenizer, strings: tuple[str, ...]) -> set[int]:
     return {tokenizer.encode(text, add_special_tokens=False)[-1] for text in strings}
 
 
+def check_budgets(
+    cfg: DictConfig,
+    method: CompressionMethod,
+    budget: float | int | None,
+    samples: list,
+    prompts: list,
+    task: Task,
+) -> list[int | None]:
+    """Each sample's slot budget (``methods.budget.resolve_budget``; a context fraction is of
+    ``model.max_context``), checked with the method (``CompressionMethod.check_budget``) before any
+    model loads.
+
+    Raises
+    ------
+    KVBenchError
+        Naming the first sample whose budget the method cannot work with.
+    """
+    out = []
+    for sample, ids in zip(samples, prompts, strict=True):
+        slots = resolve_budget(budget, ids.shape[1], cfg.model.max_context, cfg.budget_unit)
+        if slots is not None:
+            try:
+                method.check_budget(slots, ids.shape[1] + task.max_new(sample))
+            except ValueError as err:
+                raise KVBenchError(
+                    f"sample {sample.id}: budget={budget} ({cfg.budget_unit}) gives {slots} slots for its "
+                    f"{ids.shape[1]}-token prompt: {err}"
+                ) from err
+        out.append(slots)
+    return out
+
+
 def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device: torch.device) -> dict:
     prefill_s = sum(r.prefill_seconds for r in results)
     steps = [s for r in results for s in r.step_seconds]
@@ -107,8 +139,8 @@ def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device:
     ]
     counters = {f"{name}_total": sum(r.counters[name] for r in results) for name in results[0].counters}
     return counters | {
-        "prefill_seconds": prefill_s,
-        "decode_seconds": sum(steps),
+        "prefill_seconds_sum": prefill_s,
+        "decode_seconds_sum": sum(steps),
         "prefill_tokens_per_s": sum(prompt_lens) / prefill_s if prefill_s else None,
         "decode_tokens_per_s": len(steps) / sum(steps) if steps else None,
         "decode_step_ms_median": 1000 * statistics.median(steps) if steps else None,
@@ -147,6 +179,7 @@ def run_quality(cfg: DictConfig) -> dict:
             f"a prompt of {longest} tokens + {new} new tokens exceeds the context of "
             f"{cfg.model.name} ({cfg.model.max_context} tokens); lower task.max_input_tokens or the length"
         )
+    budgets = check_budgets(cfg, method, config["budget"], samples, prompts, task)
     print(f"loading model {cfg.model.name}", flush=True)
     model = load_model(cfg.model, cfg.device)
     eos = eos_token_ids(model, tokenizer)
@@ -166,8 +199,7 @@ def run_quality(cfg: DictConfig) -> dict:
         for sample, ids in tqdm(
             list(zip(samples, prompts, strict=True)), desc=f"{method.name}", disable=not cfg.runner.progress
         ):
-            context = model.config.max_position_embeddings
-            budget = resolve_budget(config["budget"], ids.shape[1], context, cfg.budget_unit)
+            budget = budgets[len(results)]
             res = greedy_generate(
                 model,
                 ids.to(model.device),

@@ -4,6 +4,8 @@ the record atomically and feeding the loggers."""
 from __future__ import annotations
 
 import datetime as dt
+import gc
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,7 +16,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from runners.environment import device_info, git_sha, package_versions
+from runners.environment import device_info, git_sha, package_versions, reset_peak_memory
 from runners.results import SCHEMA_VERSION, ResultStore, run_id
 
 # Which parts of the config identify a run, per runner: (the task, the top-level budget). Efficiency
@@ -44,6 +46,16 @@ def run_config(cfg: DictConfig, budget_applies: bool = True) -> dict:
     if not (uses_budget and budget_applies):
         config["budget"] = None
     return config
+
+
+def record_device(record: dict) -> torch.device:
+    """The device a record's run measures (``device.type``/``index``; CPU when unknown)."""
+    info = record.get("device") or {}
+    return (
+        torch.device(info.get("type", "cpu"), info.get("index"))
+        if info.get("type") == "cuda"
+        else torch.device("cpu")
+    )
 
 
 def in_multirun() -> bool:
@@ -83,10 +95,27 @@ def new_record(rid: str, config: dict, method: str, task: str, device: torch.dev
 
 
 def finish(cfg: DictConfig, store: ResultStore, record: dict, predictions: list[dict]) -> None:
-    """Write the record (atomically, last) with its per-sample lines, then log it everywhere."""
+    """Write the record (atomically, last) with its per-sample lines, then log it everywhere.
+
+    The record is the result: a logger that fails afterwards (W&B, the table) is reported with
+    one ``warning:`` line and changes nothing that was written."""
     store.write(record, predictions)
-    for logger in instantiate(cfg.logger).values():
-        logger.log(record)
+    try:
+        loggers = instantiate(cfg.logger).values()
+    except Exception as err:
+        print(
+            f"warning: loggers not built ({type(err).__name__}: {err}); the record is stored", file=sys.stderr
+        )
+        return
+    for logger in loggers:
+        try:
+            logger.log(record)
+        except Exception as err:
+            print(
+                f"warning: {type(logger).__name__} failed for run {record['run_id']} "
+                f"({type(err).__name__}: {err}); the record is stored",
+                file=sys.stderr,
+            )
 
 
 def is_oom(err: BaseException) -> bool:
@@ -126,9 +155,13 @@ def recording(
     before_write: Callable[[], None] | None = None,
 ) -> Iterator[None]:
     """Run the body and write the record whatever happens: an OOM is recorded as status ``oom``
-    (and not raised), any other exception as ``error`` (and raised, marked ``kvbench_recorded``);
-    ``wall_seconds`` is set."""
+    (and not raised), any other exception as ``error`` (and raised, marked ``kvbench_recorded``),
+    Ctrl-C / SIGTERM (``KeyboardInterrupt``, ``SystemExit``) as ``interrupted`` (and raised);
+    ``wall_seconds`` is set. The peak-memory window starts here (``reset_peak_memory``), so
+    every run of a sweep process reports its own peak."""
     start = time.perf_counter()
+    gc.collect()
+    reset_peak_memory(record_device(record))
     try:
         yield
     except Exception as err:
@@ -136,7 +169,12 @@ def recording(
         if record["status"] != "oom":
             err.kvbench_recorded = True  # type: ignore[attr-defined]
             raise
+    except BaseException as err:
+        record.update(status="interrupted", error=f"{type(err).__name__}: interrupted".strip())
+        raise
     finally:
+        if record.get("status") == "running":  # a runner that returned without saying how it ended
+            record.update(status="error", error="the runner ended without setting a status")
         record["wall_seconds"] = time.perf_counter() - start
         if before_write is not None:
             before_write()

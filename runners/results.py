@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -41,19 +42,40 @@ def run_id(config: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
+def _file_mode() -> int:
+    """``0o666`` less the process umask: the mode ``open()`` would give a new file (0644 usually)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a uniquely named temporary file in the same directory, fsync and
+    ``os.replace`` (concurrent writers never share a temp file; readers see the old or the new
+    file, never a part). The file gets the mode a plain ``open()`` would give it.
+
+    Raises
+    ------
+    OSError
+        If the directory cannot be written (the temp file is removed; ``path`` is untouched).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write_bytes` of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 class ResultStore:
@@ -67,15 +89,31 @@ class ResultStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        #: ``(path, reason)`` of every unreadable record met by :meth:`read` / :meth:`records`.
+        self.corrupt: list[tuple[Path, str]] = []
 
     def run_dir(self, rid: str) -> Path:
         """Directory of one run."""
         return self.root / "runs" / rid
 
+    def _load(self, path: Path) -> dict | None:
+        """A record file's contents, or None (noted in :attr:`corrupt`, with a warning line on
+        stderr) when it cannot be read or is not a record (truncated, not JSON, no ``run_id``)."""
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(record, dict) or "run_id" not in record or "status" not in record:
+                raise ValueError("not a run record")
+        except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
+            reason = f"{type(err).__name__}: {err}".splitlines()[0]
+            self.corrupt.append((path, reason))
+            print(f"warning: unreadable record {path} ({reason}); treated as missing", file=sys.stderr)
+            return None
+        return record
+
     def read(self, rid: str) -> dict | None:
-        """The record of run ``rid``, or None if there is none."""
+        """The record of run ``rid``, or None if there is none (or it is unreadable: see :meth:`_load`)."""
         path = self.run_dir(rid) / "record.json"
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        return self._load(path) if path.is_file() else None
 
     def finished(self, rid: str) -> dict | None:
         """The record of run ``rid`` if it finished with status ``ok``."""
@@ -83,22 +121,33 @@ class ResultStore:
         return record if record is not None and record.get("status") == "ok" else None
 
     def write(self, record: dict, predictions: list[dict]) -> Path:
-        """Write predictions, then the record (atomically, last). Returns the record's path."""
+        """Write predictions, then the record (atomically, last). Returns the record's path.
+
+        A finished (``ok``) run is never replaced by a failed one: a non-``ok`` record for a run
+        id that holds an ``ok`` record is not written (a warning says so) and the finished files
+        stay byte for byte; an ``ok`` record (``rerun=true``) replaces them."""
         run_dir = self.run_dir(record["run_id"])
+        path = run_dir / "record.json"
+        if record.get("status") != "ok" and self.finished(record["run_id"]) is not None:
+            print(
+                f"warning: run {record['run_id']} ended with status {record.get('status')} "
+                f"({record.get('error')}); its finished record {path} is kept",
+                file=sys.stderr,
+            )
+            return path
         lines = "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in predictions)
         atomic_write_text(run_dir / "predictions.jsonl", lines)
-        path = run_dir / "record.json"
         atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
         return path
 
     def records(self) -> list[dict]:
-        """Every readable record in the store, ordered by run id."""
+        """Every readable record in the store, ordered by run id; unreadable ones are listed in
+        :attr:`corrupt` (and reported on stderr), never silently dropped."""
         out = []
         for path in sorted((self.root / "runs").glob("*/record.json")):
-            try:
-                out.append(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, json.JSONDecodeError):
-                continue
+            record = self._load(path)
+            if record is not None:
+                out.append(record)
         return out
 
     def reindex(self) -> list[tuple[str, str]]:

@@ -78,6 +78,8 @@ class Decoder:
         Compression rules.
     budget : int | None
         Slots per (layer, KV head); None for no compression.
+    max_tokens : int | None
+        Tokens the run will append at most (prompt + steps), when known: caps the cache's buffers.
 
     Attributes
     ----------
@@ -95,13 +97,18 @@ class Decoder:
 
     @torch.inference_mode()
     def __init__(
-        self, model: torch.nn.Module, input_ids: torch.Tensor, method: CompressionMethod, budget: int | None
+        self,
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        method: CompressionMethod,
+        budget: int | None,
+        max_tokens: int | None = None,
     ) -> None:
         if input_ids.numel() == 0:
             raise ValueError(f"need a non-empty batch, got shape {tuple(input_ids.shape)}")
         self.model, self.device = model, input_ids.device
         self.batch, self.length = input_ids.shape
-        self.cache = CompressedCache.for_model(model, method, budget)
+        self.cache = CompressedCache.for_model(model, method, budget, max_tokens)
         _sync(self.device)
         start = time.perf_counter()
         out = model(
@@ -164,7 +171,7 @@ def timed_generate(
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
-    decoder = Decoder(model, input_ids, method, budget)
+    decoder = Decoder(model, input_ids, method, budget, input_ids.shape[1] + steps)
     cache, device, batch = decoder.cache, decoder.device, decoder.batch
     step_seconds: list[float] = []
     curve: list[dict] = []
@@ -189,7 +196,7 @@ def timed_generate(
         kv_bytes=cache.kv_bytes(),
         allocated_bytes=cache.allocated_bytes(),
         state_bytes=cache.state_bytes(),
-        fullkv_bytes=cache.layers[0].seen_tokens * cache.bytes_per_token(),
+        fullkv_bytes=cache.fullkv_bytes(),
         slots=cache.n_slots,
         curve=curve,
         tokens=torch.stack(decoder.tokens, dim=1),

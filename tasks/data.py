@@ -13,11 +13,28 @@ from pathlib import Path
 from runners.errors import KVBenchError
 
 
-def read_jsonl(path: Path, limit: int | None = None) -> list[dict]:
-    """The first ``limit`` rows (all if None) of a JSON-lines file."""
+def read_jsonl(path: Path, limit: int | None = None, fields: tuple[str, ...] = ()) -> list[dict]:
+    """The first ``limit`` rows (all if None) of a JSON-lines file, each an object with ``fields``.
+
+    Raises
+    ------
+    KVBenchError
+        ``<file>:<line>: <what>`` for a line that is not a JSON object or lacks a field.
+    """
+    rows = []
     with path.open(encoding="utf-8") as fh:
-        lines = (line for line in fh if line.strip())
-        return [json.loads(line) for line in islice(lines, limit)]
+        numbered = ((n, line) for n, line in enumerate(fh, start=1) if line.strip())
+        for n, line in islice(numbered, limit):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise KVBenchError(f"{path}:{n}: invalid JSON ({err.msg} at column {err.colno})") from err
+            if not isinstance(row, dict):
+                raise KVBenchError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
+            if missing := [f for f in fields if f not in row]:
+                raise KVBenchError(f"{path}:{n}: missing field(s) {missing}")
+            rows.append(row)
+    return rows
 
 
 def load_rows(
@@ -27,6 +44,7 @@ def load_rows(
     split: str,
     limit: int | None,
     hub_config: str | None = None,
+    fields: tuple[str, ...] = (),
     **hub_kwargs,
 ) -> tuple[list[dict], str]:
     """Rows of a benchmark: ``<data_dir>/<relative_path>`` if it exists, else the hub dataset.
@@ -42,6 +60,8 @@ def load_rows(
         ``hub_id`` of None means the data exists only as a local file.
     limit : int | None
         Rows to keep (first N, in file order).
+    fields : tuple[str, ...]
+        Fields every row must have (checked with the file and line of the first that lacks one).
 
     Returns
     -------
@@ -56,7 +76,7 @@ def load_rows(
     if data_dir:
         path = Path(data_dir).expanduser() / relative_path
         if path.is_file():
-            return read_jsonl(path, limit), str(path.resolve())
+            return read_jsonl(path, limit, fields), str(path.resolve())
     if hub_id is None:
         where = Path(data_dir or "<data_dir unset>") / relative_path
         raise KVBenchError(f"missing data: {where} not found (no hub equivalent; set KVBENCH_DATA_DIR)")
@@ -69,4 +89,6 @@ def load_rows(
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise KVBenchError(f"missing data: {where}hub dataset {hub_id} unavailable ({reason})") from err
     rows = ds.select(range(min(limit, len(ds)))) if limit is not None else ds
+    if missing := [f for f in fields if f not in ds.column_names]:
+        raise KVBenchError(f"hub dataset {hub_id} ({split}) has no field(s) {missing}")
     return [dict(r) for r in rows], f"hf://{hub_id}/{split}"

@@ -122,6 +122,36 @@ class InfiniteBench(Task):
         if any(not 0 <= d <= 1 for d in self.depths) or any(n < 1 for n in self.lengths):
             raise ValueError("task.depths must lie in [0, 1] and task.lengths be positive token counts")
         self.selected = expanded
+        if self.generate:
+            self._check_lengths()
+
+    def _check_lengths(self) -> None:
+        """A generated prompt is never shortened: every requested length plus its answer must fit
+        the model's context and the truncation limit (else the needle could be cut out while the
+        metric still says ``len<L>``).
+
+        Raises
+        ------
+        ValueError
+            Naming the lengths that do not fit and the limit.
+        """
+        answer = max(self.answer_tokens or max_new_tokens_for(t) for t in self.selected)
+        limits = []
+        if self.context_tokens:
+            limits.append(
+                (
+                    self.context_tokens - answer,
+                    f"the model's context ({self.context_tokens} tokens) less {answer} answer tokens",
+                )
+            )
+        if self.max_input_tokens is not None:
+            limits.append((self.max_input_tokens, f"task.max_input_tokens={self.max_input_tokens}"))
+        for limit, what in limits:
+            if too_long := [n for n in self.lengths if n > limit]:
+                raise ValueError(
+                    f"task.lengths {too_long} exceed {what}: generated prompts are never truncated; "
+                    f"ask for lengths <= {limit}"
+                )
 
     def input_limit(self, sample: Sample) -> int | None:
         """The protocol limit, capped so that prompt + answer fit ``context_tokens``."""
@@ -163,8 +193,9 @@ class InfiniteBench(Task):
         samples, sources = [], []
         for task in self.selected:
             rows, where = load_rows(
-                self.data_dir, f"infinitebench/{task}.jsonl", self.hub_id, task, self.limit
-            )
+                self.data_dir, f"infinitebench/{task}.jsonl", self.hub_id, task, self.limit,
+                fields=("context", "input"),
+            )  # fmt: skip
             sources.append(where)
             for i, row in enumerate(rows):
                 label = label_of(task, row)

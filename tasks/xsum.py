@@ -86,7 +86,8 @@ class Summarization(Task):
     def load(self, tokenizer=None) -> list[Sample]:
         """The first ``limit`` articles of the protocol's file (or hub split)."""
         path, hub_id, hub_config, doc_key, sum_key, id_key = self.files[self.protocol_name]
-        rows, self.source = load_rows(self.data_dir, path, hub_id, "test", self.limit, hub_config)
+        fields = tuple(f for f in (doc_key, sum_key, id_key) if f)
+        rows, self.source = load_rows(self.data_dir, path, hub_id, "test", self.limit, hub_config, fields)
         samples = []
         for i, row in enumerate(rows):
             sid = str(row[id_key]) if id_key else f"{self.protocol_name}-{i}"

@@ -9,6 +9,7 @@ import torch
 
 from methods import METHOD_REGISTRY, FullKV
 from runners.generate import greedy_generate
+from tests.conftest import REPO
 from tests.test_less import tiny_kernels
 
 PROMPT, NEW = 64, 16
@@ -79,3 +80,47 @@ def test_same_input_same_output(tiny_model, name, kwargs, budget):
         for _ in "ab"
     ]
     assert runs[0].tokens == runs[1].tokens and runs[0].slots == runs[1].slots
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in (REPO / "configs" / "method").glob("*.yaml"))
+
+
+def build_preset(name: str):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"method={name}"])
+    if cfg.method.get("checkpoint", "") is None:  # trained LESS kernels: random ones of this geometry
+        cfg.method.checkpoint = "random"
+    return instantiate(cfg.method)
+
+
+def slot_bytes(layer) -> int:
+    """Bytes one slot occupies in every per-slot tensor of the layer (K, V, log-weight, positions, state)."""
+    return sum(t.element_size() * t[:, :, :1].numel() for t in layer._slot_tensors().values())
+
+
+@pytest.mark.parametrize("budget", [10, 40, 4096])
+@pytest.mark.parametrize("preset", preset_names())
+def test_allocated_memory_never_exceeds_the_bound_plus_one_slot(tiny_model, preset, budget):
+    """Issue 17: buffers hold at most ``min(slot_bound, prompt + new)`` + the appended slot, for every
+    method and preset, at every step; a budget far above the prompt allocates nothing it cannot use."""
+    method = build_preset(preset)
+    budget = budget if method.budget_applies else None
+    seen = PROMPT + NEW - 1  # tokens ever appended
+
+    def check(cache) -> None:
+        for layer in cache.layers:
+            bound = method.slot_bound(layer)
+            slots = seen if bound is None else min(bound + 1, seen)
+            aux = sum(t.untyped_storage().nbytes() for t in layer.aux.values())
+            assert layer.allocated_bytes() <= slots * slot_bytes(layer) + aux, (
+                layer.layer_idx,
+                layer.n_slots,
+            )
+            if bound is not None:
+                assert layer.n_slots <= bound
+
+    greedy_generate(tiny_model, prompt(5), method, budget, NEW, set(), check)

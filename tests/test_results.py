@@ -65,3 +65,50 @@ def test_reindex_moves_records_to_their_current_ids(tmp_path):
     assert moved["run_id"] == run_id(config) and not store.run_dir("old0000000000000").exists()
     assert (store.run_dir(run_id(config)) / "predictions.jsonl").read_text() == '{"id": 1}\n'
     assert store.reindex() == []
+
+
+def test_flat_table_tells_apart_units_seeds_runners_and_failures():
+    from runners.loggers import flat_summary
+
+    record = {
+        "run_id": "r1", "status": "error", "error": "KVBenchError: x", "git_sha": "abc", "method": "h2o",
+        "task": "xsum", "config": {"model": {"name": "m"}, "runner": {"name": "quality"}, "budget": 0.2,
+                                   "budget_unit": "context", "seed": 3, "method": {"heavy_ratio": 0.5}},
+    }  # fmt: skip
+    row = flat_summary(record)
+    assert (row["budget_unit"], row["seed"], row["runner"], row["error"], row["git_sha"]) == (
+        "context",
+        3,
+        "quality",
+        "KVBenchError: x",
+        "abc",
+    )
+
+
+def test_recording_starts_a_new_peak_memory_window(tmp_path):
+    """A run's peak is its own: memory touched before the run (a previous job) is not in it."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from runners.environment import peak_rss_bytes
+    from runners.record import recording
+
+    big = torch.ones(2**27)  # 512 MiB, touched then freed: the "previous job"
+    big.add_(1)
+    del big
+    before = peak_rss_bytes()
+    cfg = OmegaConf.create({"logger": {}})
+    record = {"run_id": "p", "status": "running", "device": {"type": "cpu"}}
+    with recording(cfg, ResultStore(tmp_path), record):
+        record.update(status="ok", peak=peak_rss_bytes())
+    assert record["peak"] < before - 256 * 2**20
+
+
+def test_a_failure_never_replaces_a_finished_record(tmp_path):
+    store = ResultStore(tmp_path)
+    path = store.write({"run_id": "a", "status": "ok"}, [{"x": 1}])
+    kept = (path.read_bytes(), (path.parent / "predictions.jsonl").read_bytes())
+    for status in ("error", "oom", "interrupted"):
+        store.write({"run_id": "a", "status": status, "error": "later"}, [])
+        assert (path.read_bytes(), (path.parent / "predictions.jsonl").read_bytes()) == kept
+    assert oct(path.stat().st_mode & 0o777) == oct((path.parent / "predictions.jsonl").stat().st_mode & 0o777)
