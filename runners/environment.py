@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import platform
 import resource
 import subprocess
@@ -80,6 +82,16 @@ def peak_rss_bytes() -> int:
 def rss_bytes() -> int | None:
     """Current resident set size of this process (bytes, Linux ``VmRSS``), or None."""
     return _proc_status("VmRSS")
+
+
+def release_free_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``), so memory
+    a previous job of the same process freed is not counted in the next job's resident set."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -4,7 +4,6 @@ the record atomically and feeding the loggers."""
 from __future__ import annotations
 
 import datetime as dt
-import gc
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +15,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from runners.environment import device_info, git_sha, package_versions, reset_peak_memory
+from runners.environment import device_info, git_sha, package_versions, release_free_memory, reset_peak_memory
 from runners.results import SCHEMA_VERSION, ResultStore, run_id
 
 # Which parts of the config identify a run, per runner: (the task, the top-level budget). Efficiency
@@ -160,7 +159,7 @@ def recording(
     ``wall_seconds`` is set. The peak-memory window starts here (``reset_peak_memory``), so
     every run of a sweep process reports its own peak."""
     start = time.perf_counter()
-    gc.collect()
+    release_free_memory()
     reset_peak_memory(record_device(record))
     try:
         yield
