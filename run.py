@@ -2,6 +2,7 @@
 
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
@@ -17,7 +18,12 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def cli() -> None:
-    """Run ``main``; a config that does not compose ends with one error line and exit code 2."""
+    """Run ``main``; a config that does not compose ends with one error line and exit code 2.
+
+    The checkout is put on ``PYTHONPATH`` so the processes a run starts (OOM probes, submitit
+    workers) import KVBench from it too: the install puts no KVBench module in site-packages."""
+    root = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     # Let Hydra raise instead of printing multi-line reports; real bugs keep their full traceback.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:

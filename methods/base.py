@@ -3,7 +3,7 @@
 A method never touches the model. The attention function (``methods.attention``) calls
 :meth:`CompressionMethod.prefill` once per layer after the prompt's attention, and
 :meth:`CompressionMethod.decode_step` once per layer after each decode step's attention, passing
-that step's attention probabilities aggregated per KV head (group mean, DESIGN.md "GQA/MQA").
+that step's attention probabilities aggregated per KV head (group mean, docs/design.md "GQA/MQA").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every method stores its state in :class:`~methods.layer.CompressedLayer` objects, one per decoder
 layer (slot storage and physical eviction: ``methods.layer``). The cache is handed to the
 registered attention function (``methods.attention``) on every forward call; that function runs
-attention over the slots and lets the method compress the layer right after it (DESIGN.md,
+attention over the slots and lets the method compress the layer right after it (docs/design.md,
 "The cache seam"; ZSMerge Algorithm 1 order: append, attend, update scores, evict/merge).
 """
 

@@ -1,4 +1,4 @@
-"""KeepKV merging arithmetic (Tian et al., ../shared/papers/keepkv.txt, Sec. 3.3).
+"""KeepKV merging arithmetic (Tian et al., "KeepKV", Sec. 3.3).
 
 ZIP-Merging (Eq. 7 / Algorithm 1 lines 8-10) of evicted tokens into retained ones, for many
 groups at once and in the log domain (scores ``s = exp(q k^T * scaling)`` overflow float32 for
@@ -88,7 +88,7 @@ def merge_groups(
         True: Eq. 7 key scaling; False: convex weighted average of the keys (official code).
     guard, max_factor : float
         ZIP falls back to the convex key when ``|sum_i lam_i ln s_i| < guard`` or the factor is
-        outside ``(0, max_factor]`` (METHODS.md section 9, decision 1).
+        outside ``(0, max_factor]`` (docs/methods.md section 9, decision 1).
 
     Returns
     -------

@@ -1,4 +1,4 @@
-"""ZSMerge: zero-shot KV cache compression by residual merging (Liu, Liu, Tang; ../shared/papers/zsmerge.txt).
+"""ZSMerge: zero-shot KV cache compression by residual merging (Liu, Liu, Tang; "ZSMerge").
 
 Per KV head the budget ``B = B_p + B_c + B_r`` (Eq. 3) holds a proximity window (the latest
 ``B_p`` tokens), a context set (``B_c`` tokens of highest contribution score, Eq. 5) and ``B_r``

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
 from methods.architecture import LayerSpec, layer_specs
+from methods.step import decode_step, prefill_step
 from runners.errors import KVBenchError
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model
@@ -69,13 +70,10 @@ class ShadowCaches:
         for i, cache in enumerate(self.caches):
             layer = cache.layers[layer_idx]
             layer.update(keys, values)
-            rule = layer.method  # the method, or the sliding-window rule on a sliding layer
             if not layer.prefilled:
-                rule.prefill(layer, query, scale)
-                layer.prefilled = True
+                prefill_step(layer, query, None, None, scale)  # prefill output is uncompressed
                 continue
-            approx, probs = rule.decode_attention(layer, query, layer.values, scale)
-            rule.decode_step(layer, probs)
+            approx = decode_step(layer, query, scale)
             self.error_sum[i, layer_idx] += float((approx.float() - reference).norm() / norm)
             self.steps[i, layer_idx] += 1
 

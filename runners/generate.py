@@ -1,7 +1,5 @@
-"""Our own greedy loop: prefill, then one token per decode step, with the compressed cache.
-
-``model.generate`` rejects unknown keyword arguments, so the cache is passed to the attention
-function explicitly (``kvbench_cache``) by this loop; positions are the true token indices.
+"""Our own greedy loop: prefill, then one token per decode step, with the compressed cache
+(:class:`ModelRun`, the one model-call loop, shared with the timing loop of ``runners.timing``).
 """
 
 from __future__ import annotations
@@ -55,6 +53,70 @@ class GenerationResult:
     fullkv_bytes: int = 0
     budget: int | None = None
     counters: dict[str, int] = field(default_factory=dict)
+
+
+class ModelRun:
+    """One model over one compressed cache: KVBench's only model-call loop (prefill, then one
+    token per row and decode step), used by :func:`greedy_generate` and by the timing loop
+    (``runners.timing.Decoder``). Positions are the true token indices; the cache is handed to
+    the attention function explicitly (``kvbench_cache``), since ``model.generate`` rejects
+    unknown keyword arguments.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A causal LM loaded with ``attn_implementation="kvbench"``.
+    method : CompressionMethod
+        Compression rules.
+    budget : int | None
+        Slots per (layer, KV head); None for no compression.
+    max_tokens : int | None
+        Tokens the run appends at most (caps the cache's buffers; ``CompressedCache``).
+    observer : callable, optional
+        Handed to the attention function as ``kvbench_observer`` (``methods.attention``).
+
+    Attributes
+    ----------
+    cache : CompressedCache
+    seen : int
+        Tokens fed so far (the position of the next one).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        method: CompressionMethod,
+        budget: int | None,
+        max_tokens: int | None = None,
+        observer=None,
+    ) -> None:
+        self.model, self.observer = model, observer
+        self.cache = CompressedCache.for_model(model, method, budget, max_tokens)
+        self.seen = 0
+
+    def _forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        batch, new = input_ids.shape
+        positions = torch.arange(self.seen, self.seen + new, device=input_ids.device).expand(batch, new)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            kvbench_cache=self.cache,
+            kvbench_observer=self.observer,
+            **kwargs,
+        )
+        self.seen += new
+        return out.logits[:, -1]
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Feed the prompts ``[batch, prompt]`` (equal length, no padding); returns the last
+        position's logits ``[batch, vocab]``."""
+        return self._forward(input_ids, logits_to_keep=1)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (``[batch]``); returns the logits ``[batch, vocab]``."""
+        return self._forward(tokens[:, None])
 
 
 def eos_token_ids(model: torch.nn.Module, tokenizer=None) -> set[int]:
@@ -124,35 +186,18 @@ def greedy_generate(
         raise ValueError(f"greedy_generate takes one prompt at a time, got batch {input_ids.shape[0]}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    cache = CompressedCache.for_model(model, method, budget, input_ids.shape[1] + max_new_tokens - 1)
-    length = input_ids.shape[1]
+    run = ModelRun(model, method, budget, input_ids.shape[1] + max_new_tokens - 1, observer)
+    cache = run.cache
     start = time.perf_counter()
-    out = model(
-        input_ids=input_ids,
-        position_ids=torch.arange(length, device=input_ids.device)[None],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-        kvbench_cache=cache,
-        kvbench_observer=observer,
-    )
-    token = _pick(out.logits[0, -1], eos_token_ids, min_new_tokens > 0)
+    token = _pick(run.prefill(input_ids)[0], eos_token_ids, min_new_tokens > 0)
     result = GenerationResult(tokens=[token], prefill_seconds=time.perf_counter() - start, budget=budget)
     result.prefill_slots = [layer.real_slots() for layer in cache.layers]
     if on_step is not None:
         on_step(cache)
     while token not in eos_token_ids and len(result.tokens) < max_new_tokens:
         start = time.perf_counter()
-        position = length + len(result.tokens) - 1
-        out = model(
-            input_ids=torch.tensor([[token]], device=input_ids.device),
-            position_ids=torch.tensor([[position]], device=input_ids.device),
-            past_key_values=cache,
-            use_cache=True,
-            kvbench_cache=cache,
-            kvbench_observer=observer,
-        )
-        token = _pick(out.logits[0, -1], eos_token_ids, len(result.tokens) < min_new_tokens)
+        logits = run.step(torch.tensor([token], device=input_ids.device))
+        token = _pick(logits[0], eos_token_ids, len(result.tokens) < min_new_tokens)
         result.step_seconds.append(time.perf_counter() - start)
         result.tokens.append(token)
         if on_step is not None:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from methods.base import CompressionMethod
-from methods.cache import CompressedCache
 from runners.environment import rss_bytes
+from runners.generate import ModelRun
 
 
 def synthetic_prompts(vocab_size: int, batch: int, length: int, seed: int) -> torch.Tensor:
@@ -108,34 +108,19 @@ class Decoder:
             raise ValueError(f"need a non-empty batch, got shape {tuple(input_ids.shape)}")
         self.model, self.device = model, input_ids.device
         self.batch, self.length = input_ids.shape
-        self.cache = CompressedCache.for_model(model, method, budget, max_tokens)
+        self.run = ModelRun(model, method, budget, max_tokens)
+        self.cache = self.run.cache
         _sync(self.device)
         start = time.perf_counter()
-        out = model(
-            input_ids=input_ids,
-            position_ids=torch.arange(self.length, device=self.device).expand(self.batch, self.length),
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-            kvbench_cache=self.cache,
-        )
-        self.tokens = [out.logits[:, -1].argmax(dim=-1)]
+        self.tokens = [self.run.prefill(input_ids).argmax(dim=-1)]
         _sync(self.device)
         self.prefill_seconds = time.perf_counter() - start
 
     @torch.inference_mode()
     def step(self) -> float:
         """One decode step for every row; returns its wall time (seconds; CUDA synchronised)."""
-        position = torch.full((self.batch, 1), self.length + len(self.tokens) - 1, device=self.device)
         start = time.perf_counter()
-        out = self.model(
-            input_ids=self.tokens[-1][:, None],
-            position_ids=position,
-            past_key_values=self.cache,
-            use_cache=True,
-            kvbench_cache=self.cache,
-        )
-        self.tokens.append(out.logits[:, -1].argmax(dim=-1))
+        self.tokens.append(self.run.step(self.tokens[-1]).argmax(dim=-1))
         _sync(self.device)
         return time.perf_counter() - start
 

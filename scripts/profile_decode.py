@@ -21,6 +21,7 @@ from torch.profiler import profile
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from methods import METHOD_REGISTRY, CompressedLayer, CompressionMethod
+from methods.step import attend, prefill_step, update
 
 
 def build(name: str) -> CompressionMethod:
@@ -35,8 +36,7 @@ def make_layer(method: CompressionMethod, args, budget: int | None, prompt: int)
 
     layer = CompressedLayer(method, budget)
     layer.update(rand(1, args.kv_heads, prompt, args.head_dim), rand(1, args.kv_heads, prompt, args.head_dim))
-    method.prefill(layer, rand(1, args.q_heads, prompt, args.head_dim), args.head_dim**-0.5)
-    layer.prefilled = True
+    prefill_step(layer, rand(1, args.q_heads, prompt, args.head_dim), None, None, args.head_dim**-0.5)
     return layer
 
 
@@ -51,10 +51,10 @@ def phases(method: CompressionMethod, layer: CompressedLayer, args, steps: int) 
         layer.update(k, k)
         sync(args)
         marks.append(time.perf_counter())
-        _, probs = method.decode_attention(layer, q, layer.values, scale)
+        _, probs = attend(layer, q, scale)  # the two halves of methods.step.decode_step
         sync(args)
         marks.append(time.perf_counter())
-        method.decode_step(layer, probs)
+        update(layer, probs)
         sync(args)
         marks.append(time.perf_counter())
         for name, a, b in zip(totals, marks, marks[1:], strict=False):

@@ -23,7 +23,7 @@ def test_bad_budgets_raise(budget):
 
 def test_context_unit_is_a_fraction_of_the_context_window():
     assert resolve_budget(0.05, 300, 8192, "context") == 409  # ZSMerge/LESS XSum convention
-    assert resolve_budget(0.05, 300, 4096, "context") == 204  # Llama-2 5% in METHODS.md
+    assert resolve_budget(0.05, 300, 4096, "context") == 204  # Llama-2 5% in docs/methods.md
     assert resolve_budget(512, 300, 8192, "context") == 512
 
 

@@ -1,5 +1,5 @@
 """GSM-Infinite symbolic problems, generated offline (recipe of Infini-AI-Lab/gsm_infinite
-``gsm-infinite/data/symbolic/``, as facts in ``../shared/data/SOURCES.md``).
+``gsm-infinite/data/symbolic/``).
 
 N variables named V000000..V999999. The first ``op`` form a random tree: the root is assigned a
 constant ``randint(0, 10)``, every other node is assigned its parent plus one of "", " + 1",

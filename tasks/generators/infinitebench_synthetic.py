@@ -1,10 +1,10 @@
 """InfiniteBench's synthetic retrieval tasks, generated offline at a requested length and depth.
 
-Recipe of OpenBMB/InfiniteBench ``data/construct_synthetic_dataset.py`` (facts in
-``../shared/data/SOURCES.md``): the filler line repeated N times with one needle inserted after
-j = round(depth x N) lines (passkey: 5 random digits; number_string: 10 random digits), or a JSON
-object of N uuid -> uuid pairs whose queried key sits at index round(depth x (N - 1))
-(kv_retrieval). N is chosen so the rendered prompt has the requested number of tokens.
+Recipe of OpenBMB/InfiniteBench ``data/construct_synthetic_dataset.py``: the filler line repeated
+N times with one needle inserted after j = round(depth x N) lines (passkey: 5 random digits;
+number_string: 10 random digits), or a JSON object of N uuid -> uuid pairs whose queried key sits
+at index round(depth x (N - 1)) (kv_retrieval). N is chosen so the rendered prompt has the
+requested number of tokens.
 """
 
 from __future__ import annotations

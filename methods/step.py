@@ -1,0 +1,135 @@
+"""The step order of the cache seam, written once (ZSMerge Algorithm 1: append, attend, update
+scores, evict/merge), for every caller: the attention function (``methods.attention``), the error
+runner's shadow caches (``runners.error``) and the decode-overhead profiler
+(``scripts/profile_decode.py``).
+
+Each layer follows its own rule (``layer.method``): the run's method, or the sliding-window rule
+on a sliding layer (``methods.sliding``). The token(s) of the call are already appended to the
+layer (``CompressedLayer.update``) when these functions run.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from methods.layer import CompressedLayer
+from methods.scoring import group_queries, softcap_logits
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    chunk: int = 512,
+) -> torch.Tensor:
+    """Causal attention of a prompt over itself, with an optional sliding window and logit soft-cap.
+
+    Query ``i`` attends to keys ``j`` with ``i - window < j <= i`` (transformers'
+    ``sliding_window_overlay``); soft-capping maps logits to ``c * tanh(logits / c)`` before the
+    softmax (Gemma-2, ``attn_logit_softcapping``). Without either this is fused causal SDPA;
+    with them, queries go in chunks whose keys start at the window's start, so memory is
+    ``O(chunk x (chunk + window))`` per head, never ``prompt x prompt``.
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        ``[batch, q_heads, prompt, head_dim]`` post-RoPE.
+    key, value : torch.Tensor
+        ``[batch, kv_heads, prompt, head_dim]``.
+    scaling : float
+        Softmax scale.
+    window : int | None
+        Sliding window (tokens), or None for full causal attention.
+    softcap : float | None
+        Logit soft-cap ``c``, or None.
+    chunk : int
+        Query rows per chunk.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, q_heads, prompt, head_dim]`` in the query's dtype.
+    """
+    length = query.shape[2]
+    if softcap is None and (window is None or window >= length):
+        return F.scaled_dot_product_attention(
+            query, key, value, is_causal=length > 1, scale=scaling, enable_gqa=True
+        )
+    b, hq = query.shape[:2]
+    hkv = key.shape[1]
+    out = torch.empty((b, hq, length, value.shape[-1]), dtype=query.dtype, device=query.device)
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
+        lo = 0 if window is None else max(0, start - window + 1)
+        q_pos = torch.arange(start, stop, device=query.device)[:, None]
+        k_pos = torch.arange(lo, stop, device=query.device)[None, :]
+        allowed = k_pos <= q_pos
+        if window is not None:
+            allowed &= k_pos > q_pos - window
+        q = group_queries(query[:, :, start:stop], hkv).float()
+        logits = torch.einsum("bhgqd,bhkd->bhgqk", q, key[:, :, lo:stop].float()) * scaling
+        logits = softcap_logits(logits, softcap).masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        rows = torch.einsum("bhgqk,bhkd->bhgqd", probs, value[:, :, lo:stop].float())
+        out[:, :, start:stop] = rows.reshape(b, hq, stop - start, -1).to(query.dtype)
+    return out
+
+
+def prefill_step(
+    layer: CompressedLayer,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    scaling: float,
+) -> torch.Tensor | None:
+    """The prompt's step on one layer: attention output over the whole prompt (when ``key`` and
+    ``value`` are given; :func:`prefill_attention`), then the layer's rule scores and compresses it.
+
+    Parameters
+    ----------
+    layer : CompressedLayer
+        Holds the whole prompt (not yet prefilled).
+    query : torch.Tensor
+        ``[batch, q_heads, prompt, head_dim]`` post-RoPE.
+    key, value : torch.Tensor | None
+        ``[batch, kv_heads, prompt, head_dim]``, or None to skip the output (shadow caches).
+    scaling : float
+        Softmax scale.
+
+    Returns
+    -------
+    torch.Tensor | None
+        ``[batch, q_heads, prompt, head_dim]``, or None without ``key``/``value``.
+    """
+    out = None
+    if key is not None and value is not None:
+        out = prefill_attention(query, key, value, scaling, layer.window, layer.softcap)
+    layer.method.prefill(layer, query, scaling)
+    layer.prefilled = True
+    return out
+
+
+def attend(
+    layer: CompressedLayer, query: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """First half of a decode step: attention of ``query`` ``[batch, q_heads, 1, head_dim]`` over
+    the layer's slots (``CompressionMethod.decode_attention``); returns the output
+    ``[batch, q_heads, 1, head_dim]`` and what :func:`update` needs."""
+    return layer.method.decode_attention(layer, query, layer.values, scaling)
+
+
+def update(layer: CompressedLayer, scores: torch.Tensor | None) -> None:
+    """Second half: the rule updates its scores from this step and evicts/merges to its bound."""
+    layer.method.decode_step(layer, scores)
+
+
+def decode_step(layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
+    """One decode step on one layer (:func:`attend`, then :func:`update`); returns the output
+    ``[batch, q_heads, 1, head_dim]``."""
+    out, scores = attend(layer, query, scaling)
+    update(layer, scores)
+    return out
