@@ -78,13 +78,17 @@ class CompressionMethod:
 
     def check_budget(self, budget: int, tokens: int) -> None:
         """Check that ``budget`` slots work for a sample of ``tokens`` tokens (prompt + new) before
-        any model loads; no-op by default (methods with a budget split override it).
+        any model loads: a method that splits its budget (a ``split(budget)`` method: H2O's heavy
+        and recent shares, ZSMerge's Eq. 3) must be able to split it once compression starts.
 
         Raises
         ------
         ValueError
             With the method's reason (e.g. a ZSMerge split with no context slot).
         """
+        split = getattr(self, "split", None)
+        if split is not None and tokens > budget:
+            split(budget)
 
     def attach_assets(
         self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str

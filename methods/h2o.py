@@ -79,17 +79,6 @@ class H2O(CompressionMethod):
             raise ValueError(f"H2O budget of {budget} slots leaves no heavy-hitter slot (recent={recent})")
         return heavy, recent
 
-    def check_budget(self, budget: int, tokens: int) -> None:
-        """The heavy/recent split must leave a heavy-hitter slot once compression starts.
-
-        Raises
-        ------
-        ValueError
-            As :meth:`split`.
-        """
-        if tokens > budget:
-            self.split(budget)
-
     def slot_bound(self, layer: CompressedLayer) -> int | None:
         """The layer's budget plus the Baseline+ slots of ``state_rank`` (tokens): what H2O holds,
         and what the layer sizes its buffers from (``CompressionMethod.slot_bound``)."""

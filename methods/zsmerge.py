@@ -96,17 +96,6 @@ class ZSMerge(CompressionMethod):
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
 
-    def check_budget(self, budget: int, tokens: int) -> None:
-        """The tripartite split must leave a context slot once compression starts.
-
-        Raises
-        ------
-        ValueError
-            As :meth:`split`.
-        """
-        if tokens > budget:
-            self.split(budget)
-
     def split(self, budget: int) -> tuple[int, int, int]:
         """Tripartite budget ``(B_p, B_c, B_r)`` of Eq. 3 (App. C.2 allocation order).
 
