@@ -56,7 +56,8 @@ class KeepKV(CompressionMethod):
     Parameters
     ----------
     threshold : float
-        Key cosine above which an evicted token is merged (T = 0.8).
+        Key cosine above which an evicted token is merged (T = 0.8), in [-1, 1]; 1 merges nothing
+        (pure eviction).
     n_sink : int
         Attention sinks always kept (4).
     recent_share : float
