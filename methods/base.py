@@ -28,14 +28,13 @@ class CompressionMethod:
         Registry key (``method=<name>`` on the command line).
     compresses : bool
         False for FullKV: the budget is ignored and recorded as None.
-    needs_decode_probs : bool
-        Whether :meth:`decode_step` needs the step's attention probabilities; if not, the
-        seam uses fused SDPA for decode attention.
+    decode_input : str
+        What :meth:`decode_step` receives from each decode step's attention: ``"none"``,
+        ``"probs"`` (group-mean probabilities) or ``"logits"`` (scaled logits of every query
+        head, without the ``log_weight`` bias). With ``"none"`` and no bias the seam uses fused
+        SDPA for decode attention.
     state_fill : dict[str, float]
         Per-slot state tensors the method keeps, with the value new slots start with.
-    decode_scores : str
-        What :meth:`decode_step` receives: ``"probs"`` (group-mean probabilities) or ``"logits"``
-        (raw scaled logits of every query head, without the ``log_weight`` bias).
     uses_log_weight : bool
         Whether the method ever sets ``log_weight`` (merged or padded slots); if not, decode
         attention skips the bias.
@@ -46,9 +45,8 @@ class CompressionMethod:
 
     name: ClassVar[str] = "base"
     compresses: ClassVar[bool] = True
-    needs_decode_probs: ClassVar[bool] = True
+    decode_input: ClassVar[str] = "probs"
     state_fill: ClassVar[dict[str, float]] = {}
-    decode_scores: ClassVar[str] = "probs"
     uses_log_weight: ClassVar[bool] = True
     counters: ClassVar[tuple[str, ...]] = ()
 
@@ -122,18 +120,18 @@ class CompressionMethod:
         -------
         tuple[torch.Tensor, torch.Tensor | None]
             Output ``[batch, q_heads, 1, head_dim]`` and what :meth:`decode_step` receives
-            (see ``decode_scores``; None when ``needs_decode_probs`` is False).
+            (see ``decode_input``; None for ``"none"``).
         """
         keys = layer.keys
-        if not self.needs_decode_probs and layer.softcap is None:
+        if self.decode_input == "none" and not self.uses_log_weight and layer.softcap is None:
             out = F.scaled_dot_product_attention(query, keys, values, scale=scaling, enable_gqa=True)
             return out, None
-        logits = self.decode_scores == "logits"
+        logits = self.decode_input == "logits"
         bias = layer.log_weight if self.uses_log_weight else None
         out, scores = decode_attention(
             query, keys, values, bias, scaling, return_logits=logits, softcap=layer.softcap
         )
-        return out, scores if self.needs_decode_probs else None
+        return out, None if self.decode_input == "none" else scores
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise state from the prompt and compress the layer to its budget.
@@ -158,6 +156,6 @@ class CompressionMethod:
         probs : torch.Tensor | None
             ``[batch, kv_heads, slots]`` float32 attention probabilities of this step (with the
             ``log_weight`` bias), mean over the query heads of each group; with
-            ``decode_scores = "logits"`` instead ``[batch, kv_heads, group, slots]`` float32 scaled
-            logits ``q k^T * scaling`` without the bias; None when ``needs_decode_probs`` is False.
+            ``decode_input = "logits"`` instead ``[batch, kv_heads, group, slots]`` float32 scaled
+            logits ``q k^T * scaling`` without the bias; None for ``decode_input = "none"``.
         """

@@ -17,4 +17,5 @@ class FullKV(CompressionMethod):
 
     name: ClassVar[str] = "fullkv"
     compresses: ClassVar[bool] = False
-    needs_decode_probs: ClassVar[bool] = False
+    decode_input: ClassVar[str] = "none"
+    uses_log_weight: ClassVar[bool] = False

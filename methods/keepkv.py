@@ -85,7 +85,7 @@ class KeepKV(CompressionMethod):
     """
 
     name: ClassVar[str] = "keepkv"
-    decode_scores: ClassVar[str] = "logits"
+    decode_input: ClassVar[str] = "logits"
     state_fill: ClassVar[dict[str, float]] = {"log_ema": NEG_INF, "rows": NEG_INF, "key_norm": 0.0}
     counters: ClassVar[tuple[str, ...]] = ("merges", "evictions", "zip_fallbacks")
 

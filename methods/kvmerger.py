@@ -62,7 +62,7 @@ class KVMerger(CompressionMethod):
     """
 
     name: ClassVar[str] = "kvmerger"
-    needs_decode_probs: ClassVar[bool] = True  # padded heads need the log-weight mask at decode
+    decode_input: ClassVar[str] = "none"  # prompt-only; its padded heads keep the log-weight bias
 
     recent_ratio: float = 0.17
     heavy_ratio: float = 0.12

@@ -47,7 +47,7 @@ class SlidingWindow(CompressionMethod):
     """Keep the most recent ``layer.budget`` tokens of a sliding-window layer (all heads alike)."""
 
     name: ClassVar[str] = "sliding_window"
-    needs_decode_probs: ClassVar[bool] = False
+    decode_input: ClassVar[str] = "none"
     uses_log_weight: ClassVar[bool] = False
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:

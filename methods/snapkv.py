@@ -61,8 +61,9 @@ class SnapKV(CompressionMethod):
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
 
     @property
-    def needs_decode_probs(self) -> bool:
-        return self.decode_budget
+    def decode_input(self) -> str:
+        """``probs`` with ``decode_budget`` (votes keep accumulating), else ``none``."""
+        return "probs" if self.decode_budget else "none"
 
     @property
     def budget_holds_in_decode(self) -> bool:

@@ -44,7 +44,8 @@ class StreamingLLM(CompressionMethod):
     """
 
     name: ClassVar[str] = "streamingllm"
-    needs_decode_probs: ClassVar[bool] = False
+    decode_input: ClassVar[str] = "none"
+    uses_log_weight: ClassVar[bool] = False
 
     n_sink: int = 4
     rerotate: bool = True
