@@ -26,18 +26,24 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from methods.base import CompressionMethod
+from methods.keepkv_estimators import EMAEstimator, WindowMeanEstimator
 from methods.layer import CompressedLayer, gather_slots, slot_index
 from methods.scoring import complement, window_logits
-from methods.zip_merge import group_logsumexp, merge_groups, merge_pair
+from methods.zip_merge import merge_groups, merge_pair
 
 NEG_INF = float("-inf")
+#: ``estimator`` name -> its score-estimator object (``methods.keepkv_estimators``).
+ESTIMATORS = {
+    "ema": lambda method: EMAEstimator(method.alpha),
+    "window_mean": lambda method: WindowMeanEstimator(method.distance_weight),
+}
 
 
 @functools.cache
@@ -101,16 +107,17 @@ class KeepKV(CompressionMethod):
     distance_weight: float = 1.2
     guard: float = 1e-3
     max_factor: float = 4.0
+    scores: EMAEstimator | WindowMeanEstimator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         choices = {
-            "estimator": ("ema", "window_mean"),
+            "estimator": tuple(ESTIMATORS),
             "merge": ("zip", "convex"),
             "layer_budgets": ("uniform", "cosine"),
         }
-        for field, allowed in choices.items():
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"{field} must be one of {allowed}, got {getattr(self, field)!r}")
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not 0.0 <= self.recent_share < 1.0 or not 0.0 < self.decay_ratio <= 1.0:
             raise ValueError("recent_share must be in [0, 1) and decay_ratio in (0, 1]")
         if self.alpha is not None and not 0.0 <= self.alpha < 1.0:
@@ -125,6 +132,7 @@ class KeepKV(CompressionMethod):
             raise ValueError(
                 f"max_factor must be > 0 (ZIP key factors lie in (0, max_factor]), got {self.max_factor}"
             )
+        self.scores = ESTIMATORS[self.estimator](self)
 
     # ------------------------------------------------------------------ budgets
     def layer_budget(self, layer: CompressedLayer) -> tuple[int, int]:
@@ -141,31 +149,6 @@ class KeepKV(CompressionMethod):
         """The layer's slots from :meth:`layer_budget` (cosine schedule included)."""
         return None if layer.budget is None else self.layer_budget(layer)[0]
 
-    def _alpha(self, window: int) -> float:
-        return self.alpha if self.alpha is not None else 1.0 - 2.0 / (window + 1)
-
-    # ------------------------------------------------------------------ scores
-    def _select_score(self, layer: CompressedLayer) -> torch.Tensor:
-        """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""
-        if self.estimator == "ema":
-            return layer.log_weight + layer.state["log_ema"]
-        rows = layer.state["rows"]
-        weights = torch.linspace(1.0, self.distance_weight, rows.shape[-1], device=rows.device)
-        return layer.log_weight + torch.logsumexp(rows + weights.log(), dim=-1)
-
-    def _bias_correction(self, layer: CompressedLayer) -> float:
-        """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms)."""
-        alpha = self._alpha(layer.meta["window"])
-        return -math.log1p(-(alpha ** layer.meta["ema_terms"])) if alpha > 0 else 0.0
-
-    def _merge_score(self, layer: CompressedLayer) -> torch.Tensor:
-        """``ln s_hat`` of every slot (Eq. 8 with bias correction, or the window mean)."""
-        if self.estimator == "ema":
-            return layer.state["log_ema"] + self._bias_correction(layer)
-        rows = layer.state["rows"]
-        count = torch.isfinite(rows).sum(dim=-1).clamp(min=1)
-        return torch.logsumexp(rows, dim=-1) - count.log()
-
     # ------------------------------------------------------------------ hooks
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise votes and score estimates from the last ``w`` prompt queries; compress."""
@@ -177,29 +160,14 @@ class KeepKV(CompressionMethod):
         )
         logits = window_logits(query, layer.keys, window, scaling, layer.softcap)  # [b, h, g, w, L]
         log_s = torch.logsumexp(logits, dim=2) - math.log(logits.shape[2])  # group mean of exp(logit)
-        if self.estimator == "ema":
-            alpha = self._alpha(window)
-            age = torch.arange(window - 1, -1, -1, device=log_s.device, dtype=torch.float32)
-            log_coef = math.log(1 - alpha) + torch.where(
-                age > 0, age * (math.log(alpha) if alpha > 0 else NEG_INF), torch.zeros_like(age)
-            )
-            layer.state = {"log_ema": torch.logsumexp(log_s + log_coef[:, None], dim=-2)}
-        else:
-            layer.state = {"rows": log_s.transpose(-1, -2).contiguous()}  # [b, h, L, w], oldest first
+        self.scores.init(layer, log_s)
         layer.state["key_norm"] = layer.keys.float().norm(dim=-1)  # for the cosine of Algorithm 1
         if length > budget:
             self._compress(layer, budget, recent)
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Update score estimates with this step's logits ``[b, h, group, slots]``; evict/merge one."""
-        log_s = torch.logsumexp(probs, dim=2) - math.log(probs.shape[2])
-        if self.estimator == "ema":
-            alpha = self._alpha(layer.meta["window"])
-            old = layer.state["log_ema"] + (math.log(alpha) if alpha > 0 else NEG_INF)
-            layer.state["log_ema"] = torch.logaddexp(old, math.log(1 - alpha) + log_s)
-            layer.meta["ema_terms"] += 1
-        else:
-            layer.state["rows"] = torch.cat([layer.state["rows"][..., 1:], log_s.unsqueeze(-1)], dim=-1)
+        self.scores.update(layer, torch.logsumexp(probs, dim=2) - math.log(probs.shape[2]))
         layer.state["key_norm"][..., -1] = layer.keys[:, :, -1].float().norm(dim=-1)
         budget, recent = self.layer_budget(layer)
         if layer.n_slots == budget + 1:
@@ -213,7 +181,7 @@ class KeepKV(CompressionMethod):
         n = layer.n_slots
         b, h = layer.keys.shape[:2]
         sink = min(self.n_sink, budget - recent)
-        score = self._select_score(layer)[..., sink : n - recent]
+        score = self.scores.select(layer)[..., sink : n - recent]
         top = score.topk(budget - recent - sink, dim=-1).indices + sink
         dev = layer.keys.device
         keep = torch.cat(
@@ -239,7 +207,7 @@ class KeepKV(CompressionMethod):
         target.scatter_(2, evicted, partner)
         log_votes = layer.log_weight.clone()
         log_votes.scatter_(2, evicted, torch.where(merge, log_votes.gather(2, evicted), NEG_INF))
-        log_score = self._merge_score(layer)
+        log_score = self.scores.merge_score(layer)
         out = merge_groups(
             layer.keys,
             layer.values,
@@ -252,12 +220,7 @@ class KeepKV(CompressionMethod):
             max_factor=self.max_factor,
         )
 
-        state = {}
-        if self.estimator == "ema":
-            state["log_ema"] = (out.log_score - self._bias_correction(layer)).float()
-        else:
-            rows = layer.state["rows"]  # official code: vote-weighted average of the score rows
-            state["rows"] = self._merge_rows(rows, log_votes, target, budget)
+        state = {self.scores.state: self.scores.merged(layer, out.log_score, log_votes, target, budget)}
         layer.meta["merges"] += int(merge.sum())
         layer.meta["evictions"] += int((~merge).sum())
         layer.meta["zip_fallbacks"] += int(out.fallback.sum())
@@ -279,7 +242,7 @@ class KeepKV(CompressionMethod):
         pos = layer.positions
         sink = min(self.n_sink, budget - recent)
         middle = (pos >= sink) & (pos < layer.seen_tokens - recent)
-        victim = torch.where(middle, self._select_score(layer), torch.inf).argmin(dim=-1, keepdim=True)
+        victim = torch.where(middle, self.scores.select(layer), torch.inf).argmin(dim=-1, keepdim=True)
         norm = layer.state["key_norm"].clamp(min=1e-12)  # as F.normalize
         k_victim = gather_slots(layer.keys, victim).float()
         cos = (layer.keys.float() @ k_victim.transpose(-1, -2)).squeeze(-1) / (norm * norm.gather(2, victim))
@@ -293,17 +256,13 @@ class KeepKV(CompressionMethod):
             gather_slots(layer.keys, pair),
             gather_slots(layer.values, pair),
             log_votes,
-            self._merge_score(layer).gather(2, pair),
+            self.scores.merge_score(layer).gather(2, pair),
             zip_keys=self.merge == "zip",
             guard=self.guard,
             max_factor=self.max_factor,
         )
-        if self.estimator == "ema":
-            new_state = (out.log_score - self._bias_correction(layer)).float()
-        else:
-            rows = gather_slots(layer.state["rows"], pair)
-            new_state = self._merge_rows(rows, log_votes, torch.zeros_like(pair), 1)
-        name = "log_ema" if self.estimator == "ema" else "rows"
+        new_state = self.scores.merged(layer, out.log_score, log_votes, torch.zeros_like(pair), 1, slots=pair)
+        name = self.scores.state
         for t, new in (
             (layer.keys, out.keys),
             (layer.values, out.values),
@@ -317,12 +276,3 @@ class KeepKV(CompressionMethod):
         layer.meta["zip_fallbacks"] += out.fallback.sum()
         layer.meta["dropped_votes"] += (layer.log_weight.gather(2, victim).exp() * ~merge).sum()
         layer.drop(victim.squeeze(-1))
-
-    @staticmethod
-    def _merge_rows(
-        rows: torch.Tensor, log_votes: torch.Tensor, target: torch.Tensor, groups: int
-    ) -> torch.Tensor:
-        """Vote-weighted average of score rows ``[b, h, n, w]`` within each group (log domain)."""
-        weighted = log_votes.unsqueeze(-1) + rows  # dropped members have ln p = -inf
-        log_p = group_logsumexp(log_votes, target, groups)
-        return (group_logsumexp(weighted, target, groups) - log_p.unsqueeze(-1)).float()

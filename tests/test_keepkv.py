@@ -107,7 +107,7 @@ def test_eq8_ema_initialisation_and_update():
     method.decode_step(layer, logits)
     step = alpha * expected + (1 - alpha) * logits.double().exp().mean(dim=2)
     assert torch.allclose(layer.state["log_ema"].double().exp(), step, rtol=1e-5)
-    corrected = method._merge_score(layer).double().exp()
+    corrected = method.scores.merge_score(layer).double().exp()
     assert torch.allclose(corrected, step / (1 - alpha**6), rtol=1e-5)
 
 
@@ -174,7 +174,7 @@ def test_in_place_decode_eviction_equals_the_full_rebuild(preset):
         method.decode_step(fast, logits)
         log_s = torch.logsumexp(full_logits, dim=2) - math.log(3)
         if method.estimator == "ema":  # the rebuild path, applied by hand to the second layer
-            alpha = method._alpha(full.meta["window"])
+            alpha = method.scores.decay(full)
             old = full.state["log_ema"] + math.log(alpha)
             full.state["log_ema"] = torch.logaddexp(old, math.log(1 - alpha) + log_s)
             full.meta["ema_terms"] += 1

@@ -1,0 +1,122 @@
+"""KeepKV's attention-score estimators (Tian et al., Sec. 3.4; docs/methods.md s. 9), as small
+objects: how ``s_hat`` is initialised at prefill, updated at each decode step, ranked, read for
+ZIP-merging, and carried through a merge. All in the log domain (float32, no overflow).
+
+- :class:`EMAEstimator`: Eq. 8, the bias-corrected EMA ``s_hat = S / (1 - alpha^n)`` of the
+  unnormalised scores ``s = exp(logit)``, kept as ``ln S`` in ``layer.state["log_ema"]``
+  ``[batch, kv_heads, slots]``.
+- :class:`WindowMeanEstimator`: the official code's mean of ``exp(logit)`` over the last ``w``
+  queries, kept as the rows ``layer.state["rows"]`` ``[batch, kv_heads, slots, w]`` (oldest first),
+  ranked with weights 1.0 -> ``distance_weight`` (newest).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from methods.layer import CompressedLayer, gather_slots
+from methods.zip_merge import group_logsumexp
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class EMAEstimator:
+    """Eq. 8 with decay ``alpha`` (None: ``1 - 2 / (w + 1)``, the span of the code's window mean)."""
+
+    alpha: float | None = None
+    state: str = "log_ema"
+
+    def decay(self, layer: CompressedLayer) -> float:
+        """``alpha`` of this layer's window ``w`` (``layer.meta["window"]``)."""
+        return self.alpha if self.alpha is not None else 1.0 - 2.0 / (layer.meta["window"] + 1)
+
+    def init(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
+        """``ln S`` from the last ``w`` prompt queries' ``ln s`` ``[batch, kv_heads, w, prompt]``."""
+        alpha, window = self.decay(layer), log_s.shape[-2]
+        age = torch.arange(window - 1, -1, -1, device=log_s.device, dtype=torch.float32)
+        log_coef = math.log(1 - alpha) + torch.where(
+            age > 0, age * (math.log(alpha) if alpha > 0 else NEG_INF), torch.zeros_like(age)
+        )
+        layer.state = {self.state: torch.logsumexp(log_s + log_coef[:, None], dim=-2)}
+
+    def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
+        """``S <- alpha S + (1 - alpha) s`` with this step's ``ln s`` ``[batch, kv_heads, slots]``."""
+        alpha = self.decay(layer)
+        old = layer.state[self.state] + (math.log(alpha) if alpha > 0 else NEG_INF)
+        layer.state[self.state] = torch.logaddexp(old, math.log(1 - alpha) + log_s)
+        layer.meta["ema_terms"] += 1
+
+    def correction(self, layer: CompressedLayer) -> float:
+        """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms)."""
+        alpha = self.decay(layer)
+        return -math.log1p(-(alpha ** layer.meta["ema_terms"])) if alpha > 0 else 0.0
+
+    def select(self, layer: CompressedLayer) -> torch.Tensor:
+        """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""
+        return layer.log_weight + layer.state[self.state]
+
+    def merge_score(self, layer: CompressedLayer) -> torch.Tensor:
+        """``ln s_hat`` of every slot ``[batch, kv_heads, slots]`` (ZIP-merging's scores)."""
+        return layer.state[self.state] + self.correction(layer)
+
+    def merged(
+        self,
+        layer: CompressedLayer,
+        log_score: torch.Tensor,
+        log_votes: torch.Tensor,
+        target: torch.Tensor,
+        groups: int,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The state of merged slots from the merge's ``ln s_hat`` ``log_score``."""
+        return (log_score - self.correction(layer)).float()
+
+
+@dataclass
+class WindowMeanEstimator:
+    """The official code's window mean; ``distance_weight`` weights the newest row for ranking."""
+
+    distance_weight: float = 1.2
+    state: str = "rows"
+
+    def init(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
+        """The rows ``[batch, kv_heads, prompt, w]`` from ``ln s`` ``[batch, kv_heads, w, prompt]``."""
+        layer.state = {self.state: log_s.transpose(-1, -2).contiguous()}
+
+    def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
+        """Drop the oldest row, append this step's ``ln s`` ``[batch, kv_heads, slots]``."""
+        rows = layer.state[self.state]
+        layer.state[self.state] = torch.cat([rows[..., 1:], log_s.unsqueeze(-1)], dim=-1)
+
+    def select(self, layer: CompressedLayer) -> torch.Tensor:
+        """``ln(p * weighted window sum)``: ``[batch, kv_heads, slots]``."""
+        rows = layer.state[self.state]
+        weights = torch.linspace(1.0, self.distance_weight, rows.shape[-1], device=rows.device)
+        return layer.log_weight + torch.logsumexp(rows + weights.log(), dim=-1)
+
+    def merge_score(self, layer: CompressedLayer) -> torch.Tensor:
+        """``ln`` of the mean over the finite rows: ``[batch, kv_heads, slots]``."""
+        rows = layer.state[self.state]
+        count = torch.isfinite(rows).sum(dim=-1).clamp(min=1)
+        return torch.logsumexp(rows, dim=-1) - count.log()
+
+    def merged(
+        self,
+        layer: CompressedLayer,
+        log_score: torch.Tensor,
+        log_votes: torch.Tensor,
+        target: torch.Tensor,
+        groups: int,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Vote-weighted average of the rows within each merge group (official code), in the log
+        domain; ``slots`` ``[batch, kv_heads, k]`` restricts the rows to the merged ones."""
+        rows = layer.state[self.state]
+        rows = rows if slots is None else gather_slots(rows, slots)
+        weighted = log_votes.unsqueeze(-1) + rows  # dropped members have ln p = -inf
+        log_p = group_logsumexp(log_votes, target, groups)
+        return (group_logsumexp(weighted, target, groups) - log_p.unsqueeze(-1)).float()
