@@ -12,7 +12,7 @@ from tests.conftest import REPO
 
 
 def test_the_wheel_installs_metadata_and_dependencies_only(tmp_path):
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path)]
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path)]  # as setup.sh builds
     build = subprocess.run([*cmd, str(REPO)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = tmp_path.glob("kvbench-*.whl")
