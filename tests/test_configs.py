@@ -8,7 +8,8 @@ from hydra.utils import instantiate
 
 from methods import METHOD_REGISTRY
 from runners.errors import KVBenchError
-from runners.models import MODEL_SOURCES, validate_model_config
+from runners.model_sources import MODEL_SOURCES
+from runners.models import validate_model_config
 from runners.sweeps import experiment_names, sweep_jobs
 from tests.conftest import REPO
 

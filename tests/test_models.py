@@ -12,7 +12,8 @@ import torch
 from omegaconf import OmegaConf
 
 from runners.errors import KVBenchError
-from runners.models import load_model, resolve_model_config, safe_name, validate_model_config
+from runners.model_sources import safe_name
+from runners.models import load_model, resolve_model_config, validate_model_config
 from tests.architectures import tiny_family
 from tests.conftest import REPO
 from tests.test_cli import run_cli
