@@ -128,12 +128,13 @@ def layer_specs(model: torch.nn.Module) -> list[LayerSpec]:
     types, windows = layer_types(config)
     softcap = getattr(config, "attn_logit_softcapping", None)
     rotary_emb = getattr(model.base_model, "rotary_emb", None)
+    per_type = rotary_emb is not None and LayerRotary.takes_layer_type(rotary_emb)
     rotaries: dict[str | None, LayerRotary] = {}
     specs = []
     for kind, window in zip(types, windows, strict=True):
         rotary = None
         if rotary_emb is not None:
-            key = kind if LayerRotary.takes_layer_type(rotary_emb) else None
+            key = kind if per_type else None
             rotary = rotaries.setdefault(key, LayerRotary(rotary_emb, key))
         specs.append(LayerSpec(kind, window, float(softcap) if softcap else None, rotary))
     return specs

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from methods.architecture import UnsupportedArchitectureError, check_supported
+from methods.architecture import UnsupportedArchitectureError, check_supported, text_config
 from methods.attention import ATTN_IMPLEMENTATION
 from runners.errors import KVBenchError
 from runners.model_sources import MODEL_SOURCES, safe_name
@@ -113,7 +113,7 @@ def resolve_model_config(cfg: DictConfig) -> None:
             check_supported(config)
         except UnsupportedArchitectureError as err:
             raise KVBenchError(f"model {cfg.name}: {err}") from err
-        text = config.get_text_config(decoder=True)
+        text = text_config(config)
         if cfg.get("dtype", "auto") == "auto":
             native = str(getattr(text, "dtype", None) or getattr(config, "dtype", None) or "float32")
             native = native.removeprefix("torch.")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from runners.errors import KVBenchError
-from tasks.base import Sample, Task, check_limit
+from tasks.base import Sample, Task, check_chat_template, check_limit
 from tasks.data import load_rows, read_jsonl
 from tasks.metrics.longbench_metrics import METRICS
 
@@ -136,10 +136,7 @@ class LongBench(Task):
 
     def __post_init__(self) -> None:
         check_limit(self.limit, self.max_new_tokens)
-        if self.chat_template not in CHAT_TEMPLATE_MODES:
-            raise ValueError(
-                f"task.chat_template must be one of {CHAT_TEMPLATE_MODES}, got {self.chat_template!r}"
-            )
+        check_chat_template(self.chat_template, CHAT_TEMPLATE_MODES)
         if self.max_input_tokens is not None and self.max_input_tokens < 2:
             raise ValueError(f"task.max_input_tokens must be >= 2, got {self.max_input_tokens}")
         self.local = self._local_rows()
