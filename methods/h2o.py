@@ -5,6 +5,8 @@ highest accumulated attention ("heavy hitters"). The accumulated score of a toke
 the attention it received from every query while it was in the cache: at prefill the column sums
 of the causal prompt attention (computed in chunks), then one row per decode step. Once over
 budget, the lowest-scoring non-recent token is evicted at every step (docs/methods.md section 3).
+A score-then-evict rule (``methods.evict``): protected = the recent window, score = accumulated
+attention.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ from typing import ClassVar
 
 import torch
 
-from methods.base import CompressionMethod
+from methods.evict import ScoreEvict
 from methods.layer import CompressedLayer
-from methods.scoring import causal_column_sums, lowest_score, top_and_recent
+from methods.scoring import causal_column_sums
 
 
 @dataclass
-class H2O(CompressionMethod):
+class H2O(ScoreEvict):
     """H2O with heavy and recent budgets splitting the budget equally (the paper's default).
 
     Parameters
@@ -45,8 +47,6 @@ class H2O(CompressionMethod):
     """
 
     name: ClassVar[str] = "h2o"
-    state_fill: ClassVar[dict[str, float]] = {"scores": 0.0}
-    uses_log_weight: ClassVar[bool] = False
 
     heavy_ratio: float = 0.5
     recent_ratio: float = 0.5
@@ -88,30 +88,14 @@ class H2O(CompressionMethod):
         state = (self.state_rank * d_v + self.state_rank) * 4
         return layer.budget + math.ceil(state / ((d_k + d_v) * layer.keys.element_size()))
 
-    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
-        """Accumulated attention from all prompt queries; keep top-heavy + recent if over budget."""
-        layer.state["scores"] = causal_column_sums(
-            query, layer.keys, scaling, self.chunk_size, softcap=layer.softcap
-        )
-        budget = self.slot_bound(layer)
-        if budget is not None and layer.n_slots > budget:
-            heavy, recent = self.split(budget)
-            self.keep(layer, top_and_recent(layer.state["scores"], heavy, recent))
+    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+        """No first tokens; the recent window of :meth:`split`."""
+        return 0, self.split(bound)[1]
 
-    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
-        """Add this step's attention; evict the lowest-scoring non-recent token if over budget."""
-        layer.state["scores"].add_(probs)
-        budget = self.slot_bound(layer)
-        if budget is None or layer.n_slots <= budget:
-            return
-        _, recent = self.split(budget)
-        older = layer.positions <= layer.seen_tokens - 1 - recent
-        self.evict(layer, lowest_score(layer.state["scores"], older))
+    def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        """Accumulated attention of every prompt token: causal column sums (H2O Sec. 3)."""
+        return causal_column_sums(query, layer.keys, scaling, self.chunk_size, softcap=layer.softcap)
 
-    def keep(self, layer: CompressedLayer, index: torch.Tensor) -> None:
-        """Keep the slots ``index`` ``[batch, kv_heads, kept]``, free the rest (LESS absorbs them first)."""
-        layer.gather(index)
-
-    def evict(self, layer: CompressedLayer, slot: torch.Tensor) -> None:
-        """Free one slot per head, ``slot`` ``[batch, kv_heads]`` (LESS absorbs it first)."""
-        layer.drop(slot)
+    def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor:
+        """Accumulated attention plus this step's probabilities ``[batch, kv_heads, slots]``."""
+        return layer.state["scores"] + probs

@@ -20,6 +20,9 @@ Per layer and KV head (GQA: scores are the group mean of ``exp(logit)``):
   ``zip_fallbacks``). At prefill all evicted tokens are merged at once, several into one
   retained token when they pick the same partner (``methods.zip_merge``); at decode one token is
   evicted per step. ``merge="convex"`` is the official code's key/value convex average.
+
+The selection is a score-then-evict rule (``methods.evict``: sinks and recent window protected,
+ranked by ``p * s_hat``); :meth:`KeepKV.merge_evicted` is the one merge path of prefill and decode.
 """
 
 from __future__ import annotations
@@ -30,13 +33,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
-from methods.base import CompressionMethod
+from methods.evict import ScoreEvict
 from methods.keepkv_estimators import EMAEstimator, WindowMeanEstimator
-from methods.layer import CompressedLayer, gather_slots, slot_index
+from methods.layer import CompressedLayer, gather_slots
 from methods.scoring import complement, window_logits
-from methods.zip_merge import merge_groups, merge_pair
+from methods.zip_merge import merge_groups
 
 NEG_INF = float("-inf")
 #: ``estimator`` name -> its score-estimator object (``methods.keepkv_estimators``).
@@ -56,7 +58,7 @@ def cosine_share(i: int, n: int, decay_ratio: float) -> float:
 
 
 @dataclass
-class KeepKV(CompressionMethod):
+class KeepKV(ScoreEvict):
     """KeepKV with the paper's algorithm as defaults (``keepkv_code`` preset: the official code).
 
     Parameters
@@ -92,7 +94,7 @@ class KeepKV(CompressionMethod):
 
     name: ClassVar[str] = "keepkv"
     decode_input: ClassVar[str] = "logits"
-    state_fill: ClassVar[dict[str, float]] = {"log_ema": NEG_INF, "rows": NEG_INF, "key_norm": 0.0}
+    uses_log_weight: ClassVar[bool] = True
     counters: ClassVar[tuple[str, ...]] = ("merges", "evictions", "zip_fallbacks")
 
     threshold: float = 0.8
@@ -134,6 +136,12 @@ class KeepKV(CompressionMethod):
             )
         self.scores = ESTIMATORS[self.estimator](self)
 
+    @property
+    def state_fill(self) -> dict[str, float]:  # type: ignore[override]
+        """The estimator's state (``log_ema`` or ``rows``, empty until prefill: ``-inf``) and each
+        key's norm (for the cosine of Algorithm 1)."""
+        return {self.scores.state: NEG_INF, "key_norm": 0.0}
+
     # ------------------------------------------------------------------ budgets
     def layer_budget(self, layer: CompressedLayer) -> tuple[int, int]:
         """``(slots, recent window)`` of this layer, both in tokens."""
@@ -149,130 +157,104 @@ class KeepKV(CompressionMethod):
         """The layer's slots from :meth:`layer_budget` (cosine schedule included)."""
         return None if layer.budget is None else self.layer_budget(layer)[0]
 
+    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+        """The attention sinks (at most the budget left by the recent window) and the recent window."""
+        budget, recent = self.layer_budget(layer)
+        return min(self.n_sink, budget - recent), recent
+
+    def ranking(self, layer: CompressedLayer) -> torch.Tensor:
+        """``ln(p * s_hat)`` (the estimator's selection score)."""
+        return self.scores.select(layer)
+
     # ------------------------------------------------------------------ hooks
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise votes and score estimates from the last ``w`` prompt queries; compress."""
         length = layer.n_slots
-        budget, recent = self.layer_budget(layer)
+        _, recent = self.layer_budget(layer)
         window = max(1, min(recent, length))
-        layer.meta.update(
-            window=window, ema_terms=window, merges=0, evictions=0, zip_fallbacks=0, dropped_votes=0
-        )
+        layer.meta.update(window=window, ema_terms=window)
+        for name in (*self.counters, "dropped_votes"):  # device tensors: no host sync per step
+            layer.meta[name] = torch.zeros((), device=layer.device)
         logits = window_logits(query, layer.keys, window, scaling, layer.softcap)  # [b, h, g, w, L]
         log_s = torch.logsumexp(logits, dim=2) - math.log(logits.shape[2])  # group mean of exp(logit)
         self.scores.init(layer, log_s)
-        layer.state["key_norm"] = layer.keys.float().norm(dim=-1)  # for the cosine of Algorithm 1
-        if length > budget:
-            self._compress(layer, budget, recent)
+        layer.store.write("key_norm", layer.keys.float().norm(dim=-1))
+        keep = self.prefill_keep(layer, query, scaling)
+        if keep is not None:
+            self.merge_evicted(layer, complement(keep, length))
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Update score estimates with this step's logits ``[b, h, group, slots]``; evict/merge one."""
         self.scores.update(layer, torch.logsumexp(probs, dim=2) - math.log(probs.shape[2]))
-        layer.state["key_norm"][..., -1] = layer.keys[:, :, -1].float().norm(dim=-1)
-        budget, recent = self.layer_budget(layer)
-        if layer.n_slots == budget + 1:
-            self._evict_one(layer, budget, recent)
-        elif layer.n_slots > budget:
-            self._compress(layer, budget, recent)
+        newest = torch.full_like(layer.positions[..., :1], layer.n_slots - 1)
+        layer.store.replace(newest, key_norm=layer.keys[:, :, -1:].float().norm(dim=-1))
+        victim = self.decode_victim(layer, None)
+        if victim is not None:
+            self.merge_evicted(layer, victim.unsqueeze(-1))
 
-    # ------------------------------------------------------------------ eviction + merging
-    def _compress(self, layer: CompressedLayer, budget: int, recent: int) -> None:
-        """Keep sinks + recent + top ``p * s_hat``; merge or drop the rest (Algorithm 1)."""
-        n = layer.n_slots
-        b, h = layer.keys.shape[:2]
-        sink = min(self.n_sink, budget - recent)
-        score = self.scores.select(layer)[..., sink : n - recent]
-        top = score.topk(budget - recent - sink, dim=-1).indices + sink
-        dev = layer.keys.device
-        keep = torch.cat(
-            [
-                torch.arange(sink, device=dev).expand(b, h, sink),
-                top,
-                torch.arange(n - recent, n, device=dev).expand(b, h, recent),
-            ],
-            dim=-1,
-        )
-        keep = keep.sort(dim=-1).values
-        evicted = complement(keep, n)
+    # ------------------------------------------------------------------ merging
+    def merge_evicted(self, layer: CompressedLayer, evicted: torch.Tensor, in_place: bool | None = None) -> None:
+        """Algorithm 1 for the slots ``evicted`` ``[batch, kv_heads, k]``: each merges into the
+        retained slot of highest key cosine if above ``threshold`` (ZIP-Merging, Eq. 7), else is
+        dropped; then the evicted slots are freed. Several tokens choosing one partner form one
+        group (prefill). ``in_place`` (default: one evicted slot, a decode step): the merge touches
+        only the pair (partner, victim) and the victim is dropped in place; otherwise every slot is
+        a group (retained tokens alone are unchanged) and the layer keeps the retained slots.
 
-        k_unit = F.normalize(layer.keys.float(), dim=-1)
-        cos = k_unit.gather(2, evicted.unsqueeze(-1).expand(-1, -1, -1, k_unit.shape[-1])) @ (
-            k_unit.gather(2, keep.unsqueeze(-1).expand(-1, -1, -1, k_unit.shape[-1])).transpose(-1, -2)
-        )
-        best, partner = cos.max(dim=-1)  # [b, h, evicted]
-        merge = best > self.threshold
-
-        target = torch.empty((b, h, n), dtype=torch.long, device=keep.device)
-        target.scatter_(2, keep, torch.arange(budget, device=keep.device).expand(b, h, budget))
-        target.scatter_(2, evicted, partner)
-        log_votes = layer.log_weight.clone()
-        log_votes.scatter_(2, evicted, torch.where(merge, log_votes.gather(2, evicted), NEG_INF))
-        log_score = self.scores.merge_score(layer)
-        out = merge_groups(
-            layer.keys,
-            layer.values,
-            log_votes,
-            log_score,
-            target,
-            budget,
-            zip_keys=self.merge == "zip",
-            guard=self.guard,
-            max_factor=self.max_factor,
-        )
-
-        state = {self.scores.state: self.scores.merged(layer, out.log_score, log_votes, target, budget)}
-        layer.meta["merges"] += int(merge.sum())
-        layer.meta["evictions"] += int((~merge).sum())
-        layer.meta["zip_fallbacks"] += int(out.fallback.sum())
-        dropped = layer.log_weight.gather(2, evicted).exp() * ~merge
-        layer.meta["dropped_votes"] += round(float(dropped.sum()))
-        layer.set_slots(
-            out.keys.to(layer.keys.dtype),
-            out.values.to(layer.values.dtype),
-            out.log_votes.float(),
-            layer.positions.gather(2, keep),
-            state,
-        )
-        layer.state["key_norm"] = layer.keys.float().norm(dim=-1)
-
-    def _evict_one(self, layer: CompressedLayer, budget: int, recent: int) -> None:
-        """One decode-step eviction in place: the same choice and arithmetic as :meth:`_compress`
-        with one slot over budget (its other groups are singletons, which merging leaves unchanged),
-        but only the victim and its partner are touched; tokens are found by ``positions``."""
-        pos = layer.positions
-        sink = min(self.n_sink, budget - recent)
-        middle = (pos >= sink) & (pos < layer.seen_tokens - recent)
-        victim = torch.where(middle, self.scores.select(layer), torch.inf).argmin(dim=-1, keepdim=True)
+        Raises
+        ------
+        ValueError
+            For ``in_place`` with more than one evicted slot per head.
+        """
+        n, k = layer.n_slots, evicted.shape[-1]
+        b, h = evicted.shape[:2]
+        in_place = k == 1 if in_place is None else in_place
+        if in_place and k != 1:
+            raise ValueError(f"an in-place merge evicts one slot per head, got {k}")
         norm = layer.state["key_norm"].clamp(min=1e-12)  # as F.normalize
-        k_victim = gather_slots(layer.keys, victim).float()
-        cos = (layer.keys.float() @ k_victim.transpose(-1, -2)).squeeze(-1) / (norm * norm.gather(2, victim))
-        best, partner = cos.scatter(2, victim, NEG_INF).max(dim=-1, keepdim=True)
-        merge = best > self.threshold  # [b, h, 1]
-        pair = torch.cat([partner, victim], dim=-1)  # [b, h, 2]: partner + (merged) victim
-        log_votes = layer.log_weight.gather(2, pair)
-        log_votes[..., 1:] = torch.where(merge, log_votes[..., 1:], NEG_INF)
-
-        out = merge_pair(
-            gather_slots(layer.keys, pair),
-            gather_slots(layer.values, pair),
+        k_evicted = gather_slots(layer.keys, evicted).float()
+        cos = (k_evicted @ layer.keys.float().mT) / (
+            gather_slots(norm, evicted)[..., None] * norm[:, :, None]
+        )
+        is_evicted = torch.zeros((b, h, n), dtype=torch.bool, device=evicted.device).scatter(2, evicted, True)
+        best, partner = cos.masked_fill(is_evicted[:, :, None], NEG_INF).max(dim=-1)  # [b, h, k]
+        merge = best > self.threshold
+        if in_place:  # members: the partner, then the victim; one group
+            members = torch.cat([partner, evicted], dim=-1)
+            target = torch.zeros_like(members)
+            groups = 1
+        else:  # members: every slot; group of a retained slot = itself, of an evicted one = its partner
+            members = torch.arange(n, device=evicted.device).expand(b, h, n)
+            target = members.scatter(2, evicted, partner)
+            groups = n
+        dropped = is_evicted & ~torch.zeros_like(is_evicted).scatter(2, evicted, merge)  # [b, h, n]
+        log_votes = layer.log_weight.masked_fill(dropped, NEG_INF).gather(2, members)
+        out = merge_groups(
+            gather_slots(layer.keys, members),
+            gather_slots(layer.values, members),
             log_votes,
-            self.scores.merge_score(layer).gather(2, pair),
+            self.scores.merge_score(layer).gather(2, members),
+            target,
+            groups,
             zip_keys=self.merge == "zip",
             guard=self.guard,
             max_factor=self.max_factor,
         )
-        new_state = self.scores.merged(layer, out.log_score, log_votes, torch.zeros_like(pair), 1, slots=pair)
-        name = self.scores.state
-        for t, new in (
-            (layer.keys, out.keys),
-            (layer.values, out.values),
-            (layer.log_weight, out.log_votes),
-            (layer.state[name], new_state),
-        ):
-            t.scatter_(2, slot_index(t, partner), new.to(t.dtype))
-        layer.state["key_norm"].scatter_(2, partner, gather_slots(layer.keys, partner).float().norm(dim=-1))
-        layer.meta["merges"] += merge.sum()  # device tensors: no host sync per step
+        slots = partner if in_place else members
+        state = self.scores.merged(layer, out.log_score, log_votes, target, groups, slots=members)
+        layer.meta["merges"] += merge.sum()
         layer.meta["evictions"] += (~merge).sum()
         layer.meta["zip_fallbacks"] += out.fallback.sum()
-        layer.meta["dropped_votes"] += (layer.log_weight.gather(2, victim).exp() * ~merge).sum()
-        layer.drop(victim.squeeze(-1))
+        layer.meta["dropped_votes"] += (layer.log_weight.gather(2, evicted).exp() * ~merge).sum()
+        layer.store.replace(
+            slots,
+            keys=out.keys,
+            values=out.values,
+            log_weight=out.log_votes,
+            key_norm=out.keys.to(layer.keys.dtype).float().norm(dim=-1),
+            **{self.scores.state: state},
+        )
+        if in_place:
+            layer.store.drop(evicted[..., 0])
+        else:
+            layer.store.keep(complement(evicted, n))

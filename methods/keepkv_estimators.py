@@ -41,13 +41,13 @@ class EMAEstimator:
         log_coef = math.log(1 - alpha) + torch.where(
             age > 0, age * (math.log(alpha) if alpha > 0 else NEG_INF), torch.zeros_like(age)
         )
-        layer.state = {self.state: torch.logsumexp(log_s + log_coef[:, None], dim=-2)}
+        layer.store.write(self.state, torch.logsumexp(log_s + log_coef[:, None], dim=-2))
 
     def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """``S <- alpha S + (1 - alpha) s`` with this step's ``ln s`` ``[batch, kv_heads, slots]``."""
         alpha = self.decay(layer)
         old = layer.state[self.state] + (math.log(alpha) if alpha > 0 else NEG_INF)
-        layer.state[self.state] = torch.logaddexp(old, math.log(1 - alpha) + log_s)
+        layer.store.write(self.state, torch.logaddexp(old, math.log(1 - alpha) + log_s))
         layer.meta["ema_terms"] += 1
 
     def correction(self, layer: CompressedLayer) -> float:
@@ -85,12 +85,12 @@ class WindowMeanEstimator:
 
     def init(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """The rows ``[batch, kv_heads, prompt, w]`` from ``ln s`` ``[batch, kv_heads, w, prompt]``."""
-        layer.state = {self.state: log_s.transpose(-1, -2).contiguous()}
+        layer.store.write(self.state, log_s.transpose(-1, -2))
 
     def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """Drop the oldest row, append this step's ``ln s`` ``[batch, kv_heads, slots]``."""
         rows = layer.state[self.state]
-        layer.state[self.state] = torch.cat([rows[..., 1:], log_s.unsqueeze(-1)], dim=-1)
+        layer.store.write(self.state, torch.cat([rows[..., 1:], log_s.unsqueeze(-1)], dim=-1))
 
     def select(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * weighted window sum)``: ``[batch, kv_heads, slots]``."""

@@ -182,10 +182,9 @@ class KVMerger(CompressionMethod):
             return out.to(t.dtype)
 
         real = torch.arange(slots, device=acc.device) < n_sets[..., None]
-        layer.set_slots(
+        layer.store.reset(
             keys=weighted(layer.keys),
             values=weighted(layer.values),
             log_weight=torch.where(real, 0.0, -torch.inf).to(torch.float32),
             positions=torch.where(real, pivot, -1),
-            state={},
         )

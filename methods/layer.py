@@ -1,49 +1,29 @@
-"""The slot storage of one decoder layer of the compressed cache (:class:`CompressedLayer`).
+"""One decoder layer of the compressed cache (:class:`CompressedLayer`): the transformers cache-layer
+API over a :class:`~methods.store.SlotStore`.
 
 Keys and values are held at KV-head granularity (never repeated to query heads), with per-slot
-state (``log_weight``, ``positions``, method scores). Compression is physical: every per-slot
-tensor lives in a preallocated buffer whose capacity is the budget plus the one slot a decode step
-appends before it evicts (uncompressed caches grow geometrically), and the layer's tensors are
-views of its first ``n_slots`` slots. A decode step appends in place; :meth:`CompressedLayer.drop`
-evicts by moving the last slot into the victim's place (no copy of the cache);
-:meth:`CompressedLayer.gather` and :meth:`CompressedLayer.set_slots` (prefill compression,
-KVMerger/KeepKV rebuilds) replace the tensors by compact ones, releasing the old buffer. Slot
-order is therefore not position order: methods find tokens by ``positions``.
+state (``log_weight``, ``positions``, method scores). Compression is physical: the store's buffers
+hold the method's per-layer bound (``CompressionMethod.slot_bound``, the one owner of the budget)
+plus the one slot a decode step appends before it evicts; uncompressed layers are sized for the
+run's tokens (or grow geometrically). The layer's tensors are read-only views of the store's valid
+slots; methods change them only through the store's operations (``layer.store``).
 """
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from methods.architecture import LayerSpec
+from methods.store import SlotStore, gather_slots, slot_index
 
 if TYPE_CHECKING:
     from methods.base import CompressionMethod
 
-
-def slot_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``index`` ``[batch, kv_heads, k]`` expanded over the trailing dims of a slot tensor ``t``."""
-    extra = t.shape[3:]
-    return index.view(*index.shape, *([1] * len(extra))).expand(*index.shape, *extra)
-
-
-def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``t[b, h, index[b, h, j], ...]`` for a slot tensor with any trailing dims."""
-    return t.gather(2, slot_index(t, index))
-
-
-def _in_buffer(t: torch.Tensor, buf: torch.Tensor | None) -> bool:
-    """Whether ``t`` is a view of the first slots of ``buf`` (so appending can write in place)."""
-    return (
-        buf is not None
-        and t.data_ptr() == buf.data_ptr()
-        and t.stride() == buf.stride()
-        and t.shape[:2] == buf.shape[:2]
-        and t.shape[3:] == buf.shape[3:]
-    )
+__all__ = ["CompressedLayer", "gather_slots", "slot_index"]
 
 
 class CompressedLayer(CacheLayerMixin):
@@ -51,17 +31,21 @@ class CompressedLayer(CacheLayerMixin):
 
     Attributes
     ----------
+    store : SlotStore
+        The slot buffers and the only operations that change them (``methods.store``).
     keys, values : torch.Tensor
-        ``[batch, kv_heads, slots, head_dim]``, post-RoPE, in the model's dtype.
+        ``[batch, kv_heads, slots, head_dim]``, post-RoPE, in the model's dtype (read-only views of
+        the store's valid slots, as are the next three).
     log_weight : torch.Tensor
         ``[batch, kv_heads, slots]`` float32, added to the attention logits of each slot
         (0 for plain tokens; ZSMerge: ``alpha * log(w)`` with fusion count ``w``).
     positions : torch.Tensor
         ``[batch, kv_heads, slots]`` int64, the original sequence index of each slot's token;
         methods may mark slots that stand for several tokens with ``-1``.
-    state : dict[str, torch.Tensor]
-        Method state, each ``[batch, kv_heads, slots, *extra]`` (scores, fusion counts, ...; the
-        slot axis is always dim 2). New slots are filled with the method's ``state_fill`` value.
+    state : Mapping[str, torch.Tensor]
+        Method state (a read-only mapping), each ``[batch, kv_heads, slots, *extra]`` (scores,
+        fusion counts, ...; the slot axis is always dim 2). New slots are filled with the method's
+        ``state_fill`` value.
     meta : dict[str, int]
         Method scalars shared by all heads of the layer (e.g. number of residual slots).
     aux : dict[str, torch.Tensor]
@@ -92,7 +76,8 @@ class CompressedLayer(CacheLayerMixin):
         num_layers: int = 1,
         max_tokens: int | None = None,
     ) -> None:
-        super().__init__()
+        # CacheLayerMixin.__init__ is not called: it assigns keys/values, which are views of the store here
+        self.is_initialized = False
         self.max_tokens = max_tokens
         self.layer_idx, self.num_layers = layer_idx, num_layers
         self.method = method
@@ -101,27 +86,41 @@ class CompressedLayer(CacheLayerMixin):
         self.is_sliding = self.spec.window is not None
         self.seen_tokens = 0
         self.prefilled = False
-        self.log_weight: torch.Tensor | None = None
-        self.positions: torch.Tensor | None = None
-        self.state: dict[str, torch.Tensor] = {}
+        self.store = SlotStore(method.state_fill, self._capacity)
         self.meta: dict[str, int] = {}
         self.aux: dict[str, torch.Tensor] = {}
-        self._buffers: dict[str, torch.Tensor] = {}
-        self._grids: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ------------------------------------------------------------------ read-only views of the store
+    @property
+    def keys(self) -> torch.Tensor | None:
+        """``[batch, kv_heads, slots, head_dim]`` post-RoPE keys (None before the first update)."""
+        return self.store.view("keys") if self.store.buffers else None
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """``[batch, kv_heads, slots, head_dim]`` values (None before the first update)."""
+        return self.store.view("values") if self.store.buffers else None
+
+    @property
+    def log_weight(self) -> torch.Tensor | None:
+        """``[batch, kv_heads, slots]`` float32 attention-logit bias of each slot."""
+        return self.store.view("log_weight") if self.store.buffers else None
+
+    @property
+    def positions(self) -> torch.Tensor | None:
+        """``[batch, kv_heads, slots]`` int64 token index of each slot (-1: a merged slot)."""
+        return self.store.view("positions") if self.store.buffers else None
+
+    @property
+    def state(self) -> MappingProxyType:
+        """The method's per-slot state, read-only: name -> ``[batch, kv_heads, slots, *extra]``."""
+        return MappingProxyType({name: self.store.view(name) for name in self.method.state_fill})
 
     # ------------------------------------------------------------------ transformers API
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Allocate empty tensors with the incoming dtype/device (transformers ``CacheLayerMixin``)."""
-        b, h, _, d = key_states.shape
+        """Record the incoming dtype/device (transformers ``CacheLayerMixin``); the store allocates
+        its buffers on the first append."""
         self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = key_states.new_empty((b, h, 0, d))
-        self.values = value_states.new_empty((b, h, 0, value_states.shape[-1]))
-        self.log_weight = torch.zeros((b, h, 0), dtype=torch.float32, device=self.device)
-        self.positions = torch.zeros((b, h, 0), dtype=torch.long, device=self.device)
-        self.state = {
-            name: torch.zeros((b, h, 0), dtype=torch.float32, device=self.device)
-            for name in self.method.state_fill
-        }
         self.is_initialized = True
 
     def update(
@@ -131,28 +130,18 @@ class CompressedLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[2]
-        cap = self._capacity(self.n_slots + new)
-        self.keys = self._append("keys", self.keys, key_states, cap)
-        self.values = self._append("values", self.values, value_states, cap)
-        self.log_weight = self._append("log_weight", self.log_weight, 0.0, cap, new)
-        pos = (
-            self.seen_tokens
-            if new == 1
-            else torch.arange(self.seen_tokens, self.seen_tokens + new, device=self.device)
-        )
-        self.positions = self._append("positions", self.positions, pos, cap, new)
-        for name, t in self.state.items():
-            self.state[name] = self._append(name, t, self.method.state_fill.get(name, 0.0), cap, new)
+        positions = torch.arange(self.seen_tokens, self.seen_tokens + new, device=key_states.device)
+        self.store.append(key_states, value_states, positions)
         self.seen_tokens += new
         return self.keys, self.values
 
     def _capacity(self, needed: int) -> int:
-        """Slots to allocate when a buffer must grow to hold ``needed`` slots: exactly the prompt at
-        prefill (compression follows); then the method's bound (``CompressionMethod.slot_bound``)
-        plus the slot a decode step appends before evicting, never more than the tokens the run
-        will append (``max_tokens``, when known); for an unbounded layer (FullKV, prompt-only
-        methods) ``max_tokens``, or geometric growth (1.25x + 64) when it is unknown."""
-        if not self.prefilled:
+        """Slots to allocate when a buffer must hold ``needed`` slots: exactly the prompt at prefill
+        (compression follows); then the method's bound (``CompressionMethod.slot_bound``) plus the
+        slot a decode step appends before evicting, never more than the tokens the run will append
+        (``max_tokens``, when known); for an unbounded layer (FullKV, prompt-only methods)
+        ``max_tokens``, or geometric growth (1.25x + 64) when it is unknown."""
+        if not self.prefilled and self.store.n == 0:
             return needed
         bound = self.method.slot_bound(self)
         if bound is not None and needed <= bound + 1:
@@ -161,22 +150,6 @@ class CompressedLayer(CacheLayerMixin):
         if self.max_tokens is not None and needed <= self.max_tokens:
             return self.max_tokens
         return needed + needed // 4 + 64
-
-    def _append(
-        self, name: str, t: torch.Tensor, new: torch.Tensor | float, cap: int, count: int | None = None
-    ) -> torch.Tensor:
-        """Append ``new`` (a tensor ``[batch, kv_heads, k, ...]`` or a fill value for ``count``
-        slots) to the slot tensor ``t`` in its buffer, re-homing ``t`` when it is not a view of the
-        buffer (the method replaced it) or the buffer is full; returns the view of all slots."""
-        n = t.shape[2]
-        k = count if count is not None else new.shape[2]
-        buf = self._buffers.get(name)
-        if not _in_buffer(t, buf) or n + k > buf.shape[2]:
-            buf = t.new_empty((*t.shape[:2], max(cap, n + k), *t.shape[3:]))
-            buf[:, :, :n] = t
-            self._buffers[name] = buf
-        buf[:, :, n : n + k] = new
-        return buf[:, :, : n + k]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """Mask sizes for transformers' mask builders: the slots plus the incoming query."""
@@ -194,65 +167,7 @@ class CompressedLayer(CacheLayerMixin):
     @property
     def n_slots(self) -> int:
         """Number of slots currently held per KV head."""
-        return 0 if self.keys is None else self.keys.shape[-2]
-
-    def gather(self, index: torch.Tensor) -> None:
-        """Keep the slots ``index`` ``[batch, kv_heads, kept]`` (per-head selection), freeing the rest."""
-        idx_d = index.unsqueeze(-1).expand(-1, -1, -1, self.keys.shape[-1])
-        self.keys = self.keys.gather(2, idx_d)
-        self.values = self.values.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, self.values.shape[-1]))
-        self.log_weight = self.log_weight.gather(2, index)
-        self.positions = self.positions.gather(2, index)
-        self.state = {name: gather_slots(t, index) for name, t in self.state.items()}
-        self._buffers.clear()  # the old buffers (the uncompressed prompt) are released now
-
-    def _slot_tensors(self) -> dict[str, torch.Tensor]:
-        return {
-            "keys": self.keys,
-            "values": self.values,
-            "log_weight": self.log_weight,
-            "positions": self.positions,
-        } | self.state
-
-    def drop(self, slot: torch.Tensor) -> None:
-        """Evict one slot per head, ``slot`` ``[batch, kv_heads]`` (int64), in place: the last slot
-        moves into its place and the layer holds one slot fewer (O(1) per head, no copy of the
-        cache; slot order changes, positions go with their slots)."""
-        last = self.n_slots - 1
-        b, h = slot.shape
-        grid = self._grids.get((b, h))
-        if grid is None:
-            grid = self._grids[(b, h)] = (
-                torch.arange(b, device=slot.device)[:, None].expand(b, h),
-                torch.arange(h, device=slot.device)[None, :].expand(b, h),
-            )
-        bi, hi = grid
-        for t in (self.keys, self.values, self.log_weight, self.positions, *self.state.values()):
-            t[bi, hi, slot] = t[:, :, last].clone()  # a copy: the victim may be the last slot itself
-        self.keys, self.values = self.keys[:, :, :last], self.values[:, :, :last]
-        self.log_weight, self.positions = self.log_weight[:, :, :last], self.positions[:, :, :last]
-        self.state = {name: t[:, :, :last] for name, t in self.state.items()}
-
-    def swap(self, a: torch.Tensor, b: torch.Tensor) -> None:
-        """Exchange slots ``a`` and ``b`` ``[batch, kv_heads]`` (int64) of every head, in place."""
-        ia, ib = a.unsqueeze(-1), b.unsqueeze(-1)
-        for t in self._slot_tensors().values():
-            xa, xb = gather_slots(t, ia), gather_slots(t, ib)
-            t.scatter_(2, slot_index(t, ia), xb)
-            t.scatter_(2, slot_index(t, ib), xa)
-
-    def set_slots(
-        self,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        log_weight: torch.Tensor,
-        positions: torch.Tensor,
-        state: dict[str, torch.Tensor],
-    ) -> None:
-        """Replace every slot tensor at once (shapes as in the class docstring)."""
-        self.keys, self.values, self.log_weight, self.positions = keys, values, log_weight, positions
-        self.state = state
-        self._buffers.clear()
+        return self.store.n
 
     @property
     def window(self) -> int | None:
@@ -293,7 +208,4 @@ class CompressedLayer(CacheLayerMixin):
     def allocated_bytes(self) -> int:
         """Bytes of the storage behind every slot tensor and ``aux`` (capacity included): what the
         layer really occupies; at most one slot more than the budget for a compressing method."""
-        if self.keys is None:
-            return 0
-        tensors = [*self._slot_tensors().values(), *self.aux.values()]
-        return sum(t.untyped_storage().nbytes() for t in tensors)
+        return self.store.allocated_bytes() + sum(t.untyped_storage().nbytes() for t in self.aux.values())

@@ -23,19 +23,49 @@ from typing import ClassVar
 
 import torch
 
+from methods.base import CompressionMethod
+from methods.evict import ScoreEvict
 from methods.h2o import H2O
 from methods.layer import CompressedLayer
 from methods.less_checkpoints import kernel_set_dir, load_kernel_set
 from methods.less_kernels import LessKernels
-from methods.scoring import complement, oldest_from, softcap_logits
+from methods.scoring import complement, softcap_logits
 
-POLICIES = ("h2o", "lambda")
 RANDOM = "random"  # checkpoint value: untrained kernels (efficiency runs only)
 
 
 @dataclass
-class LESS(H2O):
-    """LESS on top of H2O (``policy="h2o"``) or the Lambda mask (``policy="lambda"``).
+class LambdaMask(H2O):
+    """LESS's "Lambda-mask" policy: the first ``heavy`` tokens and the recent window of H2O's split,
+    nothing scored (a score-then-evict rule ranked by position)."""
+
+    name: ClassVar[str] = "lambda"
+    decode_input: ClassVar[str] = "none"
+    state_fill: ClassVar[dict[str, float]] = {}
+
+    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+        """The first ``heavy`` and the last ``recent`` tokens: they fill the budget."""
+        return self.split(bound)
+
+    def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
+        """Nothing to score."""
+        return None
+
+    def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
+        """Nothing to score."""
+        return None
+
+
+#: ``policy`` name -> the sparse policy LESS composes, built from LESS's own fields.
+POLICIES = {
+    "h2o": lambda m: H2O(heavy_ratio=m.heavy_ratio, recent_ratio=m.recent_ratio, chunk_size=m.chunk_size),
+    "lambda": lambda m: LambdaMask(heavy_ratio=m.heavy_ratio, recent_ratio=m.recent_ratio),
+}
+
+
+@dataclass
+class LESS(CompressionMethod):
+    """LESS on top of a sparse policy: H2O (``policy="h2o"``) or the Lambda mask (``policy="lambda"``).
 
     Parameters
     ----------
@@ -54,6 +84,8 @@ class LESS(H2O):
     ----------
     kernels : list[LessKernels]
         One kernel set per decoder layer; must be assigned before use.
+    sparse : ScoreEvict
+        The policy (``POLICIES``): it selects, LESS absorbs what it evicts into the state.
 
     Raises
     ------
@@ -62,19 +94,37 @@ class LESS(H2O):
     """
 
     name: ClassVar[str] = "less"
+    uses_log_weight: ClassVar[bool] = False
 
     policy: str = "h2o"
     rank: int = 8
     checkpoint: str | None = None
+    heavy_ratio: float = 0.5
+    recent_ratio: float = 0.5
+    chunk_size: int = 256
     kernels: list[LessKernels] = field(default_factory=list, repr=False, compare=False)
     kernel_meta: dict = field(default_factory=dict, repr=False, compare=False)
+    sparse: ScoreEvict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+            raise ValueError(f"policy must be one of {tuple(POLICIES)}, got {self.policy!r}")
         if self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
+        self.sparse = POLICIES[self.policy](self)  # checks the shares (H2O.__post_init__)
+
+    @property
+    def state_fill(self) -> dict[str, float]:  # type: ignore[override]
+        """The policy's per-slot state (H2O: ``scores``)."""
+        return self.sparse.state_fill
+
+    def split(self, budget: int) -> tuple[int, int]:
+        """The policy's ``(heavy, recent)`` split (``H2O.split``)."""
+        return self.sparse.split(budget)
+
+    def slot_bound(self, layer: CompressedLayer) -> int | None:
+        """The policy's bound."""
+        return self.sparse.slot_bound(layer)
 
     def attach_assets(
         self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str
@@ -119,7 +169,7 @@ class LESS(H2O):
 
     # ------------------------------------------------------------------ hooks
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
-        """Empty state, then the sparse policy's prefill; what it evicts goes into the state."""
+        """Empty state, then the policy's selection; what it evicts goes into the state first."""
         b, h, n, _ = layer.keys.shape
         while self.checkpoint == RANDOM and len(self.kernels) <= layer.layer_idx:  # sliding layers skip LESS
             self.kernels.append(
@@ -131,12 +181,10 @@ class LESS(H2O):
             ),
             "z": torch.zeros((b, h, self.rank), dtype=torch.float32, device=layer.device),
         }
-        if self.policy == "h2o":
-            super().prefill(layer, query, scaling)
-        elif layer.budget is not None and n > layer.budget:  # Lambda mask: first `heavy` + recent
-            heavy, recent = self.split(layer.budget)
-            first_and_recent = torch.cat([torch.arange(heavy), torch.arange(n - recent, n)])
-            self.keep(layer, first_and_recent.to(layer.device).expand(b, h, -1))
+        index = self.sparse.prefill_keep(layer, query, scaling)
+        if index is not None:
+            self.absorb(layer, complement(index, n))
+            layer.store.keep(index)
 
     def decode_attention(
         self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
@@ -173,19 +221,8 @@ class LESS(H2O):
         return out.to(values.dtype).view(b, hq, 1, d), probs.mean(dim=2)
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
-        """The sparse policy's step; the token it evicts goes into the state."""
-        if self.policy == "h2o":
-            super().decode_step(layer, probs)
-        elif layer.budget is not None and layer.n_slots > layer.budget:  # Lambda: oldest after `heavy`
-            heavy, _ = self.split(layer.budget)
-            self.evict(layer, oldest_from(layer.positions, heavy))
-
-    def keep(self, layer: CompressedLayer, index: torch.Tensor) -> None:
-        """Absorb the slots not in ``index`` into ``H``, ``z``, then free them."""
-        self.absorb(layer, complement(index, layer.n_slots))
-        layer.gather(index)
-
-    def evict(self, layer: CompressedLayer, slot: torch.Tensor) -> None:
-        """Absorb one slot per head into ``H``, ``z``, then free it."""
-        self.absorb(layer, slot.unsqueeze(-1))
-        layer.drop(slot)
+        """The policy's step; the token it evicts goes into the state first."""
+        victim = self.sparse.decode_victim(layer, probs)
+        if victim is not None:
+            self.absorb(layer, victim.unsqueeze(-1))
+            layer.store.drop(victim)

@@ -154,27 +154,32 @@ def causal_column_sums(
     return out
 
 
-def top_and_recent(scores: torch.Tensor, n_top: int, n_recent: int) -> torch.Tensor:
-    """Slots to keep: the ``n_top`` highest scores among the older slots, then the last ``n_recent``.
+def keep_index(scores: torch.Tensor, first: int, n_top: int, recent: int) -> torch.Tensor:
+    """Slots to keep of a prompt held in position order: the ``first`` slots, the ``n_top`` highest
+    scores among the slots between them and the recent window, then the last ``recent`` slots.
+
+    The selection of every score-then-evict method at prefill (H2O's heavy hitters + recent window,
+    SnapKV's top votes + observation window, StreamingLLM's attention sinks + recent window,
+    ZSMerge's context set + proximity window, KeepKV's sinks + top + recent).
 
     Parameters
     ----------
     scores : torch.Tensor
-        ``[batch, kv_heads, slots]`` (only the first ``slots - n_recent`` are ranked).
-    n_top, n_recent : int
-        Heavy hitters / context tokens and recent window (tokens).
+        ``[batch, kv_heads, slots]``; only slots ``first .. slots - recent - 1`` are ranked.
+    first, n_top, recent : int
+        Protected first tokens, top-scored tokens and protected recent window (tokens).
 
     Returns
     -------
     torch.Tensor
-        ``[batch, kv_heads, n_top + n_recent]`` int64: the top slots in position order, then the
-        recent window.
+        ``[batch, kv_heads, first + n_top + recent]`` int64, ascending slot (= position) order.
     """
     b, h, n = scores.shape
-    older = n - n_recent
-    top = scores[..., :older].topk(n_top, dim=-1).indices.sort(dim=-1).values
-    recent = torch.arange(older, n, device=scores.device).expand(b, h, n_recent)
-    return torch.cat([top, recent], dim=-1)
+    dev = scores.device
+    top = scores[..., first : n - recent].topk(n_top, dim=-1).indices.sort(dim=-1).values + first
+    head = torch.arange(first, device=dev).expand(b, h, first)
+    tail = torch.arange(n - recent, n, device=dev).expand(b, h, recent)
+    return torch.cat([head, top, tail], dim=-1)
 
 
 def lowest_score(scores: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -191,13 +196,3 @@ def complement(index: torch.Tensor, n: int) -> torch.Tensor:
     b, h, k = index.shape
     kept = torch.zeros((b, h, n), dtype=torch.bool, device=index.device).scatter(2, index, True)
     return (~kept).nonzero(as_tuple=True)[2].view(b, h, n - k)
-
-
-def oldest_from(positions: torch.Tensor, first: int) -> torch.Tensor:
-    """Per head, the slot of the oldest token among slots ``>= first``: ``[batch, kv_heads]`` int64.
-
-    The slots below ``first`` are StreamingLLM's attention sinks or LESS's Lambda "first" tokens,
-    which stay in the first slots (``CompressedLayer.drop`` never moves a slot below the victim).
-    ``positions`` is ``[batch, kv_heads, slots]``.
-    """
-    return positions[:, :, first:].argmin(dim=-1) + first

@@ -15,12 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
 from methods.architecture import LayerSpec
-from methods.base import CompressionMethod
+from methods.evict import ScoreEvict
 from methods.layer import CompressedLayer
-from methods.scoring import oldest_from
 
 SLIDING_RULE = "recent min(budget, window - 1) tokens (window - 1 for fullkv); method applies to full layers"
 
@@ -43,21 +40,14 @@ def sliding_bound(budget: int | None, window: int) -> int:
 
 
 @dataclass
-class SlidingWindow(CompressionMethod):
-    """Keep the most recent ``layer.budget`` tokens of a sliding-window layer (all heads alike)."""
+class SlidingWindow(ScoreEvict):
+    """Keep the most recent ``layer.budget`` tokens of a sliding-window layer (all heads alike): a
+    score-then-evict rule whose protected recent window fills the budget, ranked by position."""
 
     name: ClassVar[str] = "sliding_window"
     decode_input: ClassVar[str] = "none"
-    uses_log_weight: ClassVar[bool] = False
+    state_fill: ClassVar[dict[str, float]] = {}
 
-    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
-        """Keep the last ``layer.budget`` prompt tokens."""
-        n = layer.n_slots
-        if n > layer.budget:
-            b, h = layer.positions.shape[:2]
-            layer.gather(torch.arange(n - layer.budget, n, device=layer.device).expand(b, h, -1))
-
-    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
-        """Evict the oldest token once over ``layer.budget``."""
-        if layer.n_slots > layer.budget:
-            layer.drop(oldest_from(layer.positions, 0))
+    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+        """The last ``bound`` tokens."""
+        return 0, bound

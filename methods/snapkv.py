@@ -3,7 +3,8 @@
 At the end of prefill, the last ``window_size`` prompt queries (the observation window) vote for
 prefix tokens; the votes are smoothed by 1-D pooling and the top ``budget - window`` prefix
 tokens per KV head are kept together with the window itself (docs/methods.md section 4). Decoded
-tokens are appended uncompressed, as in the paper, unless ``decode_budget`` is set.
+tokens are appended uncompressed, as in the paper, unless ``decode_budget`` is set. A
+score-then-evict rule (``methods.evict``): protected = the observation window, score = pooled votes.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from typing import ClassVar
 
 import torch
 
-from methods.base import CompressionMethod
+from methods.evict import ScoreEvict
 from methods.layer import CompressedLayer
-from methods.scoring import lowest_score, pool_scores, top_and_recent, window_attention
+from methods.scoring import pool_scores, window_attention
 
 POOLINGS = ("max", "avg")
 
 
 @dataclass
-class SnapKV(CompressionMethod):
+class SnapKV(ScoreEvict):
     """SnapKV with the paper's LongBench settings (w = 32, k = 7, max pooling).
 
     Parameters
@@ -44,8 +45,6 @@ class SnapKV(CompressionMethod):
     """
 
     name: ClassVar[str] = "snapkv"
-    state_fill: ClassVar[dict[str, float]] = {"scores": 0.0}
-    uses_log_weight: ClassVar[bool] = False
 
     window_size: int = 32
     kernel_size: int = 7
@@ -67,28 +66,30 @@ class SnapKV(CompressionMethod):
 
     @property
     def budget_holds_in_decode(self) -> bool:
+        """Only with ``decode_budget``: else decoding grows the layer past the budget."""
         return self.decode_budget
 
     def window(self, budget: int) -> int:
         """Observation window (tokens) used with a budget."""
         return self.window_size if budget > self.window_size else max(1, budget // 2)
 
-    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
-        """Vote with the observation window, pool, keep top prefix tokens + the window."""
+    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+        """No first tokens; the observation window."""
+        return 0, self.window(bound)
+
+    def prefill_scores(
+        self, layer: CompressedLayer, query: torch.Tensor, scaling: float
+    ) -> torch.Tensor | None:
+        """Votes of the observation window, pooled over the prefix (SnapKV Sec. 4); None when the
+        prompt fits the budget (nothing to select)."""
         length = layer.n_slots
         if layer.budget is None or length <= layer.budget:
-            return
+            return None
         w = self.window(layer.budget)
         votes = window_attention(query, layer.keys, w, scaling, layer.softcap).sum(dim=2)
         prefix = pool_scores(votes[..., : length - w], self.kernel_size, self.pooling)
-        layer.state["scores"] = torch.cat([prefix, votes[..., length - w :]], dim=-1)
-        layer.gather(top_and_recent(layer.state["scores"], layer.budget - w, w))
+        return torch.cat([prefix, votes[..., length - w :]], dim=-1)
 
-    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
-        """With ``decode_budget``: accumulate votes, evict the lowest outside the window."""
-        if not self.decode_budget or layer.budget is None:
-            return
-        layer.state["scores"].add_(probs)
-        if layer.n_slots > layer.budget:
-            outside = layer.positions <= layer.seen_tokens - 1 - self.window(layer.budget)
-            layer.drop(lowest_score(layer.state["scores"], outside))
+    def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:
+        """With ``decode_budget``: votes plus this step's probabilities; else unchanged."""
+        return layer.state["scores"] + probs if self.decode_budget else None

@@ -6,6 +6,8 @@ positions are assigned by cache index, so relative distances never exceed the ca
 Because the recent window is contiguous, that is the same as keeping every key at its original
 position and moving only the sinks forward by the number of evicted tokens; the sinks are
 re-rotated on the fly at each decode step (``methods.rope.LayerRotary``, the layer's own RoPE).
+A score-then-evict rule (``methods.evict``): protected = the sinks and the recent window, which
+fill the budget; ranked by position.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ from typing import ClassVar
 
 import torch
 
-from methods.base import CompressionMethod
+from methods.evict import ScoreEvict
 from methods.layer import CompressedLayer
-from methods.scoring import oldest_from
 
 
 @dataclass
-class StreamingLLM(CompressionMethod):
+class StreamingLLM(ScoreEvict):
     """Attention sinks + recent window.
 
     Parameters
@@ -45,7 +46,7 @@ class StreamingLLM(CompressionMethod):
 
     name: ClassVar[str] = "streamingllm"
     decode_input: ClassVar[str] = "none"
-    uses_log_weight: ClassVar[bool] = False
+    state_fill: ClassVar[dict[str, float]] = {}
 
     n_sink: int = 4
     rerotate: bool = True
@@ -58,24 +59,11 @@ class StreamingLLM(CompressionMethod):
         """Attention sinks kept under ``budget`` slots: ``n_sink``, at most ``budget - 1``."""
         return self.n_sink if budget is None else max(0, min(self.n_sink, budget - 1))
 
-    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
-        """Keep the sinks and the latest ``budget - n_sink`` prompt tokens."""
-        length = layer.n_slots
-        if layer.budget is None or length <= layer.budget:
-            return
-        sinks = self.sinks(layer.budget)
-        b, h = layer.positions.shape[:2]
-        kept = torch.cat([torch.arange(sinks), torch.arange(length - (layer.budget - sinks), length)]).to(
-            layer.positions.device
-        )
-        layer.gather(kept.expand(b, h, -1))
-
-    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
-        """Evict the oldest non-sink token once over budget. The sinks stay in the first slots
-        (an eviction moves the newest slot into the victim's place, never into a sink's)."""
-        if layer.budget is not None and layer.n_slots > layer.budget:
-            sinks = self.sinks(layer.budget)
-            layer.drop(oldest_from(layer.positions, sinks))
+    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+        """The sinks, and the recent window over the rest of the budget. The sinks stay in the
+        first slots (an eviction moves the newest slot into the victim's place, never a sink's)."""
+        sinks = self.sinks(bound)
+        return sinks, bound - sinks
 
     def decode_attention(
         self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
@@ -98,5 +86,6 @@ class StreamingLLM(CompressionMethod):
                 raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
             if "sink_keys" not in layer.aux:  # first eviction: the stored sinks are still the originals
                 layer.aux["sink_keys"] = layer.keys[:, :, :n].clone()
-            layer.keys[:, :, :n] = layer.spec.rotary.rerotate(layer.aux["sink_keys"], evicted)
+            sinks = torch.arange(n, device=layer.device).expand(*layer.positions.shape[:2], n)
+            layer.store.replace(sinks, keys=layer.spec.rotary.rerotate(layer.aux["sink_keys"], evicted))
         return super().decode_attention(layer, query, values, scaling)

@@ -16,14 +16,8 @@ from typing import ClassVar
 import torch
 
 from methods.base import CompressionMethod
-from methods.layer import CompressedLayer
-from methods.scoring import (
-    causal_column_sums,
-    lowest_score,
-    pool_scores,
-    top_and_recent,
-    window_attention,
-)
+from methods.layer import CompressedLayer, gather_slots
+from methods.scoring import causal_column_sums, keep_index, lowest_score, pool_scores, window_attention
 
 ORDERS = ("code", "paper")
 
@@ -135,26 +129,24 @@ class ZSMerge(CompressionMethod):
             probs = window_attention(query, layer.keys, window, scaling, layer.softcap)
             scores = (probs * decay[:, None]).sum(dim=2)
         scores = pool_scores(scores, self.pool_kernel)
-        layer.state["scores"] = scores
+        layer.store.write("scores", scores)
         layer.meta["residual"] = 0
         if layer.budget is None or length <= layer.budget:
             return
         b_p, b_c, b_r = self.split(layer.budget)
-        kept = top_and_recent(scores, b_c, b_p)
+        kept = keep_index(scores, 0, b_c, b_p)
         leftover = self._leftover(kept[..., :b_c], length - b_p)
         residual = self._residual_slots(layer, leftover, b_r) if b_r else None
-        layer.gather(kept)
-        if residual is not None:
+        layer.store.keep(kept)
+        if residual is not None:  # residual slots first, then the kept tokens
             keys, values, fusion, res_scores = residual
-            layer.set_slots(
+            layer.store.reset(
                 keys=torch.cat([keys, layer.keys], dim=2),
                 values=torch.cat([values, layer.values], dim=2),
                 log_weight=torch.cat([self.alpha * fusion.log(), layer.log_weight], dim=-1),
                 positions=torch.cat([torch.full_like(res_scores, -1, dtype=torch.long), layer.positions], -1),
-                state={
-                    "scores": torch.cat([res_scores, layer.state["scores"]], dim=-1),
-                    "fusion": torch.cat([fusion, layer.state["fusion"]], dim=-1),
-                },
+                scores=torch.cat([res_scores, layer.state["scores"]], dim=-1),
+                fusion=torch.cat([fusion, layer.state["fusion"]], dim=-1),
             )
             layer.meta["residual"] = b_r
 
@@ -195,7 +187,7 @@ class ZSMerge(CompressionMethod):
     # ------------------------------------------------------------------ decode
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Eq. 5 score update, then one eviction: fill a residual slot or merge (Eqs. 6-7)."""
-        layer.state["scores"].mul_(self.lam).add_(probs)
+        layer.store.write("scores", layer.state["scores"] * self.lam + probs)
         if layer.budget is None:
             return
         b_p, b_c, b_r = self.split(layer.budget)
@@ -212,13 +204,14 @@ class ZSMerge(CompressionMethod):
                 continue
             if b_r:
                 self._merge(layer, victim, n_res)
-            layer.drop(victim)
+            layer.store.drop(victim)
 
     @staticmethod
     def _to_residual(layer: CompressedLayer, victim: torch.Tensor, n_res: int) -> None:
         """Turn ``victim`` into residual slot ``n_res`` (swapped there in place), fusion count unchanged."""
-        layer.swap(victim, torch.full_like(victim, n_res))
-        layer.positions[..., n_res] = -1
+        slot = torch.full_like(victim, n_res)
+        layer.store.swap(victim, slot)
+        layer.store.replace(slot.unsqueeze(-1), positions=-1)
         layer.meta["residual"] = n_res + 1
 
     def _merge(self, layer: CompressedLayer, victim: torch.Tensor, n_res: int) -> None:
@@ -227,22 +220,13 @@ class ZSMerge(CompressionMethod):
         Eq. 6 picks the slot, Eq. 7 updates it by the incremental (fusion-weighted) mean of keys
         and values; the fusion count adds up, the slot's score becomes the max of both.
         """
-        d = layer.keys.shape[-1]
         v_idx = victim[..., None]
-        k_i = layer.keys.gather(2, v_idx[..., None].expand(-1, -1, 1, d))
-        v_i = layer.values.gather(2, v_idx[..., None].expand(-1, -1, 1, layer.values.shape[-1]))
+        k_i = gather_slots(layer.keys, v_idx)
         dots = torch.matmul(layer.keys[:, :, :n_res].float(), k_i.float().transpose(-1, -2)).squeeze(-1)
         j_idx = dots.argmax(dim=-1, keepdim=True)
-        fusion = layer.state["fusion"]
+        fusion, scores = layer.state["fusion"], layer.state["scores"]
         w_i, w_j = fusion.gather(2, v_idx), fusion.gather(2, j_idx)
         total = w_i + w_j
-        for t, item in ((layer.keys, k_i), (layer.values, v_i)):
-            jd = j_idx[..., None].expand(-1, -1, 1, t.shape[-1])
-            acc = torch.promote_types(t.dtype, torch.float32)  # fp32 or better
-            w_new = (w_i.to(acc) / total.to(acc))[..., None]
-            w_old = (w_j.to(acc) / total.to(acc))[..., None]
-            t.scatter_(2, jd, (w_old * t.gather(2, jd).to(acc) + w_new * item.to(acc)).to(t.dtype))
-        fusion.scatter_(2, j_idx, total)
-        layer.log_weight.scatter_(2, j_idx, self.alpha * total.log())
-        scores = layer.state["scores"]
-        scores.scatter_(2, j_idx, torch.maximum(scores.gather(2, j_idx), scores.gather(2, v_idx)))
+        best = torch.maximum(scores.gather(2, j_idx), scores.gather(2, v_idx))
+        layer.store.merge_into(j_idx, v_idx, w_j, w_i)
+        layer.store.replace(j_idx, fusion=total, log_weight=self.alpha * total.log(), scores=best)

@@ -148,9 +148,10 @@ def test_votes_account_for_every_token(tiny_model, preset):
 
 
 @pytest.mark.parametrize("preset", [{}, {"estimator": "window_mean", "merge": "convex"}])
-def test_in_place_decode_eviction_equals_the_full_rebuild(preset):
-    """The per-step in-place path (victim + partner only) gives the same slots, votes, scores,
-    keys and values as Algorithm 1's full rebuild with one slot over budget."""
+def test_in_place_decode_eviction_equals_the_group_merge(preset):
+    """The per-step in-place merge (victim + partner only) gives the same slots, votes, scores,
+    keys and values as Algorithm 1's group merge over every slot with one slot over budget (the
+    path of the prefill), on the same victim."""
     from methods.layer import CompressedLayer
 
     gen = torch.Generator().manual_seed(3)
@@ -165,23 +166,20 @@ def test_in_place_decode_eviction_equals_the_full_rebuild(preset):
         method.prefill(layer, torch.randn(1, 6, 30, 16, generator=torch.Generator().manual_seed(1)), 0.25)
         layers.append(layer)
     fast, full = layers
+    merge_evicted = method.merge_evicted
     for step in range(30, 40):
         logits = torch.randn(1, 2, 3, 21, generator=torch.Generator().manual_seed(step))
         for layer in layers:
             layer.update(keys[:, :, step : step + 1], values[:, :, step : step + 1])
-        assert torch.equal(fast.positions.sort(-1).values, full.positions)  # same tokens, other order
+        assert torch.equal(fast.positions.sort(-1).values, full.positions)  # the group path keeps order
         full_logits = logits.gather(-1, fast.positions.argsort(-1)[:, :, None].expand(-1, -1, 3, -1))
         method.decode_step(fast, logits)
-        log_s = torch.logsumexp(full_logits, dim=2) - math.log(3)
-        if method.estimator == "ema":  # the rebuild path, applied by hand to the second layer
-            alpha = method.scores.decay(full)
-            old = full.state["log_ema"] + math.log(alpha)
-            full.state["log_ema"] = torch.logaddexp(old, math.log(1 - alpha) + log_s)
-            full.meta["ema_terms"] += 1
-        else:
-            full.state["rows"] = torch.cat([full.state["rows"][..., 1:], log_s.unsqueeze(-1)], dim=-1)
-        method._compress(full, *method.layer_budget(full))
-        order = fast.positions.argsort(dim=-1)
+        method.merge_evicted = lambda layer, evicted: merge_evicted(layer, evicted, in_place=False)
+        try:
+            method.decode_step(full, full_logits)
+        finally:
+            method.merge_evicted = merge_evicted
+        order_fast, order_full = fast.positions.argsort(dim=-1), full.positions.argsort(dim=-1)
         name = "log_ema" if method.estimator == "ema" else "rows"
         for ours, theirs in (
             (fast.positions, full.positions),
@@ -190,31 +188,12 @@ def test_in_place_decode_eviction_equals_the_full_rebuild(preset):
             (fast.keys, full.keys),
             (fast.values, full.values),
         ):
-            index = order.view(*order.shape, *[1] * (ours.dim() - 3)).expand_as(ours)
-            torch.testing.assert_close(ours.gather(2, index), theirs, atol=1e-5, rtol=1e-5)
+            i_ours = order_fast.view(*order_fast.shape, *[1] * (ours.dim() - 3)).expand_as(ours)
+            i_theirs = order_full.view(*order_full.shape, *[1] * (theirs.dim() - 3)).expand_as(theirs)
+            torch.testing.assert_close(
+                ours.gather(2, i_ours), theirs.gather(2, i_theirs), atol=1e-5, rtol=1e-5
+            )
     assert int(fast.meta["merges"]) == int(full.meta["merges"]) > 0
-
-
-@pytest.mark.parametrize("zip_keys", [True, False])
-def test_pair_merge_equals_the_group_merge(zip_keys):
-    """The decode-step specialisation gives merge_groups' result for one two-member group, merged
-    or dropped, including the guarded fallback."""
-    from methods.zip_merge import merge_groups, merge_pair
-
-    gen = torch.Generator().manual_seed(5)
-    keys, values = torch.randn(2, 3, 2, 8, generator=gen), torch.randn(2, 3, 2, 8, generator=gen)
-    log_votes = torch.randn(2, 3, 2, generator=gen)
-    log_votes[0, 1, 1] = float("-inf")  # one head drops its victim
-    log_score = torch.randn(2, 3, 2, generator=gen)
-    log_score[1, 2] = torch.tensor([1e-4, -1e-4])  # near the ZIP singularity: fallback
-    pair = merge_pair(keys, values, log_votes, log_score, zip_keys=zip_keys)
-    group = merge_groups(
-        keys, values, log_votes, log_score, torch.zeros(2, 3, 2, dtype=torch.long), 1, zip_keys
-    )
-    for name in ("keys", "values", "log_votes", "log_score"):
-        torch.testing.assert_close(getattr(pair, name), getattr(group, name))
-    assert torch.equal(pair.merged, group.merged) and torch.equal(pair.fallback, group.fallback)
-    assert not pair.merged[0, 1, 0] and (pair.fallback.any() == zip_keys)
 
 
 def test_cosine_layer_budgets_average_to_the_budget():

@@ -99,7 +99,7 @@ def build_preset(name: str):
 
 def slot_bytes(layer) -> int:
     """Bytes one slot occupies in every per-slot tensor of the layer (K, V, log-weight, positions, state)."""
-    return sum(t.element_size() * t[:, :, :1].numel() for t in layer._slot_tensors().values())
+    return sum(t.element_size() * t[:, :, :1].numel() for t in layer.store.buffers.values())
 
 
 @pytest.mark.parametrize("budget", [10, 40, 4096])

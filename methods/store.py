@@ -1,0 +1,201 @@
+"""The slot store of one decoder layer: fixed-capacity buffers for every per-slot tensor and a
+handful of operations, the only code that writes them (docs/design.md, "The slot store").
+
+Every per-slot tensor (``keys``, ``values``, ``log_weight``, ``positions`` and the method's
+state, e.g. scores or fusion counts) lives in one buffer ``[batch, kv_heads, capacity, *extra]``
+whose first ``n`` slots are valid; the same ``n`` for every head. Readers get views of the valid
+slots (:meth:`SlotStore.view`). Capacity comes from the owner's rule (``CompressedLayer``:
+the method's per-layer bound plus the slot a decode step appends before it evicts), so once a
+layer is full every decode step sees the same shapes: append makes ``n = bound + 1``, the
+eviction brings it back to ``bound``, in place, with no allocation and no host synchronisation.
+
+Operations: :meth:`~SlotStore.append` (the seam's, one call per forward), :meth:`~SlotStore.keep`
+(per-head selection, releasing the old buffers), :meth:`~SlotStore.drop` (evict one slot per head:
+the last slot moves into its place), :meth:`~SlotStore.swap`, :meth:`~SlotStore.replace` (write
+given fields at given slots), :meth:`~SlotStore.merge_into` (weighted mean of a slot into another),
+:meth:`~SlotStore.write` (a field over all valid slots) and :meth:`~SlotStore.reset` (replace every
+slot at once by compact tensors: merge rebuilds). Slot order is not position order; methods find
+tokens by ``positions``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+#: Fields every store has, besides the method's state: name -> fill of slots appended by the seam.
+BASE_FILLS = {"log_weight": 0.0}
+#: Fields whose dtype the store fixes (values given to :meth:`SlotStore.reset` are cast).
+FIXED_DTYPES = ("keys", "values", "log_weight", "positions")
+
+
+def slot_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``index`` ``[batch, kv_heads, k]`` expanded over the trailing dims of a slot tensor ``t``."""
+    extra = t.shape[3:]
+    return index.view(*index.shape, *([1] * len(extra))).expand(*index.shape, *extra)
+
+
+def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t[b, h, index[b, h, j], ...]`` for a slot tensor ``[batch, kv_heads, slots, *extra]``."""
+    return t.gather(2, slot_index(t, index))
+
+
+class SlotStore:
+    """Fixed-capacity slot buffers of one layer (module docstring).
+
+    Parameters
+    ----------
+    fills : dict[str, float]
+        The method's state fields and the value a slot appended by the seam starts with
+        (``CompressionMethod.state_fill``); ``log_weight`` (0) is always present.
+    capacity : Callable[[int], int]
+        Slots to allocate for a buffer that must hold ``needed`` slots (the owner's rule).
+
+    Attributes
+    ----------
+    n : int
+        Valid slots per (batch, KV head).
+    buffers : dict[str, torch.Tensor]
+        ``[batch, kv_heads, capacity, *extra]`` per field: ``keys``/``values`` in the model's dtype,
+        ``log_weight`` and method state float32, ``positions`` int64.
+    """
+
+    def __init__(self, fills: dict[str, float], capacity: Callable[[int], int]) -> None:
+        self.fills = BASE_FILLS | dict(fills)
+        self.capacity_for = capacity
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.n = 0
+
+    # ------------------------------------------------------------------ reading
+    def __contains__(self, name: str) -> bool:
+        return name in self.buffers
+
+    def view(self, name: str) -> torch.Tensor:
+        """The valid slots of field ``name``: ``[batch, kv_heads, n, *extra]`` (a view)."""
+        return self.buffers[name][:, :, : self.n]
+
+    @property
+    def capacity(self) -> int:
+        """Slots the buffers hold (valid or not)."""
+        return self.buffers["keys"].shape[2] if self.buffers else 0
+
+    def allocated_bytes(self) -> int:
+        """Bytes of every buffer, capacity included."""
+        return sum(buf.untyped_storage().nbytes() for buf in self.buffers.values())
+
+    # ------------------------------------------------------------------ the seam's append
+    def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
+        """Append ``k`` slots: ``keys``/``values`` ``[batch, kv_heads, k, head_dim]``, ``positions``
+        ``[k]`` int64 (the same tokens for every head); other fields take their fill value. The
+        first call allocates the buffers with the incoming dtype and device."""
+        b, h, k = keys.shape[:3]
+        if not self.buffers:
+            cap = self.capacity_for(k)
+            self.buffers = {
+                "keys": keys.new_empty((b, h, cap, keys.shape[-1])),
+                "values": values.new_empty((b, h, cap, values.shape[-1])),
+                "positions": torch.empty((b, h, cap), dtype=torch.long, device=keys.device),
+            }
+            for name in self.fills:
+                self.buffers[name] = torch.empty((b, h, cap), dtype=torch.float32, device=keys.device)
+        elif self.n + k > self.capacity:
+            self._reallocate(self.capacity_for(self.n + k))
+        n = self.n
+        self.buffers["keys"][:, :, n : n + k] = keys
+        self.buffers["values"][:, :, n : n + k] = values
+        self.buffers["positions"][:, :, n : n + k] = positions
+        for name, fill in self.fills.items():
+            self.buffers[name][:, :, n : n + k] = fill
+        self.n = n + k
+
+    def _reallocate(self, cap: int) -> None:
+        """Move the valid slots into buffers of ``cap`` slots (the old ones are released)."""
+        new = {}
+        for name, buf in self.buffers.items():
+            new[name] = buf.new_empty((*buf.shape[:2], cap, *buf.shape[3:]))
+            new[name][:, :, : self.n] = buf[:, :, : self.n]
+        self.buffers = new
+
+    # ------------------------------------------------------------------ methods' operations
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep the slots ``index`` ``[batch, kv_heads, k]`` (per head, in that order) and free the
+        rest: new buffers sized for ``k`` slots plus a decode step's append, the old ones released."""
+        k = index.shape[2]
+        cap = max(self.capacity_for(k + 1), k)
+        new = {}
+        for name, buf in self.buffers.items():
+            new[name] = buf.new_empty((*buf.shape[:2], cap, *buf.shape[3:]))
+            new[name][:, :, :k] = gather_slots(buf[:, :, : self.n], index)
+        self.buffers, self.n = new, k
+
+    def drop(self, slot: torch.Tensor) -> None:
+        """Evict one slot per head, ``slot`` ``[batch, kv_heads]`` int64, in place: the last valid
+        slot moves into its place (O(1) per head; no copy of the cache, no host synchronisation)."""
+        last = self.n - 1
+        index = slot.unsqueeze(-1)
+        for buf in self.buffers.values():
+            buf.scatter_(2, slot_index(buf, index), buf[:, :, last : last + 1].clone())
+        self.n = last
+
+    def swap(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Exchange slots ``a`` and ``b`` ``[batch, kv_heads]`` int64 of every head, in place."""
+        ia, ib = a.unsqueeze(-1), b.unsqueeze(-1)
+        for buf in self.buffers.values():
+            xa, xb = gather_slots(buf, ia), gather_slots(buf, ib)
+            buf.scatter_(2, slot_index(buf, ia), xb)
+            buf.scatter_(2, slot_index(buf, ib), xa)
+
+    def replace(self, slot: torch.Tensor, **fields: torch.Tensor | float) -> None:
+        """Write ``fields`` at ``slot`` ``[batch, kv_heads, k]`` int64: each a tensor
+        ``[batch, kv_heads, k, *extra]`` (cast to the field's dtype) or a scalar."""
+        for name, value in fields.items():
+            buf = self.buffers[name]
+            if isinstance(value, torch.Tensor):
+                buf.scatter_(2, slot_index(buf, slot), value.to(buf.dtype))
+            else:
+                buf.scatter_(2, slot_index(buf, slot), torch.full_like(gather_slots(buf, slot), value))
+
+    def merge_into(
+        self,
+        target: torch.Tensor,
+        source: torch.Tensor,
+        weight_target: torch.Tensor,
+        weight_source: torch.Tensor,
+        fields: tuple[str, ...] = ("keys", "values"),
+    ) -> None:
+        """Replace slot ``target`` by the weighted mean of ``target`` and ``source`` for each field:
+        ``(w_t x_t + w_s x_s) / (w_t + w_s)``, in float32 or better (ZSMerge Eq. 7's incremental
+        mean with fusion counts as weights). ``target``, ``source``, ``weight_*`` are
+        ``[batch, kv_heads, 1]``; the source slot is left as it is (evict it after)."""
+        total = weight_target + weight_source
+        for name in fields:
+            buf = self.buffers[name]
+            acc = torch.promote_types(buf.dtype, torch.float32)
+            x_t, x_s = gather_slots(buf, target).to(acc), gather_slots(buf, source).to(acc)
+            w_t = (weight_target.to(acc) / total.to(acc)).view(*target.shape, *([1] * (buf.dim() - 3)))
+            w_s = (weight_source.to(acc) / total.to(acc)).view(*target.shape, *([1] * (buf.dim() - 3)))
+            buf.scatter_(2, slot_index(buf, target), (w_t * x_t + w_s * x_s).to(buf.dtype))
+
+    def write(self, name: str, value: torch.Tensor) -> None:
+        """Set field ``name`` over all valid slots to ``value`` ``[batch, kv_heads, n, *extra]``; a
+        field whose trailing shape changes (a method's state sized at prefill) gets a new buffer."""
+        buf = self.buffers[name]
+        if buf.shape[3:] != value.shape[3:] or buf.dtype != value.dtype:
+            buf = self.buffers[name] = value.new_empty((*buf.shape[:3], *value.shape[3:]))
+        buf[:, :, : self.n] = value
+
+    def reset(self, **fields: torch.Tensor) -> None:
+        """Replace every slot at once by compact tensors ``[batch, kv_heads, k, *extra]`` (merge
+        rebuilds: ZSMerge's residual slots, KVMerger's sets, KeepKV's groups); fields not given
+        take their fill value (positions: -1). New buffers sized for ``k`` slots plus an append."""
+        k = fields["keys"].shape[2]
+        cap = max(self.capacity_for(k + 1), k)
+        new = {}
+        for name, buf in self.buffers.items():
+            value = fields.get(name)
+            extra = buf.shape[3:] if value is None else value.shape[3:]
+            dtype = buf.dtype if value is None or name in FIXED_DTYPES else value.dtype
+            new[name] = torch.empty((*buf.shape[:2], cap, *extra), dtype=dtype, device=buf.device)
+            new[name][:, :, :k] = value if value is not None else self.fills.get(name, -1)
+        self.buffers, self.n = new, k
