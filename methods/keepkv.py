@@ -172,7 +172,10 @@ class KeepKV(ScoreEvict):
         length = layer.n_slots
         _, recent = self.layer_budget(layer)
         window = max(1, min(recent, length))
-        layer.meta.update(window=window, ema_terms=window)
+        # EMA terms as a device tensor: the bias correction changes every step without recompiling
+        layer.meta.update(
+            window=window, ema_terms=torch.tensor(float(window), dtype=torch.float64, device=layer.device)
+        )
         for name in (*self.counters, "dropped_votes"):  # device tensors: no host sync per step
             layer.meta[name] = torch.zeros((), device=layer.device)
         logits = window_logits(query, layer.keys, window, scaling, layer.softcap)  # [b, h, g, w, L]
@@ -193,7 +196,9 @@ class KeepKV(ScoreEvict):
             self.merge_evicted(layer, victim.unsqueeze(-1))
 
     # ------------------------------------------------------------------ merging
-    def merge_evicted(self, layer: CompressedLayer, evicted: torch.Tensor, in_place: bool | None = None) -> None:
+    def merge_evicted(
+        self, layer: CompressedLayer, evicted: torch.Tensor, in_place: bool | None = None
+    ) -> None:
         """Algorithm 1 for the slots ``evicted`` ``[batch, kv_heads, k]``: each merges into the
         retained slot of highest key cosine if above ``threshold`` (ZIP-Merging, Eq. 7), else is
         dropped; then the evicted slots are freed. Several tokens choosing one partner form one

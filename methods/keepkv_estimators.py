@@ -50,10 +50,11 @@ class EMAEstimator:
         layer.store.write(self.state, torch.logaddexp(old, math.log(1 - alpha) + log_s))
         layer.meta["ema_terms"] += 1
 
-    def correction(self, layer: CompressedLayer) -> float:
-        """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms)."""
+    def correction(self, layer: CompressedLayer) -> torch.Tensor | float:
+        """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms, a
+        float64 0-d tensor in ``layer.meta["ema_terms"]``)."""
         alpha = self.decay(layer)
-        return -math.log1p(-(alpha ** layer.meta["ema_terms"])) if alpha > 0 else 0.0
+        return -torch.log1p(-torch.pow(alpha, layer.meta["ema_terms"])) if alpha > 0 else 0.0
 
     def select(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""

@@ -119,4 +119,3 @@ def merge_groups(
         k_bar = torch.where((merged & ok).unsqueeze(-1), k_bar * factor.unsqueeze(-1), k_bar)
         fallback = merged & ~ok
     return GroupMerge(k_bar, v_bar, log_p, log_s_r, merged, fallback)
-

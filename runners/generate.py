@@ -1,5 +1,9 @@
 """Our own greedy loop: prefill, then one token per decode step, with the compressed cache
 (:class:`ModelRun`, the one model-call loop, shared with the timing loop of ``runners.timing``).
+
+The decode step runs eagerly (the reference) or compiled (config ``backend=compiled``:
+``torch.compile`` of the model's one-token forward, cache seam and method included; CUDA graphs
+on CUDA via ``mode="reduce-overhead"``). The prefill always runs eagerly.
 """
 
 from __future__ import annotations
@@ -55,6 +59,47 @@ class GenerationResult:
     counters: dict[str, int] = field(default_factory=dict)
 
 
+BACKENDS = ("eager", "compiled")
+_backend = "eager"
+
+
+def set_decode_backend(name: str) -> None:
+    """Choose how decode steps run: ``eager`` (the reference) or ``compiled``.
+
+    Raises
+    ------
+    ValueError
+        For another name.
+    """
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    _backend = name
+
+
+def get_decode_backend() -> str:
+    """The configured decode backend (:func:`set_decode_backend`)."""
+    return _backend
+
+
+def compiled_forward(model: torch.nn.Module):
+    """``torch.compile`` of ``model``'s forward, made once per model and kept on the model object
+    (not as a submodule). Inductor on every device; on CUDA ``mode="reduce-overhead"`` (CUDA graphs
+    over the whole step), the whole step as one graph (``fullgraph``: a method that breaks the graph
+    raises instead of running partly eager). Integers start static; the token position, which changes at every step,
+    becomes symbolic after the first recompilation (Dynamo's automatic dynamic shapes), and a
+    compressing layer has the same shapes at every step once it is full."""
+    fn = model.__dict__.get("_kvbench_compiled")
+    if fn is None:
+        torch._dynamo.reset()  # one model per run: earlier models' graphs would count towards the limit
+        # a graph break or a recompilation past the limit raises instead of falling back to eager
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        mode = "reduce-overhead" if next(model.parameters()).is_cuda else None
+        fn = torch.compile(model.forward, mode=mode, fullgraph=True)
+        model.__dict__["_kvbench_compiled"] = fn
+    return fn
+
+
 class ModelRun:
     """One model over one compressed cache: KVBench's only model-call loop (prefill, then one
     token per row and decode step), used by :func:`greedy_generate` and by the timing loop
@@ -74,6 +119,14 @@ class ModelRun:
         Tokens the run appends at most (caps the cache's buffers; ``CompressedCache``).
     observer : callable, optional
         Handed to the attention function as ``kvbench_observer`` (``methods.attention``).
+    backend : str | None
+        ``eager`` or ``compiled`` decode steps (:func:`compiled_forward`); None: the configured
+        one (:func:`set_decode_backend`). An observer forces eager steps (it is Python called per layer).
+
+    Raises
+    ------
+    ValueError
+        For an unknown backend.
 
     Attributes
     ----------
@@ -89,15 +142,21 @@ class ModelRun:
         budget: int | None,
         max_tokens: int | None = None,
         observer=None,
+        backend: str | None = None,
     ) -> None:
         self.model, self.observer = model, observer
         self.cache = CompressedCache.for_model(model, method, budget, max_tokens)
         self.seen = 0
+        self.backend = get_decode_backend() if backend is None else backend
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        compiled = self.backend == "compiled" and observer is None
+        self._decode = compiled_forward(model) if compiled else model
 
-    def _forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    def _forward(self, forward, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
         batch, new = input_ids.shape
         positions = torch.arange(self.seen, self.seen + new, device=input_ids.device).expand(batch, new)
-        out = self.model(
+        out = forward(
             input_ids=input_ids,
             position_ids=positions,
             past_key_values=self.cache,
@@ -112,11 +171,11 @@ class ModelRun:
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Feed the prompts ``[batch, prompt]`` (equal length, no padding); returns the last
         position's logits ``[batch, vocab]``."""
-        return self._forward(input_ids, logits_to_keep=1)
+        return self._forward(self.model, input_ids, logits_to_keep=1)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (``[batch]``); returns the logits ``[batch, vocab]``."""
-        return self._forward(tokens[:, None])
+        return self._forward(self._decode, tokens[:, None])
 
 
 def eos_token_ids(model: torch.nn.Module, tokenizer=None) -> set[int]:

@@ -12,6 +12,7 @@ from kernels import set_backend
 from runners.efficiency import run_efficiency
 from runners.error import run_error
 from runners.errors import KVBenchError
+from runners.generate import set_decode_backend
 from runners.less_train import run_train_less
 from runners.oom import run_oom
 from runners.quality import run_quality
@@ -46,6 +47,7 @@ def run_from_config(cfg: DictConfig) -> float | None:
     try:
         try:
             set_backend(cfg.get("kernels", "auto"))
+            set_decode_backend(cfg.get("backend", "eager"))
         except ValueError as err:
             raise KVBenchError(str(err)) from err
         if cfg.runner.name not in RUNNER_REGISTRY:

@@ -33,6 +33,8 @@ def run_identity(config: dict) -> dict:
         identity["runner"] = {k: v for k, v in config["runner"].items() if k not in NON_IDENTITY_RUNNER_KEYS}
     if config.get("kernels", "auto") != "auto":  # a forced decode backend is another run
         identity["kernels"] = config["kernels"]
+    if config.get("backend", "eager") != "eager":  # compiled decode steps are another run
+        identity["backend"] = config["backend"]
     return identity
 
 
