@@ -131,7 +131,7 @@ def test_a_sweep_with_an_unknown_option_stops_before_any_job(tmp_path, data_dir)
 
 
 def test_wandb_runs_are_grouped_by_sweep():
-    from runners.loggers import sweep_group
+    from runners.wandb_logger import sweep_group
 
     record = {
         "sweep": {"dir": "logs/multiruns/2026-11-23_01-00-00", "job_num": 3, "experiment": "zsmerge_fig5"}
