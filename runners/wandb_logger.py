@@ -29,6 +29,13 @@ from pathlib import Path
 from runners.loggers import flat_summary
 
 MIB = 2**20
+#: Legend names of the curves' y keys (others are shown as they are; ``rel_error@<b>`` as ``budget <b>``).
+LEGEND = {
+    "kv_bytes": "K/V held",
+    "allocated_bytes": "buffers allocated",
+    "train_mse": "train",
+    "val_mse": "validation",
+}
 
 
 @dataclass
@@ -155,6 +162,7 @@ def series_figure(series: Series, title: str):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     panels = {
         t: p for t, p in series.panels.items() if any(r.get(k) is not None for r in series.rows for k in p[0])
@@ -165,13 +173,18 @@ def series_figure(series: Series, title: str):
             points = [(r[series.x], r[key] / scale) for r in series.rows if r.get(key) is not None]
             if points:
                 xs, ys = zip(*points, strict=True)
-                ax.plot(xs, ys, marker="o", markersize=3, label=key)
+                label = LEGEND.get(key) or key.replace("rel_error@", "budget ")
+                ax.plot(xs, ys, marker="o", markersize=3, label=label)
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel(series.x_label or series.x)
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
+        low, high = ax.get_ylim()
+        if low > 0:  # amounts: the axis starts at zero, with the usual headroom above
+            ax.set_ylim(0, 1.05 * high)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if len(keys) > 1:
-            ax.legend(title="series", fontsize=7, title_fontsize=7)
+            ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig

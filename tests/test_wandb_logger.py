@@ -185,7 +185,8 @@ def test_curve_figures_label_their_axes_with_units():
     assert [ax.get_ylabel() for ax in axes] == ["MiB", "MiB", "tokens/s"]
     kv = axes[0].get_lines()[0]
     assert list(kv.get_ydata()) == [1.0, 2.0, 3.0, 4.0]  # bytes drawn in MiB
-    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["kv_bytes", "allocated_bytes"]
+    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["K/V held", "buffers allocated"]
+    assert all(ax.get_ylim()[0] == 0 for ax in axes)  # amounts drawn from zero
 
 
 def test_run_names_carry_presets_and_fall_back_to_registry_names():
