@@ -1,6 +1,6 @@
 """Weights & Biases logger: one W&B run per KVBench run record (offline by default).
 
-What a run holds (docs/results.md, "W&B"):
+What a run holds (README, "Weights & Biases"):
 
 - config: the record's resolved config; summary: the record's flat row (``runners.loggers.flat_summary``);
 - history: the record's curves (:data:`SERIES`), each under its own key prefix with its own x axis
