@@ -167,7 +167,8 @@ def series_figure(series: Series, title: str):
     panels = {
         t: p for t, p in series.panels.items() if any(r.get(k) is not None for r in series.rows for k in p[0])
     }
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4.2 * max(len(panels), 1), 3.2), squeeze=False)
+    width = max(4.2 * len(panels), 5.6)  # room for the title of a one-panel figure
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(width, 3.4), squeeze=False)
     for ax, (panel, (keys, unit, scale)) in zip(axes[0], panels.items(), strict=False):
         for key in keys:
             points = [(r[series.x], r[key] / scale) for r in series.rows if r.get(key) is not None]
@@ -312,7 +313,7 @@ class WandbLogger:
             if self.figures:
                 import matplotlib.pyplot as plt
 
-                fig = series_figure(series, f"{name}: {series.name}")
+                fig = series_figure(series, f"{name}\n{series.name}")
                 run.log({f"figures/{series.name}": wandb.Image(fig)})
                 plt.close(fig)
         run_dir = self.results_dir / "runs" / record["run_id"]
