@@ -83,17 +83,33 @@ def summarise(runs: list[TimedRun], batch: int, prompt_len: int, peaks: list[int
 def measure(
     model: torch.nn.Module, method: CompressionMethod, cfg: DictConfig, budget: int | None
 ) -> tuple[dict, list[dict]]:
-    """Warm-up, then ``runner.repeats`` timed runs of one shape; the efficiency block and the curve."""
+    """Warm-up, then ``runner.repeats`` timed runs of one shape; the efficiency block and the curve.
+
+    The progress bar (``runner.progress``) advances once per model forward, the prefill and every
+    decode step of the warm-up and of each repeat (a forward hook: a counter increment per step)."""
     r = cfg.runner
     device = model.device
     ids = synthetic_prompts(model.config.vocab_size, r.batch, r.prompt_len, cfg.seed).to(device)
-    if r.warmup_steps:
-        timed_generate(model, ids, method, budget, min(r.warmup_steps, r.gen_len - 1))
+    warmup = min(r.warmup_steps, r.gen_len - 1)
+    total = (1 + warmup if r.warmup_steps else 0) + r.repeats * r.gen_len
     runs, peaks = [], []
-    for i in tqdm(range(r.repeats), desc=method.name, disable=not r.progress):
-        reset_peak_memory(device)
-        runs.append(timed_generate(model, ids, method, budget, r.gen_len - 1, r.curve_every if i == 0 else 0))
-        peaks.append(peak_device_bytes(device) if device.type == "cuda" else peak_rss_bytes())
+    with tqdm(total=total, desc=f"{method.name} prefill+decode", unit="step", disable=not r.progress) as bar:
+
+        def advance(*_) -> None:  # a forward hook's return value would replace the model's output
+            bar.update()
+
+        hook = model.register_forward_hook(advance) if r.progress else None
+        try:
+            if r.warmup_steps:
+                timed_generate(model, ids, method, budget, warmup)
+            for i in range(r.repeats):
+                reset_peak_memory(device)
+                curve_every = r.curve_every if i == 0 else 0
+                runs.append(timed_generate(model, ids, method, budget, r.gen_len - 1, curve_every))
+                peaks.append(peak_device_bytes(device) if device.type == "cuda" else peak_rss_bytes())
+        finally:
+            if hook is not None:
+                hook.remove()
     return summarise(runs, r.batch, r.prompt_len, peaks), runs[0].curve
 
 

@@ -16,7 +16,7 @@ import math
 import time
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from methods import METHOD_REGISTRY
@@ -26,6 +26,7 @@ from methods.less_student import h2o_keep_mask, lambda_keep_mask, student_attent
 from runners.errors import KVBenchError
 from runners.less_activations import stream_activations
 from runners.models import load_model, load_tokenizer, resolve_model_config
+from runners.record import log_record, presets
 from tasks.data import load_rows
 
 
@@ -199,13 +200,19 @@ def run_train_less(cfg: DictConfig) -> dict:
     val_mse = sum(best[i][0] for i in layers)
     metrics = {"val_mse": val_mse, "sparse_only_val_mse": sum(sparse_only.values())}
     print(f"val MSE: LESS {val_mse:.4g} vs {method.policy} alone {metrics['sparse_only_val_mse']:.4g}")
-    return {
+    record = {
         "status": "ok",
         "run_id": out_dir.name,
+        "method": "less",
+        "task": None,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "presets": presets(),
         "metrics": metrics,
         "curve": curve,
         "out_dir": str(out_dir),
     }
+    log_record(cfg, record)  # W&B: the loss curves (runners.wandb_logger.training_loss)
+    return record
 
 
 def _zero_state_kernels(kernels: LessKernels) -> LessKernels:

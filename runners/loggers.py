@@ -1,9 +1,9 @@
-"""Loggers fed from the run record: a local table (CSV + parquet) and Weights & Biases."""
+"""Loggers fed from the run record: a local table (CSV + parquet); Weights & Biases is
+``runners.wandb_logger.WandbLogger``."""
 
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -77,45 +77,3 @@ class TablesAtSweepEnd(Callback):
         """Rebuild the tables of the sweep's ``paths.results_dir`` if its logger keeps tables."""
         if "table" in (config.get("logger") or {}):
             write_tables(config.paths.results_dir)
-
-
-def sweep_group(record: dict) -> str | None:
-    """W&B group of a record: ``<experiment or "sweep">/<sweep dir name>`` for a multirun job."""
-    sweep = record.get("sweep")
-    if not sweep:
-        return None
-    return f"{sweep.get('experiment') or 'sweep'}/{Path(sweep['dir']).name}"
-
-
-class WandbLogger:
-    """One W&B run per KVBench run, with the record's config and summary (offline by default),
-    grouped by sweep (:func:`sweep_group`) unless ``group`` is set.
-
-    Disabled with a warning when ``wandb`` is not installed.
-    """
-
-    def __init__(self, project: str, mode: str = "offline", dir: str = "results", group: str | None = None):
-        self.project, self.mode, self.dir, self.group = project, mode, dir, group
-
-    def log(self, record: dict) -> None:
-        """Create, fill and finish a W&B run for ``record``."""
-        try:
-            import wandb
-        except ImportError:
-            print("warning: wandb is not installed; W&B logging disabled", file=sys.stderr)
-            return
-        Path(self.dir).mkdir(parents=True, exist_ok=True)
-        run = wandb.init(
-            project=self.project,
-            mode=self.mode,
-            dir=self.dir,
-            name=f"{record.get('method')}-{record.get('task')}-{record['run_id'][:8]}",
-            id=record["run_id"],
-            group=self.group or sweep_group(record),
-            job_type=(record.get("config") or {}).get("runner", {}).get("name"),
-            config=record.get("config"),
-            resume="allow",
-            settings=wandb.Settings(silent=True, console="off"),
-        )
-        run.summary.update({k: v for k, v in flat_summary(record).items() if v is not None})
-        run.finish()

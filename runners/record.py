@@ -75,8 +75,18 @@ def sweep_info() -> dict | None:
     }
 
 
+def presets() -> dict[str, str] | None:
+    """The config presets the run was composed from (Hydra's choices for model, method, task,
+    runner and experiment: ``method=zsmerge_xsum_paper``), None outside a Hydra app."""
+    if not HydraConfig.initialized():
+        return None
+    choices = HydraConfig.get().runtime.choices
+    return {group: choices.get(group) for group in ("model", "method", "task", "runner", "experiment")}
+
+
 def new_record(rid: str, config: dict, method: str, task: str, device: torch.device, **fields) -> dict:
-    """A record in state ``running`` with provenance (git sha, versions, device) and ``fields``."""
+    """A record in state ``running`` with provenance (git sha, versions, device, config
+    :func:`presets`) and ``fields``."""
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": rid,
@@ -90,6 +100,7 @@ def new_record(rid: str, config: dict, method: str, task: str, device: torch.dev
         "method": method,
         "task": task,
         "sweep": sweep_info(),
+        "presets": presets(),
     } | fields
 
 
@@ -99,6 +110,12 @@ def finish(cfg: DictConfig, store: ResultStore, record: dict, predictions: list[
     The record is the result: a logger that fails afterwards (W&B, the table) is reported with
     one ``warning:`` line and changes nothing that was written."""
     store.write(record, predictions)
+    log_record(cfg, record)
+
+
+def log_record(cfg: DictConfig, record: dict) -> None:
+    """Feed ``record`` to every configured logger (``cfg.logger``); a logger that cannot be built
+    or fails is reported with one ``warning:`` line, never raised."""
     try:
         loggers = instantiate(cfg.logger).values()
     except Exception as err:

@@ -4,29 +4,42 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_summary(record: dict) -> None:
-    """Print quality, throughput, KV bytes vs FullKV and peak memory of one run record."""
+def summary_title(record: dict) -> str:
+    """The table's title, one short line per group (rich wraps a title only between words, so no
+    line is cut inside a name): method on task, model and budget, samples (or the efficiency
+    runner's prompt shape ``prompt + gen x batch``), status."""
+    cfg = record.get("config") or {}
+    shape = record.get("shape")
+    size = (
+        f"prompt {shape['prompt_len']} + gen {shape['gen_len']} tokens x batch {shape['batch']}"
+        if shape
+        else f"{record.get('n_samples')} samples"
+    )
+    lines = [
+        f"{record.get('method')} on {record.get('task')}",
+        f"model {(cfg.get('model') or {}).get('name')} | budget {cfg.get('budget')}",
+        f"{size} | status {record['status']}",
+    ]
+    return "\n".join(lines)
+
+
+def summary_table(record: dict) -> Table:
+    """The rich table :func:`print_summary` prints: labels never wrap, numbers are never cut (they
+    fold only if the console is narrower than the number), text values (the error) wrap at words."""
     eff = record.get("efficiency") or {}
     metrics = record.get("metrics") or {}
-    cfg = record.get("config", {})
-    title = (
-        f"{record.get('method')} on {record.get('task')} | model {cfg.get('model', {}).get('name')} | "
-        f"budget {cfg.get('budget')} | {record.get('n_samples')} samples | status {record['status']}"
-    )
-    table = Table(title=title)
-    for name in ("metric", "value"):
-        table.add_column(name)
+    table = Table(title=summary_title(record))
+    table.add_column("metric", no_wrap=True, min_width=12)
+    table.add_column("value", justify="right", overflow="fold", min_width=10)
     for key, value in metrics.items():
         table.add_row(key, _fmt(value, ".2f"))
-    shape = record.get("shape")
-    if shape:
-        title += f" | {shape['prompt_len']}+{shape['gen_len']} x batch {shape['batch']}"
     rows = [
         ("latency s (prefill + decode)", eff.get("latency_seconds"), ".2f"),
         ("prefill tokens/s", eff.get("prefill_tokens_per_s"), ".1f"),
@@ -51,6 +64,12 @@ def print_summary(record: dict) -> None:
     for label, value, spec in rows:
         table.add_row(label, _fmt(value, spec))
     if record.get("error"):
-        table.add_row("error", record["error"])
+        table.add_row("error", Text(record["error"], justify="left"))  # wraps at words
     table.add_row("record", f"runs/{record['run_id']}/record.json")
-    Console(width=120).print(table)
+    return table
+
+
+def print_summary(record: dict) -> None:
+    """Print quality, throughput, KV bytes vs FullKV and peak memory of one run record (a table
+    that fits the console: rich measures its width, so the terminal never breaks a line mid-word)."""
+    Console().print(summary_table(record))

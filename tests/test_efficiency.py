@@ -9,10 +9,11 @@ import sys
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from methods import H2O, METHOD_REGISTRY, CompressedLayer, FullKV, ZSMerge
 from methods.architecture import layer_specs
-from runners.efficiency import summarise
+from runners.efficiency import measure, summarise
 from runners.generate import greedy_generate
 from runners.oom import OOM_EXIT, Probe, largest_fitting, run_capped
 from runners.timing import TimedRun, timed_generate
@@ -57,6 +58,28 @@ def test_timings_positive_and_kv_bytes_match_slots(tiny_model, name):
     assert run.allocated_bytes >= run.kv_bytes
     if method.compresses and method.budget_holds_in_decode:
         assert max(run.slots) <= budget
+
+
+def test_progress_bar_counts_every_forward_of_warmup_and_repeats(tiny_model, monkeypatch):
+    """The bar's total is the forwards measure() runs (prefill + decode steps, warm-up included) and
+    it ends full, not at a count of repeats; the hook is removed afterwards."""
+    import runners.efficiency
+
+    bars = []
+
+    class Recorder(runners.efficiency.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(runners.efficiency, "tqdm", Recorder)
+    runner = {"batch": 1, "prompt_len": PROMPT, "gen_len": 6, "warmup_steps": 2, "repeats": 3,
+              "curve_every": 0, "progress": True}  # fmt: skip
+    cfg = OmegaConf.create({"runner": runner, "seed": 0})
+    efficiency, _ = measure(tiny_model, H2O(), cfg, 20)
+    forwards = 3 + 3 * 6  # warm-up: prefill + 2 steps; each repeat: prefill + 5 steps
+    assert [(bar.n, bar.total) for bar in bars] == [(forwards, forwards)]
+    assert not tiny_model._forward_hooks and len(efficiency["prefill_seconds_all"]) == 3
 
 
 @pytest.mark.parametrize("method", [H2O(), ZSMerge()])

@@ -80,17 +80,19 @@ def _head_kernels(kernels, h):
 
 
 @pytest.mark.integration
-def test_training_beats_the_sparse_policy_on_held_out_text(tmp_path, data_dir):
+def test_training_beats_the_sparse_policy_on_held_out_text(tmp_path, data_dir, monkeypatch):
     from hydra import compose, initialize_config_dir
 
     from runners.less_train import run_train_less
     from tests.conftest import REPO
 
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):  # wandb's files in tmp_path
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
     overrides = [
         "runner=train_less", "method=less", "budget=0.1", f"task.data_dir={data_dir}",
-        f"paths.checkpoints_dir={tmp_path}", "runner.layers=[0,1]", "runner.windows=2",
-        "runner.val_windows=1", "runner.window_length=96", "runner.epochs=2", "runner.hidden=64",
-        "runner.progress=false",
+        f"paths.checkpoints_dir={tmp_path}", f"paths.results_dir={tmp_path}", "runner.layers=[0,1]",
+        "runner.windows=2", "runner.val_windows=1", "runner.window_length=96", "runner.epochs=2",
+        "runner.hidden=64", "runner.progress=false", "logger=wandb",
     ]  # fmt: skip
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
@@ -102,3 +104,10 @@ def test_training_beats_the_sparse_policy_on_held_out_text(tmp_path, data_dir):
     assert json.loads((part / "layer_1.json").read_text())["best_val"] > 0
     with pytest.raises(FileNotFoundError):  # two of 30 layers: the set is not finished
         load_kernel_set(part.parent)
+    # The loss curves went to W&B (offline run under paths.results_dir), one history row per epoch.
+    from tests.test_wandb_logger import history_rows, offline_run
+
+    _, by_type = offline_run(tmp_path, record["run_id"])
+    epochs = [row for row in history_rows(by_type) if "train_loss/epoch" in row]
+    assert [row["train_loss/epoch"] for row in epochs] == [0, 1, 2]
+    assert epochs[-1]["train_loss/val_mse"] == pytest.approx(sum(curve[-1]["val"].values()))

@@ -42,6 +42,13 @@ def records(tmp_path: Path) -> dict[str, dict]:
     return {r["run_id"]: r for r in ResultStore(tmp_path / "results").records()}
 
 
+def summary(result: subprocess.CompletedProcess) -> str:
+    """The counts of the sweep's last line (runners/sweep_summary.py)."""
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("sweep "), result.stdout[-2000:]
+    return last.split(": ", 1)[1]
+
+
 def record_mtimes(tmp_path: Path) -> dict[str, int]:
     paths = (tmp_path / "results" / "runs").glob("*/record.json")
     return {p.parent.name: p.stat().st_mtime_ns for p in paths}
@@ -72,9 +79,11 @@ def test_a_failing_job_is_recorded_and_the_others_finish(tmp_path, data_dir):
     recs = sorted(records(tmp_path).values(), key=lambda r: r["config"]["method"]["alpha"])
     assert [r["status"] for r in recs] == ["error", "ok"]
     assert "alpha" in recs[0]["error"] and recs[1]["metrics"]["rouge1"] >= 0
+    assert summary(result) == "1 ok / 1 failed / 0 skipped"
     # A failed run is attempted again on the next sweep (only finished runs are skipped).
     again = multirun(tmp_path, data_dir, "method=zsmerge", "method.alpha=-1,0.5")
     assert again.stdout.count("already finished") == 1 and "recorded as run" in again.stderr
+    assert summary(again) == "0 ok / 1 failed / 1 skipped"
 
 
 def test_killing_a_sweep_between_jobs_leaves_readable_records_and_it_resumes(tmp_path, data_dir):
@@ -119,6 +128,7 @@ def test_submitit_local_launcher_runs_the_sweep_in_worker_processes(tmp_path, da
     assert all(r["status"] == "ok" for r in recs.values())
     assert list((tmp_path / "logs").glob("multiruns/*/.submitit/*/*_result.pkl"))
     assert {r["sweep"]["job_num"] for r in recs.values()} == {0, 1}
+    assert summary(result) == "2 ok / 0 failed / 0 skipped"  # counted from the store, not in-process
 
 
 def test_a_sweep_with_an_unknown_option_stops_before_any_job(tmp_path, data_dir):
@@ -131,7 +141,7 @@ def test_a_sweep_with_an_unknown_option_stops_before_any_job(tmp_path, data_dir)
 
 
 def test_wandb_runs_are_grouped_by_sweep():
-    from runners.loggers import sweep_group
+    from runners.wandb_logger import sweep_group
 
     record = {
         "sweep": {"dir": "logs/multiruns/2026-11-23_01-00-00", "job_num": 3, "experiment": "zsmerge_fig5"}

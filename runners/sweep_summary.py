@@ -1,0 +1,99 @@
+"""The line a ``--multirun`` sweep ends with: ``sweep <dir>: N ok / M failed / K skipped``.
+
+Counted from files, not from the launching process, so it holds for jobs run in other processes
+(submitit): every job of the sweep leaves its composed config in ``<sweep dir>/<job>/.hydra/config.yaml``,
+which gives its run id (``runners.results.run_id``); the result store says how that run ended.
+
+- ok / failed: the job's record was written by this sweep (its ``sweep.dir``) with status ``ok`` /
+  anything else (``error``, ``oom``, ``interrupted``); a job with no record at all (killed) is failed;
+- skipped: the job's run had finished before (an ``ok`` record from another sweep or a single run),
+  so the job reused it (``rerun=false``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from runners.results import ResultStore
+
+
+def job_run_id(job_config: Path) -> str:
+    """Run id of the job whose composed config Hydra saved at ``job_config``: the id its run is
+    stored under (``runners.record.run_config``; a method config that does not build counts as
+    compressing, as ``runners.record.record_failure`` stores it).
+
+    Raises
+    ------
+    OSError, omegaconf.errors.OmegaConfBaseException
+        If the file cannot be read or its interpolations resolved.
+    """
+    from hydra.utils import instantiate
+
+    from runners.record import run_config
+    from runners.results import run_id
+
+    cfg = OmegaConf.load(job_config)
+    try:
+        budget_applies = instantiate(cfg.method).budget_applies
+    except Exception:  # the job failed on its method config; its record says so
+        budget_applies = True
+    return run_id(run_config(cfg, budget_applies))
+
+
+def _same_dir(a: str | Path, b: str | Path) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def sweep_counts(sweep_dir: str | Path, results_dir: str | Path) -> Counter:
+    """``ok``, ``failed``, ``skipped`` (and ``no_record``, included in ``failed``) of the jobs of the
+    sweep in ``sweep_dir`` whose records are in ``results_dir`` (see the module docstring). A job
+    whose saved config cannot be read is counted as ``failed`` with a warning on stderr."""
+    store = ResultStore(results_dir)
+    counts = Counter(ok=0, failed=0, skipped=0)
+    for job_config in sorted(Path(sweep_dir).glob("*/.hydra/config.yaml")):
+        try:
+            rid = job_run_id(job_config)
+        except Exception as err:
+            print(
+                f"warning: sweep job config {job_config} not read ({type(err).__name__}: {err})",
+                file=sys.stderr,
+            )
+            counts["failed"] += 1
+            continue
+        record = store.read(rid)
+        sweep = (record or {}).get("sweep") or {}
+        if record is not None and sweep.get("dir") and _same_dir(sweep["dir"], sweep_dir):
+            counts["ok" if record["status"] == "ok" else "failed"] += 1
+        elif record is not None and record["status"] == "ok":
+            counts["skipped"] += 1
+        else:
+            counts["failed"] += 1
+            counts["no_record"] += 1
+    return counts
+
+
+def summary_line(sweep_dir: str | Path, counts: Counter) -> str:
+    """``sweep <dir>: N ok / M failed / K skipped`` (+ how many failed jobs left no record)."""
+    line = f"sweep {sweep_dir}: {counts['ok']} ok / {counts['failed']} failed / {counts['skipped']} skipped"
+    if counts["no_record"]:
+        line += f" ({counts['no_record']} failed without a record: killed?)"
+    return line
+
+
+class SweepSummary(Callback):
+    """Hydra callback: print :func:`summary_line` when a ``--multirun`` sweep ends (any launcher)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        """Count the sweep's jobs from its directory and the result store; never raises (a summary
+        that cannot be made is one warning line)."""
+        sweep_dir = config.hydra.sweep.dir
+        try:
+            print(summary_line(sweep_dir, sweep_counts(sweep_dir, config.paths.results_dir)), flush=True)
+        except Exception as err:
+            print(f"warning: no sweep summary ({type(err).__name__}: {err})", file=sys.stderr)

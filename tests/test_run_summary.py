@@ -1,0 +1,50 @@
+"""The table printed at the end of a run (runners/report.py): the title shows the prompt shape and
+no label, number or word is broken across lines, at a wide and at a narrow console."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from runners.report import summary_table
+
+RECORD = {
+    "run_id": "70dd256838892b96",
+    "status": "error",
+    "error": "RuntimeError: the cache overflowed its preallocated buffer while decoding step 1234567",
+    "method": "zsmerge",
+    "task": "synthetic",
+    "config": {"model": {"name": "smollm2-135m"}, "budget": 64},
+    "shape": {"prompt_len": 128, "gen_len": 97, "batch": 2},
+    "n_samples": 2,
+    "metrics": {"tokens_per_s": 1.95},
+    "efficiency": {"kv_bytes_end": 2949120, "fullkv_bytes_end": 10321920, "latency_seconds": 49.67},
+}
+
+
+def render(record: dict, width: int) -> str:
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(summary_table(record))
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [120, 60])
+def test_title_shows_the_shape_and_nothing_is_cut_mid_word(width):
+    text = render(RECORD, width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "prompt 128 + gen 97 tokens x batch 2" in text and "status error" in text
+    for whole in ("FullKV bytes, same tokens (mean)", "2,949,120", "10,321,920", "smollm2-135m", "49.67"):
+        assert whole in text, (whole, text)
+    cells = [c.strip() for line in text.splitlines() for c in re.split(r"[│┃]", line)]
+    words = {w for c in cells for w in c.split()}
+    for word in RECORD["error"].split():  # the error wraps between words only
+        assert word in words, (word, text)
+
+
+def test_a_quality_record_shows_its_sample_count():
+    record = {k: v for k, v in RECORD.items() if k != "shape"} | {"status": "ok", "error": None}
+    text = render(record, 100)
+    assert "2 samples | status ok" in text and "error" not in text
