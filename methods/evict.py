@@ -65,6 +65,16 @@ class ScoreEvict(CompressionMethod):
         bound = self.slot_bound(layer)
         return layer.budget if bound is None else bound
 
+    def plan(self, layer: CompressedLayer) -> tuple[int | None, int, int]:
+        """``(bound, first, recent)`` of the layer, computed once per sample and kept in
+        ``layer.meta["plan"]``: decode steps do no budget arithmetic (static, host-free steps)."""
+        plan = layer.meta.get("plan")
+        if plan is None:
+            bound = self.slot_bound(layer)
+            first, recent = (0, 0) if bound is None else self.protected(layer, bound)
+            plan = layer.meta["plan"] = (bound, first, recent)
+        return plan
+
     def ranking(self, layer: CompressedLayer) -> torch.Tensor:
         """What eviction ranks by: the ``scores`` field, or the positions (oldest evicted first)."""
         return layer.state["scores"] if "scores" in self.state_fill else layer.positions
@@ -92,10 +102,9 @@ class ScoreEvict(CompressionMethod):
         scores = self.step_scores(layer, probs)
         if scores is not None:
             layer.store.write("scores", scores)
-        bound = self.slot_bound(layer)
+        bound, first, recent = self.plan(layer)
         if bound is None or layer.n_slots <= bound:
             return None
-        first, recent = self.protected(layer, bound)
         pos = layer.positions
         candidates = (pos >= first) & (pos <= layer.seen_tokens - 1 - recent)
         return lowest_score(self.ranking(layer), candidates)

@@ -144,7 +144,13 @@ class KeepKV(ScoreEvict):
 
     # ------------------------------------------------------------------ budgets
     def layer_budget(self, layer: CompressedLayer) -> tuple[int, int]:
-        """``(slots, recent window)`` of this layer, both in tokens."""
+        """``(slots, recent window)`` of this layer, both in tokens; computed once per sample
+        (``layer.meta["layer_budget"]``)."""
+        if "layer_budget" not in layer.meta:
+            layer.meta["layer_budget"] = self._layer_budget(layer)
+        return layer.meta["layer_budget"]
+
+    def _layer_budget(self, layer: CompressedLayer) -> tuple[int, int]:
         budget = layer.budget
         recent = math.ceil(self.recent_share * budget) if self.window is None else self.window
         recent = max(1, min(recent, budget - 1)) if budget > 1 else budget
@@ -172,10 +178,7 @@ class KeepKV(ScoreEvict):
         length = layer.n_slots
         _, recent = self.layer_budget(layer)
         window = max(1, min(recent, length))
-        # EMA terms as a device tensor: the bias correction changes every step without recompiling
-        layer.meta.update(
-            window=window, ema_terms=torch.tensor(float(window), dtype=torch.float64, device=layer.device)
-        )
+        layer.meta["window"] = window
         for name in (*self.counters, "dropped_votes"):  # device tensors: no host sync per step
             layer.meta[name] = torch.zeros((), device=layer.device)
         logits = window_logits(query, layer.keys, window, scaling, layer.softcap)  # [b, h, g, w, L]

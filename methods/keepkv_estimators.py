@@ -43,18 +43,26 @@ class EMAEstimator:
         )
         layer.store.write(self.state, torch.logsumexp(log_s + log_coef[:, None], dim=-2))
 
+        # per-sample constants as float64 0-d device tensors: a decode step does no Python float
+        # arithmetic on them, so a compiled step is reused across samples and steps
+        def const(x: float) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.float64, device=log_s.device)
+
+        layer.meta["ema_alpha"] = const(alpha)
+        layer.meta["ema_log_alpha"] = const(math.log(alpha) if alpha > 0 else NEG_INF)
+        layer.meta["ema_log_1m_alpha"] = const(math.log(1 - alpha))
+        layer.meta["ema_terms"] = const(float(window))
+
     def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """``S <- alpha S + (1 - alpha) s`` with this step's ``ln s`` ``[batch, kv_heads, slots]``."""
-        alpha = self.decay(layer)
-        old = layer.state[self.state] + (math.log(alpha) if alpha > 0 else NEG_INF)
-        layer.store.write(self.state, torch.logaddexp(old, math.log(1 - alpha) + log_s))
+        old = layer.state[self.state] + layer.meta["ema_log_alpha"]
+        layer.store.write(self.state, torch.logaddexp(old, layer.meta["ema_log_1m_alpha"] + log_s))
         layer.meta["ema_terms"] += 1
 
-    def correction(self, layer: CompressedLayer) -> torch.Tensor | float:
-        """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms, a
-        float64 0-d tensor in ``layer.meta["ema_terms"]``)."""
-        alpha = self.decay(layer)
-        return -torch.log1p(-torch.pow(alpha, layer.meta["ema_terms"])) if alpha > 0 else 0.0
+    def correction(self, layer: CompressedLayer) -> torch.Tensor:
+        """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms; 0 for
+        ``alpha = 0``)."""
+        return -torch.log1p(-torch.pow(layer.meta["ema_alpha"], layer.meta["ema_terms"]))
 
     def select(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""

@@ -112,6 +112,12 @@ class ZSMerge(CompressionMethod):
             )
         return b_p, b_c, b_r
 
+    def layer_split(self, layer: CompressedLayer) -> tuple[int, int, int]:
+        """:meth:`split` of the layer's budget, computed once per sample (``layer.meta["split"]``)."""
+        if "split" not in layer.meta:
+            layer.meta["split"] = self.split(layer.budget)
+        return layer.meta["split"]
+
     # ------------------------------------------------------------------ prefill
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise scores from the observation window, then keep P + top-B_c and merge the rest.
@@ -133,7 +139,7 @@ class ZSMerge(CompressionMethod):
         layer.meta["residual"] = 0
         if layer.budget is None or length <= layer.budget:
             return
-        b_p, b_c, b_r = self.split(layer.budget)
+        b_p, b_c, b_r = self.layer_split(layer)
         kept = keep_index(scores, 0, b_c, b_p)
         leftover = self._leftover(kept[..., :b_c], length - b_p)
         residual = self._residual_slots(layer, leftover, b_r) if b_r else None
@@ -190,7 +196,7 @@ class ZSMerge(CompressionMethod):
         layer.store.write("scores", layer.state["scores"] * self.lam + probs)
         if layer.budget is None:
             return
-        b_p, b_c, b_r = self.split(layer.budget)
+        b_p, b_c, b_r = self.layer_split(layer)
         leaving = layer.seen_tokens - 1 - b_p  # position of the token that just left the proximity window
         # One eviction per step once the cache is full; more only while a prompt that fit the budget
         # overflows B_p + B_c for the first time.

@@ -14,6 +14,7 @@ LESS runs with untrained random kernels (its cost does not depend on their value
 ``exact_budget=true`` so that it holds the budget.
 
     python scripts/bench_overhead.py                      # all methods, embedded model, CPU
+    python scripts/bench_overhead.py --backend compiled   # the same with compiled decode steps
     python scripts/bench_overhead.py --device cuda --json results/bench/overhead.json
     python scripts/bench_overhead.py --device cuda --random-weights path/to/config.json   # no weights
 """
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget
 from runners.environment import device_info
+from runners.generate import BACKENDS, set_decode_backend
 from runners.timing import Decoder, synthetic_prompts
 
 FAMILY = {
@@ -98,6 +100,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default="eager", choices=BACKENDS, help="decode steps eager or compiled")
     parser.add_argument("--dtype", default=None, help="override the model config's dtype")
     parser.add_argument("--skip", default="", help="'overhead' or 'throughput' to run one part only")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
@@ -119,6 +122,7 @@ def main() -> None:
         from runners.models import load_model
 
         model = load_model(model_cfg, args.device)
+    set_decode_backend(args.backend)
     names = args.methods.split(",")
     contexts = [int(c) for c in args.contexts.split(",")]
     # every prompt leaves room for the decode steps within the model's context
@@ -127,6 +131,7 @@ def main() -> None:
     full = METHOD_REGISTRY["fullkv"]()
     out = {"device": device_info(model.device), "args": vars(args), "overhead": {}, "throughput": {}}
     print(f"device: {out['device']}; model {args.model} ({model_cfg.dtype}); batch {args.batch}")
+    print(f"decode steps: {args.backend}")
 
     if args.skip != "overhead":
         b, prompt = args.slots, args.prompt_factor * args.slots
