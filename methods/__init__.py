@@ -8,6 +8,7 @@ from methods import attention  # noqa: F401  (registers the attention implementa
 from methods.base import CompressionMethod
 from methods.budget import resolve_budget, validate_budget
 from methods.cache import CompressedCache
+from methods.evict import ScoreEvict
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
@@ -15,6 +16,7 @@ from methods.kvmerger import KVMerger
 from methods.layer import CompressedLayer
 from methods.less import LESS
 from methods.snapkv import SnapKV
+from methods.store import SlotStore
 from methods.streamingllm import StreamingLLM
 from methods.zsmerge import ZSMerge
 
@@ -32,6 +34,8 @@ __all__ = [
     "FullKV",
     "KVMerger",
     "KeepKV",
+    "ScoreEvict",
+    "SlotStore",
     "SnapKV",
     "StreamingLLM",
     "ZSMerge",

@@ -1,0 +1,113 @@
+"""The slot store's operations (methods/store.py) against plain-tensor definitions, and its
+fixed-capacity promise: a full layer's decode steps never reallocate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from methods import H2O, CompressedLayer, SlotStore
+from methods.store import gather_slots
+
+
+def filled(n: int = 6, cap: int = 8) -> tuple[SlotStore, dict[str, torch.Tensor]]:
+    """A store of 2 x 3 heads holding ``n`` random slots (keys/values head_dim 4, a score field)."""
+    store = SlotStore({"scores": 0.0}, lambda needed: max(needed, cap))
+    gen = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(2, 3, n, 4, generator=gen), torch.randn(2, 3, n, 4, generator=gen)
+    store.append(keys, values, torch.arange(n))
+    scores = torch.rand(2, 3, n, generator=gen)
+    store.write("scores", scores)
+    return store, {
+        "keys": keys,
+        "values": values,
+        "positions": torch.arange(n).expand(2, 3, n),
+        "scores": scores,
+    }
+
+
+def test_append_fills_defaults_and_keeps_capacity():
+    store, ref = filled()
+    assert store.n == 6 and store.capacity == 8
+    assert torch.equal(store.view("log_weight"), torch.zeros(2, 3, 6))
+    assert torch.equal(store.view("positions"), ref["positions"])
+    store.append(torch.ones(2, 3, 1, 4), torch.ones(2, 3, 1, 4), torch.tensor([6]))
+    assert store.n == 7 and store.capacity == 8 and store.view("scores")[..., -1].eq(0).all()
+
+
+def test_keep_gathers_per_head_and_releases_the_old_buffers():
+    store, ref = filled()
+    old = store.buffers["keys"].untyped_storage().data_ptr()
+    index = torch.tensor([[[0, 2, 5], [1, 3, 4], [5, 4, 0]]] * 2)
+    store.keep(index)
+    assert store.n == 3 and store.buffers["keys"].untyped_storage().data_ptr() != old
+    for name in ("keys", "values", "scores", "positions"):
+        assert torch.equal(store.view(name), gather_slots(ref[name], index))
+
+
+def test_drop_moves_the_last_slot_into_the_victim():
+    store, ref = filled()
+    victim = torch.tensor([[0, 5, 2], [3, 3, 1]])
+    store.drop(victim)
+    assert store.n == 5
+    for b in range(2):
+        for h in range(3):
+            expected = list(range(6))
+            expected[victim[b, h]] = 5
+            expected = expected[:5]
+            assert store.view("positions")[b, h].tolist() == expected
+            assert torch.equal(store.view("keys")[b, h], ref["keys"][b, h, expected])
+
+
+def test_swap_replace_merge_into_and_write():
+    store, ref = filled()
+    a, b = torch.zeros(2, 3, dtype=torch.long), torch.full((2, 3), 4)
+    store.swap(a, b)
+    assert torch.equal(store.view("keys")[:, :, 0], ref["keys"][:, :, 4])
+    assert torch.equal(store.view("keys")[:, :, 4], ref["keys"][:, :, 0])
+    slot = torch.full((2, 3, 1), 2)
+    store.replace(slot, positions=-1, scores=torch.full((2, 3, 1), 7.0))
+    assert store.view("positions")[..., 2].eq(-1).all() and store.view("scores")[..., 2].eq(7).all()
+    w_t, w_s = torch.full((2, 3, 1), 3.0), torch.full((2, 3, 1), 1.0)
+    source = torch.full((2, 3, 1), 1)
+    store.merge_into(slot, source, w_t, w_s)
+    expected = (3 * ref["keys"][:, :, 2] + ref["keys"][:, :, 1]) / 4  # ZSMerge Eq. 7
+    torch.testing.assert_close(store.view("keys")[:, :, 2], expected)
+    store.write("scores", torch.ones(2, 3, 6))
+    assert store.view("scores").eq(1).all()
+
+
+def test_reset_fills_missing_fields():
+    store, ref = filled()
+    store.reset(
+        keys=ref["keys"][:, :, :2], values=ref["values"][:, :, :2], positions=ref["positions"][..., :2]
+    )
+    assert store.n == 2 and store.view("scores").eq(0).all() and store.view("log_weight").eq(0).all()
+
+
+def test_a_full_layer_decodes_in_place():
+    """Once an H2O layer holds its budget, each decode step appends into and evicts from the same
+    buffers: no allocation, the same shapes at every step."""
+    method, budget = H2O(), 8
+    layer = CompressedLayer(method, budget, max_tokens=40)
+    gen = torch.Generator().manual_seed(1)
+    layer.update(torch.randn(1, 2, 16, 4, generator=gen), torch.randn(1, 2, 16, 4, generator=gen))
+    method.prefill(layer, torch.randn(1, 2, 16, 4, generator=gen), 0.5)
+    layer.prefilled = True
+    ptrs = {name: buf.data_ptr() for name, buf in layer.store.buffers.items()}
+    for _ in range(20):
+        layer.update(torch.randn(1, 2, 1, 4, generator=gen), torch.randn(1, 2, 1, 4, generator=gen))
+        assert layer.keys.shape == (1, 2, budget + 1, 4)
+        method.decode_step(layer, torch.softmax(torch.randn(1, 2, budget + 1, generator=gen), -1))
+        assert layer.n_slots == budget
+    assert {name: buf.data_ptr() for name, buf in layer.store.buffers.items()} == ptrs
+    assert layer.store.capacity == budget + 1
+
+
+def test_the_layer_views_are_read_only():
+    layer = CompressedLayer(H2O(), 4)
+    layer.update(torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4))
+    with pytest.raises(TypeError):
+        layer.state["scores"] = torch.zeros(1, 1, 6)
+    with pytest.raises(AttributeError):
+        layer.keys = torch.zeros(1, 1, 6, 4)
