@@ -70,6 +70,7 @@ def interleaved(model, runs: list[tuple[CompressionMethod, int, int | None]], ar
     """Median decode-step time (ms) of each ``(method, prompt tokens, budget)``, their steps
     alternating, over ``args.repeats`` fresh prefills."""
     times: list[list[float]] = [[] for _ in runs]
+    model.__dict__.pop("_kvbench_compiled", None)  # compiled steps: a clean slate per comparison
     for _ in range(args.repeats):
         decoders = [
             Decoder(
