@@ -13,29 +13,13 @@ import importlib.util
 
 import torch
 
+from kernels.switch import Switch
+
 BACKENDS = ("auto", "torch", "triton")
-_backend = "auto"
-
-
-def set_backend(name: str) -> None:
-    """Choose the decode-attention backend: ``auto`` (Triton on CUDA when triton is installed,
-    PyTorch otherwise), ``torch`` (always the PyTorch path) or ``triton`` (always the kernel; on
-    CPU only under ``TRITON_INTERPRET=1``, for tests).
-
-    Raises
-    ------
-    ValueError
-        For another name.
-    """
-    global _backend
-    if name not in BACKENDS:
-        raise ValueError(f"kernels must be one of {BACKENDS}, got {name!r}")
-    _backend = name
-
-
-def get_backend() -> str:
-    """The configured backend name (:func:`set_backend`)."""
-    return _backend
+#: ``kernels=auto`` (Triton on CUDA when triton is installed, PyTorch otherwise), ``torch`` (always
+#: the PyTorch path) or ``triton`` (always the kernel; on CPU only under ``TRITON_INTERPRET=1``).
+BACKEND = Switch("kernels", BACKENDS, "auto")
+set_backend, get_backend = BACKEND.set, BACKEND.get
 
 
 @functools.cache
@@ -46,9 +30,9 @@ def triton_available() -> bool:
 
 def uses_triton(query: torch.Tensor) -> bool:
     """Whether :func:`decode_attention` runs the Triton kernel for this query."""
-    if _backend == "torch" or query.shape[2] != 1:
+    if BACKEND.value == "torch" or query.shape[2] != 1:
         return False
-    if _backend == "triton":
+    if BACKEND.value == "triton":
         return True
     return query.is_cuda and triton_available()
 

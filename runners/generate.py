@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.switch import Switch
 from methods.base import CompressionMethod
 from methods.cache import CompressedCache
 
@@ -60,35 +61,18 @@ class GenerationResult:
 
 
 BACKENDS = ("eager", "compiled")
-_backend = "eager"
-
-
-def set_decode_backend(name: str) -> None:
-    """Choose how decode steps run: ``eager`` (the reference) or ``compiled``.
-
-    Raises
-    ------
-    ValueError
-        For another name.
-    """
-    global _backend
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
-    _backend = name
-
-
-def get_decode_backend() -> str:
-    """The configured decode backend (:func:`set_decode_backend`)."""
-    return _backend
+#: How decode steps run: ``eager`` (the reference) or ``compiled`` (:func:`compiled_forward`).
+DECODE_BACKEND = Switch("backend", BACKENDS, "eager")
+set_decode_backend, get_decode_backend = DECODE_BACKEND.set, DECODE_BACKEND.get
 
 
 def compiled_forward(model: torch.nn.Module):
     """``torch.compile`` of ``model``'s forward, made once per model and kept on the model object
     (not as a submodule). Inductor on every device; on CUDA ``mode="reduce-overhead"`` (CUDA graphs
     over the whole step), the whole step as one graph (``fullgraph``: a method that breaks the graph
-    raises instead of running partly eager). Integers start static; the token position, which changes at every step,
-    becomes symbolic after the first recompilation (Dynamo's automatic dynamic shapes), and a
-    compressing layer has the same shapes at every step once it is full."""
+    raises instead of running partly eager). Integers start static; the token position, which
+    changes at every step, becomes symbolic after the first recompilation (Dynamo's automatic
+    dynamic shapes), and a compressing layer has the same shapes at every step once it is full."""
     fn = model.__dict__.get("_kvbench_compiled")
     if fn is None:
         torch._dynamo.reset()  # one model per run: earlier models' graphs would count towards the limit
