@@ -51,11 +51,19 @@ def runs_command(args, store: ResultStore, out: Path) -> int:
     """Print every stored run, one compact line each, oldest first."""
     from reports.tables import runs_table
 
-    table = runs_table(store, Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit))
+    table = runs_table(
+        store, Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit)
+    )
     if table.empty:
         print(f"no records under {store.root}/runs", file=sys.stderr)
         return 1
-    print(table.to_string(index=False))
+    from tabulate import tabulate
+
+    print(
+        tabulate(
+            table.to_numpy().tolist(), headers=list(table.columns), tablefmt="plain", disable_numparse=True
+        )
+    )
     return 0
 
 
@@ -109,7 +117,9 @@ def parser() -> argparse.ArgumentParser:
     """The command line (every command shares the store, output and filter options)."""
     p = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split("\n\n")[0])
     p.add_argument("name", help=f"{', '.join(COMMANDS)}, or an experiment name (configs/experiment)")
-    p.add_argument("overrides", nargs="*", help="experiment reports: extra overrides the sweep ran with (seed=0,1)")
+    p.add_argument(
+        "overrides", nargs="*", help="experiment reports: extra overrides the sweep ran with (seed=0,1)"
+    )
     p.add_argument("--results-dir", default=os.environ.get("KVBENCH_RESULTS_DIR", "results"))
     p.add_argument("--out", default=None, help="output directory (default <results-dir>/reports)")
     p.add_argument("--scale", default="smoke", choices=("smoke", "paper"), help="experiment reports")
@@ -119,8 +129,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runner", help="keep runs of this runner (quality, efficiency, error, oom)")
     p.add_argument("--budget-unit", choices=("prompt", "context", "slots"), help="keep budgets in this unit")
     p.add_argument("--limit", type=int, help="keep runs with this task.limit")
-    p.add_argument("--metric", help="budget/pareto: the metric (default the task's first); niah: the needle task")
-    p.add_argument("--memory", default="kv", choices=("kv", "peak"), help="pareto: x axis (KV bytes or peak memory)")
+    p.add_argument(
+        "--metric", help="budget/pareto: the metric (default the task's first); niah: the needle task"
+    )
+    p.add_argument(
+        "--memory", default="kv", choices=("kv", "peak"), help="pareto: x axis (KV bytes or peak memory)"
+    )
     p.add_argument("--resamples", type=int, default=1000, help="summary: bootstrap resamples")
     return p
 

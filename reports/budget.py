@@ -17,7 +17,9 @@ from runners.errors import KVBenchError
 from runners.results import ResultStore
 
 
-def quality_points(store: ResultStore, filters: Filters, metric: str | None = None) -> tuple[pd.DataFrame, str]:
+def quality_points(
+    store: ResultStore, filters: Filters, metric: str | None = None
+) -> tuple[pd.DataFrame, str]:
     """One row per (model, label, budget) of finished quality runs: n, mean and 95% interval of
     ``metric`` over the per-sample scores (seeds of one setting pooled; of runs with different
     sample counts the largest is kept), with the run ids. Returns the frame and the metric.
@@ -37,10 +39,12 @@ def quality_points(store: ResultStore, filters: Filters, metric: str | None = No
     metric = metric or primary_metric(runs)
     known = sorted({m for ms in runs["metrics"] for m in ms})
     if metric not in known:
-        raise KVBenchError(f"metric {metric!r} is not recorded for task {tasks[0]} (known: {', '.join(known)})")
+        raise KVBenchError(
+            f"metric {metric!r} is not recorded for task {tasks[0]} (known: {', '.join(known)})"
+        )
     runs = runs.assign(budget_key=runs["budget"].map(lambda b: "none" if b is None or b != b else repr(b)))
     rows = []
-    for (model, label, key), group in runs.groupby(["model", "label", "budget_key"], sort=False):
+    for (model, label, _), group in runs.groupby(["model", "label", "budget_key"], sort=False):
         group = group[group["n"] == group["n"].max()]
         scores = [s for rid in group["run_id"] for s in sample_scores(store, rid, metric)]
         if not scores:  # a run without predictions: its recorded mean, no interval
@@ -49,14 +53,27 @@ def quality_points(store: ResultStore, filters: Filters, metric: str | None = No
         else:
             (mean, low, high), n = mean_interval(scores), len(scores)
         first = group.iloc[0]
-        rows.append({
-            "model": model, "task": first["task"], "method": first["method"], "preset": first["preset"],
-            "label": label, "budget": first["budget"], "budget_unit": first["budget_unit"], "metric": metric,
-            "n": n, "mean": mean, "ci_low": low, "ci_high": high, "runs": len(group),
-            "kv_mib": group["kv_bytes"].astype(float).mean() / 2**20,
-            "peak_mib": group["peak_bytes"].astype(float).mean() / 2**20, "peak_kind": first["peak_kind"],
-            "run_ids": " ".join(group["run_id"]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "model": model,
+                "task": first["task"],
+                "method": first["method"],
+                "preset": first["preset"],
+                "label": label,
+                "budget": first["budget"],
+                "budget_unit": first["budget_unit"],
+                "metric": metric,
+                "n": n,
+                "mean": mean,
+                "ci_low": low,
+                "ci_high": high,
+                "runs": len(group),
+                "kv_mib": group["kv_bytes"].astype(float).mean() / 2**20,
+                "peak_mib": group["peak_bytes"].astype(float).mean() / 2**20,
+                "peak_kind": first["peak_kind"],
+                "run_ids": " ".join(group["run_id"]),
+            }
+        )
     return pd.DataFrame(rows), metric
 
 
@@ -83,25 +100,38 @@ def draw(points: pd.DataFrame, metric: str, title: str | None = None) -> style.P
         part = compressed[(compressed["model"] == model) & (compressed["budget_unit"] == unit)]
         _draw_lines(ax, part)
         for _, ref in reference[reference["model"] == model].iterrows():
-            ax.axhline(ref["mean"], color=style.method_color(ref["method"]), linestyle="--", linewidth=1.2,
-                       label=f"{ref['label']} (reference, n={int(ref['n'])})")  # fmt: skip
+            ax.axhline(
+                ref["mean"],
+                color=style.method_color(ref["method"]),
+                linestyle="--",
+                linewidth=1.2,
+                label=f"{ref['label']} (reference, n={int(ref['n'])})",
+            )
             if ref["ci_low"] == ref["ci_low"]:
                 ax.axhspan(ref["ci_low"], ref["ci_high"], color=style.method_color(ref["method"]), alpha=0.08)
         if unit in ("prompt", "context") and len(part):
             style.percent_axis(ax, part["budget"])
-        ax.set_xlabel(style.budget_label(unit).replace("fraction", "%") if unit != "slots" else style.budget_label(unit))
+        ax.set_xlabel(
+            style.budget_label(unit).replace("fraction", "%") if unit != "slots" else style.budget_label(unit)
+        )
         ax.set_ylabel(style.metric_label(metric))
         ax.set_title(f"{model}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(title="method (preset)", fontsize=7, title_fontsize=7)
     task = points["task"].iloc[0]
     style.title(fig, title or f"{task}: {style.metric_label(metric)} vs KV cache budget")
-    note = "Lines: mean over samples; shaded: 95% t-interval of the mean from per-sample scores; dashed: FullKV."
+    note = (
+        "Lines: mean over samples; shaded: 95% t-interval of the mean from per-sample scores; dashed: FullKV."
+    )
     if small:
         note += f" Some points have n < {SMALL_N} samples: intervals are wide and unreliable."
     style.caption(fig, note)
     stem = f"budget_{task}_{metric}".replace("/", "-")
-    notes = [f"warning: n < {SMALL_N} samples for some points; confidence intervals are unreliable"] if small else []
+    notes = (
+        [f"warning: n < {SMALL_N} samples for some points; confidence intervals are unreliable"]
+        if small
+        else []
+    )
     return style.Plot(fig, points, stem, notes)
 
 
@@ -115,8 +145,14 @@ def _draw_lines(ax, part: pd.DataFrame) -> None:
         color = style.method_color(method)
         line = style.LINESTYLES[(len(rank) - 1) % len(style.LINESTYLES)]
         marker = style.MARKERS[(len(rank) - 1) % len(style.MARKERS)]
-        ax.plot(group["budget"], group["mean"], color=color, linestyle=line, marker=marker,
-                label=f"{label} ({_legend_n(group['n'])})")  # fmt: skip
+        ax.plot(
+            group["budget"],
+            group["mean"],
+            color=color,
+            linestyle=line,
+            marker=marker,
+            label=f"{label} ({_legend_n(group['n'])})",
+        )
         banded = group[group["ci_low"].notna()]
         if len(banded):
             ax.fill_between(banded["budget"], banded["ci_low"], banded["ci_high"], color=color, alpha=0.15)

@@ -14,7 +14,6 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reports import style
-from reports.presets import identify
 from reports.runs import Filters, row
 from runners.errors import KVBenchError
 from runners.results import ResultStore
@@ -31,8 +30,44 @@ def _series(record: dict) -> str:
     r = row(record)
     shape = record.get("shape") or {}
     budget = r["budget"]
-    where = "" if budget is None else f" @ {budget} slots" if r["budget_unit"] == "slots" else f" @ {100 * budget:g}%"
+    where = (
+        ""
+        if budget is None
+        else f" @ {budget} slots"
+        if r["budget_unit"] == "slots"
+        else f" @ {100 * budget:g}%"
+    )
     return f"{r['label']}{where}" + (f", batch {shape['batch']}" if shape.get("batch", 1) != 1 else "")
+
+
+def record_points(record: dict) -> list[dict]:
+    """The points of one efficiency record: its curve, or one point at prompt + generated tokens."""
+    r = row(record)
+    eff, shape = record.get("efficiency") or {}, record.get("shape") or {}
+    curve = record.get("curve") or [
+        {
+            "context": shape.get("prompt_len", 0) + shape.get("gen_len", 0),
+            "kv_bytes": eff.get("kv_bytes_end"),
+            "memory_bytes": eff.get("peak_memory_bytes"),
+            "tokens_per_s": eff.get("decode_tokens_per_s"),
+        }
+    ]
+    return [
+        {
+            "run_id": r["run_id"],
+            "model": r["model"],
+            "device": (record.get("device") or {}).get("type", "cpu"),
+            "method": r["method"],
+            "preset": r["preset"],
+            "series": _series(record),
+            "context": point["context"],
+            "kv_mib": (point.get("kv_bytes") or 0) / 2**20,
+            "memory_mib": (point.get("memory_bytes") or 0) / 2**20,
+            "tokens_per_s": point.get("tokens_per_s"),
+            "from_curve": bool(record.get("curve")),
+        }
+        for point in curve
+    ]
 
 
 def curve_points(store: ResultStore, filters: Filters) -> pd.DataFrame:
@@ -44,24 +79,13 @@ def curve_points(store: ResultStore, filters: Filters) -> pd.DataFrame:
     KVBenchError
         When no finished efficiency run passes the filters.
     """
-    rows = []
-    for record in store.records():
-        r = row(record)
-        if r["status"] != "ok" or r["runner"] != "efficiency" or not Filters(**{**vars(filters), "runner": None}).keep(r):
-            continue
-        eff, shape = record.get("efficiency") or {}, record.get("shape") or {}
-        curve = record.get("curve") or [{
-            "context": shape.get("prompt_len", 0) + shape.get("gen_len", 0), "kv_bytes": eff.get("kv_bytes_end"),
-            "memory_bytes": eff.get("peak_memory_bytes"), "tokens_per_s": eff.get("decode_tokens_per_s"),
-        }]  # fmt: skip
-        for point in curve:
-            rows.append({
-                "run_id": r["run_id"], "model": r["model"], "device": (record.get("device") or {}).get("type", "cpu"),
-                "method": r["method"], "preset": identify(r["method"], (record["config"].get("method") or {}))[0],
-                "series": _series(record), "context": point["context"],
-                "kv_mib": (point.get("kv_bytes") or 0) / 2**20, "memory_mib": (point.get("memory_bytes") or 0) / 2**20,
-                "tokens_per_s": point.get("tokens_per_s"), "from_curve": bool(record.get("curve")),
-            })  # fmt: skip
+    keep = Filters(**{**vars(filters), "runner": None}).keep
+    rows = [
+        point
+        for record in store.records()
+        if record.get("status") == "ok" and (row(record)["runner"] == "efficiency") and keep(row(record))
+        for point in record_points(record)
+    ]
     if not rows:
         raise KVBenchError(
             f"no finished efficiency runs under {store.root}/runs match the filters; run e.g. "
@@ -70,15 +94,19 @@ def curve_points(store: ResultStore, filters: Filters) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["model", "series", "context"]).reset_index(drop=True)
 
 
-def draw(points: pd.DataFrame) -> style.Plot:
+def draw(points: pd.DataFrame, title: str | None = None) -> style.Plot:
     """The three panels of the ``memory`` report (FullKV dashed, one colour per method)."""
     devices = sorted(set(points["device"]))
     memory = " / ".join(MEMORY_NAMES.get(d, d) for d in devices)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
     for series, group in points.groupby("series", sort=False):
         method = group["method"].iloc[0]
-        kwargs = {"color": style.method_color(method), "marker": ".", "label": series,
-                  "linestyle": "--" if method == "fullkv" else "-"}  # fmt: skip
+        kwargs = {
+            "color": style.method_color(method),
+            "marker": ".",
+            "label": series,
+            "linestyle": "--" if method == "fullkv" else "-",
+        }
         for ax, (column, _) in zip(axes, PANELS, strict=True):
             ax.plot(group["context"], group[column], **kwargs)
     for ax, (_, ylabel) in zip(axes, PANELS, strict=True):
@@ -88,9 +116,12 @@ def draw(points: pd.DataFrame) -> style.Plot:
         ax.set_ylim(bottom=0)
     axes[0].legend(title="method (preset) @ budget", fontsize=7, title_fontsize=7)
     models = ", ".join(dict.fromkeys(points["model"]))
-    style.title(fig, f"Memory and decode throughput vs context ({models}, {', '.join(devices)})")
-    style.caption(fig, "Points every runner.curve_every decode steps of one run (or one point per run at "
-                  "prompt_len + gen_len); dashed: FullKV. KV cache: exact bytes of the kept keys and values.")  # fmt: skip
+    style.title(fig, title or f"Memory and decode throughput vs context ({models}, {', '.join(devices)})")
+    style.caption(
+        fig,
+        "Points every runner.curve_every decode steps of one run (or one point per run at "
+        "prompt_len + gen_len); dashed: FullKV. KV cache: exact bytes of the kept keys and values.",
+    )
     return style.Plot(fig, points, "memory_vs_context", [])
 
 

@@ -36,17 +36,26 @@ def cells(store: ResultStore, filters: Filters, needle: str | None = None) -> pd
             match = CELL.match(key)
             if match is None or (needle and match["needle"] != needle):
                 continue
-            rows.append({
-                "run_id": run["run_id"], "model": run["model"], "method": run["method"], "label": run["label"],
-                "budget": run["budget"], "budget_unit": run["budget_unit"], "needle": match["needle"],
-                "length": int(match["length"]), "depth": float(match["depth"]), "score": value,
-                "n_per_cell": per_cell,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "run_id": run["run_id"],
+                    "model": run["model"],
+                    "method": run["method"],
+                    "label": run["label"],
+                    "budget": run["budget"],
+                    "budget_unit": run["budget_unit"],
+                    "needle": match["needle"],
+                    "length": int(match["length"]),
+                    "depth": float(match["depth"]),
+                    "score": value,
+                    "n_per_cell": per_cell,
+                }
+            )
     if not rows:
         what = f"{needle!r} " if needle else ""
         raise KVBenchError(
-            f"no finished runs with {what}needle grid metrics (<task>/len<L>/depth<d>) under {store.root}/runs; "
-            "run e.g. `python run.py task=niah task.lengths=[1000,2000] method=zsmerge`"
+            f"no finished runs with {what}needle grid metrics (<task>/len<L>/depth<d>) under "
+            f"{store.root}/runs; run e.g. `python run.py task=niah task.lengths=[1000,2000] method=zsmerge`"
         )
     frame = pd.DataFrame(rows)
     first = frame["needle"].iloc[0]
@@ -63,13 +72,16 @@ def _panel_name(label: str, budget: object, unit: str | None) -> str:
 def draw(frame: pd.DataFrame) -> style.Plot:
     """Heatmaps of :func:`cells` rows: one panel per (model, label, budget), FullKV first, a shared
     0-100 colour scale, each cell annotated with its score."""
-    frame = frame.assign(panel=[
-        _panel_name(r.label, r.budget, r.budget_unit) for r in frame.itertuples()
-    ])  # fmt: skip
+    frame = frame.assign(panel=[_panel_name(r.label, r.budget, r.budget_unit) for r in frame.itertuples()])
     order = frame.assign(ref=frame["method"] != "fullkv", b=frame["budget"].fillna(np.inf))
-    panels = list(dict.fromkeys(
-        zip(*[order.sort_values(["model", "ref", "label", "b"])[k] for k in ("model", "panel")], strict=True)
-    ))  # fmt: skip
+    panels = list(
+        dict.fromkeys(
+            zip(
+                *[order.sort_values(["model", "ref", "label", "b"])[k] for k in ("model", "panel")],
+                strict=True,
+            )
+        )
+    )
     columns = min(len(panels), 3)
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(

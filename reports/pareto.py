@@ -46,16 +46,33 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
         method = group["method"].iloc[0]
         color, is_ref = style.method_color(method), group["budget_unit"].isna().all()
         yerr = [(group["mean"] - group["ci_low"]).fillna(0), (group["ci_high"] - group["mean"]).fillna(0)]
-        ax.errorbar(group[x], group["mean"], yerr=yerr, color=color, marker="*" if is_ref else "o",
-                    markersize=11 if is_ref else 5, linestyle="none" if is_ref else "-", capsize=2,
-                    label=f"{label}{' (reference)' if is_ref else ''} (n={int(group['n'].min())})")  # fmt: skip
+        ax.errorbar(
+            group[x],
+            group["mean"],
+            yerr=yerr,
+            color=color,
+            marker="*" if is_ref else "o",
+            markersize=11 if is_ref else 5,
+            linestyle="none" if is_ref else "-",
+            capsize=2,
+            label=f"{label}{' (reference)' if is_ref else ''} (n={int(group['n'].min())})",
+        )
         for _, r in group[group["budget_unit"].notna()].iterrows():
             budget = f"{r['budget']}" if r["budget_unit"] == "slots" else f"{100 * r['budget']:g}%"
-            ax.annotate(budget, (r[x], r["mean"]), textcoords="offset points", xytext=(4, -9), fontsize=6,
-                        color=color)  # fmt: skip
+            ax.annotate(
+                budget, (r[x], r["mean"]), textcoords="offset points", xytext=(4, -9), fontsize=6, color=color
+            )
     pareto = front(points, x)
-    ax.step(pareto[x], pareto["mean"], where="post", color="black", alpha=0.35, linewidth=3, zorder=0,
-            label="Pareto front")  # fmt: skip
+    ax.step(
+        pareto[x],
+        pareto["mean"],
+        where="post",
+        color="black",
+        alpha=0.35,
+        linewidth=3,
+        zorder=0,
+        label="Pareto front",
+    )
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(style.metric_label(metric))
@@ -68,11 +85,17 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
     if small:
         note += f" n < {SMALL_N} for some points: intervals unreliable."
     style.caption(fig, note)
-    notes = [f"warning: n < {SMALL_N} samples for some points; confidence intervals are unreliable"] if small else []
+    notes = (
+        [f"warning: n < {SMALL_N} samples for some points; confidence intervals are unreliable"]
+        if small
+        else []
+    )
     return style.Plot(fig, points, f"pareto_{task}_{metric}_{memory}".replace("/", "-"), notes)
 
 
-def build(store: ResultStore, filters: Filters, metric: str | None = None, memory: str = "kv") -> list[style.Plot]:
+def build(
+    store: ResultStore, filters: Filters, metric: str | None = None, memory: str = "kv"
+) -> list[style.Plot]:
     """The ``pareto`` report: one :class:`~reports.style.Plot` (see :func:`draw`)."""
     points, metric = quality_points(store, filters, metric)
     return [draw(points, metric, memory)]

@@ -78,3 +78,17 @@ def non_default_settings(method: str, config: dict) -> str:
     ``configs/method/<method>.yaml`` (``merge=convex``)."""
     base = presets().get(method, {})
     return " ".join(f"{k}={_value(v)}" for k, v in differences(config, base, base).items())
+
+
+def method_of(preset: str) -> str:
+    """The registry name of a preset's method (``zsmerge_xsum_paper`` -> ``zsmerge``): the base
+    file with the same ``_target_`` (a name that is no preset is returned as it is)."""
+    table = presets()
+    target = table.get(preset, {}).get("_target_")
+    bases = [n for n, p in table.items() if p.get("_target_") == target and "defaults" not in _raw(n)]
+    return min(bases, key=len) if target and bases else preset
+
+
+@cache
+def _raw(name: str) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(METHOD_DIR / f"{name}.yaml"))

@@ -91,15 +91,25 @@ class Filters:
         return all(
             want is None or r[key] == want
             for key, want in (
-                ("task", self.task), ("model", self.model), ("runner", self.runner), ("limit", self.limit)
+                ("task", self.task),
+                ("model", self.model),
+                ("runner", self.runner),
+                ("limit", self.limit),
             )
         )
 
 
 def runs_frame(store: ResultStore, filters: Filters | None = None, status: str | None = "ok") -> pd.DataFrame:
     """Rows (:func:`row`) of the store's records that pass ``filters`` with ``status`` (None: any)."""
+    return records_frame(store.records(), filters, status)
+
+
+def records_frame(
+    records: list[dict], filters: Filters | None = None, status: str | None = "ok"
+) -> pd.DataFrame:
+    """:func:`runs_frame` of records already read."""
     filters = filters or Filters()
-    rows = [row(rec) for rec in store.records()]
+    rows = [row(rec) for rec in records]
     rows = [r for r in rows if filters.keep(r) and (status is None or r["status"] == status)]
     return pd.DataFrame(rows, columns=list(row_columns()))
 
@@ -107,10 +117,29 @@ def runs_frame(store: ResultStore, filters: Filters | None = None, status: str |
 def row_columns() -> list[str]:
     """The columns of :func:`runs_frame`."""
     return [
-        "run_id", "created", "runner", "model", "method", "preset", "settings", "label", "task", "limit", "task_config",
-        "budget", "budget_unit", "seed", "status", "error", "n", "kv_bytes", "fullkv_bytes", "peak_bytes",
-        "peak_kind", "metrics",
-    ]  # fmt: skip
+        "run_id",
+        "created",
+        "runner",
+        "model",
+        "method",
+        "preset",
+        "settings",
+        "label",
+        "task",
+        "limit",
+        "task_config",
+        "budget",
+        "budget_unit",
+        "seed",
+        "status",
+        "error",
+        "n",
+        "kv_bytes",
+        "fullkv_bytes",
+        "peak_bytes",
+        "peak_kind",
+        "metrics",
+    ]
 
 
 def sample_scores(store: ResultStore, run_id: str, metric: str) -> list[float]:

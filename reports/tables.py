@@ -32,7 +32,7 @@ def budget_text(budget: object, unit: str | None) -> str:
     if missing(budget):
         return DASH
     if unit == "slots":
-        return f"{budget} slots"
+        return f"{int(budget)} slots"
     return f"{100 * float(budget):g}% of {unit or 'prompt'}"
 
 
@@ -44,14 +44,20 @@ def runs_table(store: ResultStore, filters: Filters | None = None) -> pd.DataFra
         return frame
     frame = frame.sort_values("created", na_position="first")
     error = frame["error"].map(lambda e: "" if missing(e) else _shorten(str(e)))
-    return pd.DataFrame({
-        "time": frame["created"].map(lambda c: "" if missing(c) else str(c)[:16].replace("T", " ")),
-        "runner": frame["runner"].fillna(""), "model": frame["model"].fillna(""), "method": frame["label"],
-        "task": frame["task"].fillna(""),
-        "budget": [budget_text(b, u) for b, u in zip(frame["budget"], frame["budget_unit"], strict=True)],
-        "n": frame["n"].map(lambda n: "" if missing(n) else str(int(n))), "status": frame["status"],
-        "error": error, "run": frame["run_id"].str[:8],
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "time": frame["created"].map(lambda c: "" if missing(c) else str(c)[:16].replace("T", " ")),
+            "runner": frame["runner"].fillna(""),
+            "model": frame["model"].fillna(""),
+            "method": frame["label"],
+            "task": frame["task"].fillna(""),
+            "budget": [budget_text(b, u) for b, u in zip(frame["budget"], frame["budget_unit"], strict=True)],
+            "n": frame["n"].map(lambda n: "" if missing(n) else str(int(n))),
+            "status": frame["status"],
+            "error": error,
+            "run": frame["run_id"].str[:8],
+        }
+    )
 
 
 def _shorten(text: str) -> str:

@@ -24,8 +24,12 @@ def fixture_record(job, spec) -> dict:
     rid = job.run_id
     keys = list(spec.get("values") or spec.get("metrics") or [])
     metrics = {k: fake_value(rid, k) for k in keys}
+    analysis = None
     if spec.kind == "error":
-        metrics = {f"rel_error@{b}": fake_value(rid, str(b)) / 100 for b in job.cfg.runner.budgets}
+        budgets = list(job.cfg.runner.budgets)
+        metrics = {f"rel_error@{b}": fake_value(rid, str(b)) / 100 + 1e-3 for b in budgets}
+        means = [metrics[f"rel_error@{b}"] for b in budgets]
+        analysis = {"budgets": budgets, "mean": means, "per_layer": [[m / 2, m, 3 * m / 2] for m in means]}
     record = {
         "run_id": rid,
         "status": "ok",
@@ -37,6 +41,8 @@ def fixture_record(job, spec) -> dict:
         "efficiency": {k: v for k, v in metrics.items()},
         "n_samples": 2,
     }
+    if analysis:
+        record["error_analysis"] = analysis
     if spec.kind == "curve":
         record["curve"] = [
             {"context": c, "tokens_per_s": fake_value(rid, str(c)), "memory_bytes": c * 2**20}
@@ -85,9 +91,12 @@ def test_a_table_cell_is_the_mean_of_its_records(tmp_path):
         expected = sum(written[r]["metrics"]["rougeL"] for r in runs) / 2
         assert table.loc[method, f"rougeL @ {label(budget)}"] == pytest.approx(expected)
     fullkv = {j.run_id for j in jobs if j.choice("method") == "fullkv"}
-    assert len(fullkv) == 2  # FullKV ignores the budget: one run per seed, shown once (budget none)
+    assert len(fullkv) == 2  # FullKV ignores the budget: one run per seed, one reference row
     expected = sum(written[r]["metrics"]["rouge1"] for r in fullkv) / 2
-    assert table.loc["fullkv", "rouge1 @ none"] == pytest.approx(expected)
+    assert report.table.iloc[0]["method"] == "fullkv"  # the reference row comes first
+    for budget in ("0.2", "0.1", "0.05"):  # ... repeated under every budget group, no "@ none" group
+        assert table.loc["fullkv", f"rouge1 @ {budget}"] == pytest.approx(expected)
+    assert not any(c.endswith("@ none") for c in report.table.columns)
 
 
 def test_missing_and_failed_runs_are_listed_not_dropped(tmp_path):
@@ -143,14 +152,14 @@ def test_summary_ranks_methods_per_budget_with_bootstrap_intervals(tmp_path):
     write_quality(store, "d", "zsmerge", 0.2, [5.0, 6.0], task="cnndm")
     write_quality(store, "e", "h2o", 0.2, [7.0, 8.0], task="cnndm")
     runs = scored_runs(store, n_resamples=200)
-    h2o = runs[(runs["method"] == "h2o") & (runs["task"] == "xsum")].iloc[0]
+    h2o = runs[(runs["method"] == "H2O") & (runs["task"] == "xsum")].iloc[0]
     assert h2o["mean"] == pytest.approx(25.0) and h2o["n"] == 4
     assert 10.0 <= h2o["low"] < 25.0 < h2o["high"] <= 40.0
     table = ranking(runs)["0.2"].set_index("method")
-    assert table.loc["fullkv (budget none)", "mean_rank"] == 1.0  # reference, ranked within xsum
-    assert table.loc["zsmerge", "mean_rank"] == pytest.approx((2 + 2) / 2)  # 2nd on xsum, 2nd on cnndm
-    assert table.loc["h2o", "mean_rank"] == pytest.approx((3 + 1) / 2)
-    assert table.index[0] == "fullkv (budget none)"
+    assert table.loc["FullKV (reference)", "mean_rank"] == 1.0  # reference, ranked within xsum
+    assert table.loc["ZSMerge", "mean_rank"] == pytest.approx((2 + 2) / 2)  # 2nd on xsum, 2nd on cnndm
+    assert table.loc["H2O", "mean_rank"] == pytest.approx((3 + 1) / 2)
+    assert table.index[0] == "FullKV (reference)"
 
 
 def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_samples():
@@ -168,6 +177,7 @@ def test_reports_cli_writes_the_summary_and_rejects_unknown_experiments(tmp_path
     write_quality(store, "b", "h2o", 0.2, [10.0, 20.0])
     assert main(["summary", "--results-dir", str(store.root), "--resamples", "100"]) == 0
     assert (store.root / "reports" / "summary.md").is_file()
+    assert "fewer than 10 samples (smallest n = 2)" in capsys.readouterr().err  # n = 2: warned
     assert main(["reindex", "--results-dir", str(store.root)]) == 0
     assert "1 records moved" in capsys.readouterr().out  # the fixture's id "b" is not its config's hash
     assert main(["nope", "--results-dir", str(store.root)]) == 2
