@@ -33,11 +33,13 @@ from runners.results import ResultStore, atomic_write_text
 
 @dataclass
 class Report:
-    """A rendered report: Markdown text, the main table, and the files written."""
+    """A rendered report: Markdown text, the main table, the files written and the figures drawn
+    (:class:`~reports.style.Plot`, their matplotlib figures closed but readable)."""
 
     markdown: str
     table: pd.DataFrame
     files: list[Path] = field(default_factory=list)
+    plots: list[style.Plot] = field(default_factory=list)
 
 
 def _ordered(values) -> list:
@@ -425,7 +427,7 @@ def build(
     for heading, part in extra:
         tex += "\n" + tables.latex(tables.display(display_keys(part, hue)), f"{title}: {heading}")
     atomic_write_text(stem.with_suffix(".tex"), tex)
-    return Report(text, table, [stem.with_suffix(".md"), stem.with_suffix(".tex"), *files])
+    return Report(text, table, [stem.with_suffix(".md"), stem.with_suffix(".tex"), *files], plots)
 
 
 def _near_miss_lines(
