@@ -94,7 +94,7 @@ def draw(points: pd.DataFrame, metric: str, title: str | None = None) -> style.P
     panels = list(dict.fromkeys(zip(compressed["model"], compressed["budget_unit"], strict=True)))
     if not panels:
         panels = [(m, None) for m in dict.fromkeys(reference["model"])]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 2.0, 4.2), squeeze=False)
     small = int(points["n"].min()) < SMALL_N
     for ax, (model, unit) in zip(axes[0], panels, strict=True):
         part = compressed[(compressed["model"] == model) & (compressed["budget_unit"] == unit)]
@@ -117,7 +117,20 @@ def draw(points: pd.DataFrame, metric: str, title: str | None = None) -> style.P
         ax.set_ylabel(style.metric_label(metric))
         ax.set_title(f"{model}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(title="method (preset)", fontsize=7, title_fontsize=7)
+        handles, labels = ax.get_legend_handles_labels()
+        first = sorted(range(len(labels)), key=lambda i: "(reference" not in labels[i])  # FullKV on top
+        ax.legend(
+            [handles[i] for i in first],
+            [labels[i] for i in first],
+            title="method (preset)",
+            fontsize=7,
+            title_fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1),
+            borderaxespad=0,
+        )
+        if (points["mean"] >= 0).all():
+            ax.set_ylim(bottom=0)
     task = points["task"].iloc[0]
     style.title(fig, title or f"{task}: {style.metric_label(metric)} vs KV cache budget")
     note = (

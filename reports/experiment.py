@@ -167,7 +167,7 @@ Rendered = tuple[pd.DataFrame, list[style.Plot], list[tuple[str, pd.DataFrame]]]
 def scored_cells(ctx: Context, keys: list[str], metrics: list[str]) -> pd.DataFrame:
     """Per ``keys`` cell and metric: mean, 95% interval and n over the per-sample scores of the
     cell's distinct finished runs (the record's mean and n where a run has no predictions)."""
-    done = ctx.frame[ctx.frame["status"] == "ok"].drop_duplicates("run_id")
+    done = ctx.frame[ctx.frame["status"] == "ok"].drop_duplicates(["run_id", *keys])
     rows = []
     for cell, group in done.groupby([*keys], sort=False, dropna=False):
         cell = cell if isinstance(cell, tuple) else (cell,)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from reports.presets import budget_ignored
 from runners.loggers import flat_summary
 from runners.results import ResultStore, run_config, run_id, run_identity
 from runners.sweeps import Job, composed_jobs
@@ -49,7 +50,8 @@ def report_jobs(
 
     A job's run id depends on whether its method uses the budget (FullKV does not: its record
     has budget null); both candidate ids are looked up and the one with a record is the job's
-    (a job with neither is missing under the budgeted id). Returns the experiment's base config,
+    (a job with neither is missing under the id :func:`reports.presets.budget_ignored` names).
+    Returns the experiment's base config,
     the jobs (``names`` from their records) and the records by run id."""
     base, composed = composed_jobs(experiment, scale, overrides)
     jobs, records = [], {}
@@ -59,7 +61,8 @@ def report_jobs(
         for _, rid in found:
             if rid not in records:
                 records[rid] = store.read(rid)
-        config, rid = next(((c, r) for c, r in found if records[r] is not None), found[0])
+        guess = found[1] if budget_ignored(configs[0].get("method") or {}) else found[0]
+        config, rid = next(((c, r) for c, r in found if records[r] is not None), guess)
         record = records[rid] or {}
         names = {"method": record.get("method"), "task": record.get("task")}
         jobs.append(Job(job_overrides, cfg, config, rid, names))

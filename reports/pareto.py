@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import FuncFormatter
 
 from reports import style
 from reports.budget import quality_points
@@ -41,7 +42,7 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
         xlabel = xlabel.replace("peak memory", "peak memory (process RSS on CPU, model included;")
         xlabel = xlabel.replace("(MiB, log scale)", "MiB, log scale)")
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    for label, group in points.groupby("label", sort=False):
+    for rank, (label, group) in enumerate(points.groupby("label", sort=False)):
         group = group.sort_values(x)
         method = group["method"].iloc[0]
         color, is_ref = style.method_color(method), group["budget_unit"].isna().all()
@@ -60,7 +61,12 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
         for _, r in group[group["budget_unit"].notna()].iterrows():
             budget = f"{r['budget']}" if r["budget_unit"] == "slots" else f"{100 * r['budget']:g}%"
             ax.annotate(
-                budget, (r[x], r["mean"]), textcoords="offset points", xytext=(4, -9), fontsize=6, color=color
+                budget,
+                (r[x], r["mean"]),
+                textcoords="offset points",
+                xytext=(5, 5 - 8 * (rank % 3)),
+                fontsize=6,
+                color=color,
             )
     pareto = front(points, x)
     ax.step(
@@ -74,6 +80,10 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
         label="Pareto front",
     )
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
+    if (points["mean"] >= 0).all():
+        ax.set_ylim(bottom=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(style.metric_label(metric))
     ax.grid(alpha=0.3, which="both")

@@ -92,3 +92,18 @@ def method_of(preset: str) -> str:
 @cache
 def _raw(name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(METHOD_DIR / f"{name}.yaml"))
+
+
+#: ``_target_`` -> whether a method config ignores the budget: the reports' copy of
+#: ``CompressionMethod.budget_applies`` (no torch here), used only to name the run id of a run
+#: that is not stored yet; tests check it against the methods for every experiment job.
+BUDGET_IGNORED: dict[str, object] = {
+    "methods.fullkv.FullKV": lambda config: True,
+    "methods.kvmerger.KVMerger": lambda config: not config.get("exact_budget", False),
+}
+
+
+def budget_ignored(config: dict) -> bool:
+    """Whether the method config ``config`` (with ``_target_``) ignores the budget."""
+    rule = BUDGET_IGNORED.get(config.get("_target_", ""))
+    return bool(rule(config)) if rule else False

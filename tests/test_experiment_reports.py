@@ -198,3 +198,95 @@ def test_per_dataset_table_has_the_subsets_the_runs_scored(tmp_path):
     report = build("zsmerge_table3", "smoke", store.root, tmp_path / "out")
     per = report.markdown.split("## Per dataset")[1].split("##")[0]
     assert "narrativeqa @ 512" in per and "qasper @ 1024" in per and "merges_total" not in per
+
+
+def _legend_texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+
+
+def test_table2_figure_draws_rouge_1_2_l_and_shows_a_failed_method(tmp_path):
+    from tests.test_report_figures import _check_latex
+
+    store = ResultStore(tmp_path / "results")
+    _, jobs = sweep_jobs("zsmerge_table2", "smoke")
+    less = {j.run_id for j in jobs if j.choice("method") == "less"}
+    fill(store, "zsmerge_table2", skip=less)
+    for job in jobs:
+        if job.run_id in less:
+            store.write({"run_id": job.run_id, "config": job.config, "method": "less", "task": "xsum",
+                         "status": "error", "error": "KVBenchError: no LESS kernel set"}, [])  # fmt: skip
+    report = build("zsmerge_table2", "smoke", store.root, tmp_path / "out")
+    (plot,) = report.plots
+    axes = plot.fig.axes
+    assert [ax.get_ylabel() for ax in axes] == [f"ROUGE-{k} F1 (x100)" for k in ("1", "2", "L")]
+    assert all(ax.get_xlabel() == "KV budget (% of each prompt)" for ax in axes)
+    texts = _legend_texts(plot.fig)
+    assert "LESS: failed (3 of 3 runs)" in texts and any(t.startswith("FullKV (reference") for t in texts)
+    assert any(t.startswith("ZSMerge (xsum_paper)") for t in texts)
+    assert plot.fig.axes[-1].get_legend().get_title().get_text() == "method (preset)"
+    tex = (tmp_path / "out" / "zsmerge_table2_smoke.tex").read_text()
+    _check_latex(
+        tex.split("\n\n")[0] if "\n\n" in tex else tex.split("\\end{table*}")[0] + "\\end{table*}", 1 + 9
+    )
+
+
+def test_fig4_log_axis_legend_names_and_paper_markers_only_for_the_paper_model(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    fill(store, "zsmerge_fig4", scale="paper")
+    (plot,) = build("zsmerge_fig4", "paper", store.root, tmp_path / "out").plots
+    (ax,) = plot.fig.axes
+    assert ax.get_yscale() == "log" and ax.get_ylabel().startswith("relative error")
+    texts = _legend_texts(plot.fig)
+    assert ax.get_legend().get_title().get_text() == "ZSMerge compression"
+    assert {"residual merging (B_r = 2%) (paper)", "eviction (no residual slots) (paper)"} <= set(texts)
+    marker = next(
+        line for line in ax.get_lines() if line.get_label() == "eviction (no residual slots) (paper)"
+    )
+    assert list(marker.get_xdata()) == [0.5] and list(marker.get_ydata()) == [pytest.approx(2.5e-3)]
+    smoke = ResultStore(tmp_path / "smoke")
+    fill(smoke, "zsmerge_fig4")
+    (small,) = build("zsmerge_fig4", "smoke", smoke.root, tmp_path / "out").plots
+    assert not any("(paper)" in t for t in _legend_texts(small.fig))
+
+
+def test_fig5_marks_the_anchor_and_prints_window_sizes_as_integers(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    fill(store, "zsmerge_fig5")
+    (plot,) = build("zsmerge_fig5", "smoke", store.root, tmp_path / "out").plots
+    window = next(ax for ax in plot.fig.axes if ax.get_xlabel() == "window size")
+    assert [t.get_text() for t in window.get_xticklabels()] == ["1", "4", "8", "16", "64"]
+    anchor = [line for line in window.get_lines() if line.get_linestyle() == ":"]
+    assert anchor and anchor[0].get_xdata()[0] == 8
+
+
+def test_fig3_draws_the_kv_bytes_curve(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    written = fill(store, "zsmerge_fig3")
+    for record in written.values():
+        for point in record["curve"]:
+            point["kv_bytes"] = point["context"] * 1024 if record["method"] == "fullkv" else 512 * 1024
+        store.write(record, [])
+    (plot,) = build("zsmerge_fig3", "smoke", store.root, tmp_path / "out").plots
+    kv = plot.fig.axes[0]
+    assert kv.get_ylabel() == "KV cache held (MiB)"
+    lines = {line.get_label(): line.get_ydata() for line in kv.get_lines()}
+    assert list(lines["FullKV"]) == [600 / 1024, 700 / 1024] and len(set(lines["ZSMerge @ 512 slots"])) == 1
+
+
+def test_a_report_with_no_matching_runs_names_the_overrides_that_would_match(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    fill(store, "zsmerge_table2", overrides=["task.limit=3"])
+    report = build("zsmerge_table2", "smoke", store.root, tmp_path / "out")
+    assert "0 of 10 distinct runs finished" in report.markdown
+    assert "python -m reports zsmerge_table2 --scale smoke task.limit=3" in report.markdown
+
+
+@pytest.mark.parametrize("experiment", ["zsmerge_table2", "kvmerger_table1", "zsmerge_fig4"])
+def test_report_jobs_name_the_run_ids_the_runners_would_store(tmp_path, experiment):
+    """Without torch the reports guess which methods ignore the budget; on an empty store every
+    job's id must be the one the sweep (built methods) gives."""
+    from reports.frame import report_jobs
+
+    _, jobs = sweep_jobs(experiment, "smoke")
+    _, light, _ = report_jobs(experiment, "smoke", [], ResultStore(tmp_path))
+    assert [j.run_id for j in light] == [j.run_id for j in jobs]

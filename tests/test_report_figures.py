@@ -43,7 +43,9 @@ def test_budget_figure_lines_reference_bands_and_units(store):
     for line in ax.get_lines():
         if line.get_label().startswith(("H2O", "ZSMerge", "SnapKV")):
             assert list(line.get_xdata()) == list(BUDGETS) and len(line.get_ydata()) == 3
-    assert (plot.data["ci_low"] <= plot.data["mean"]).all() and (plot.data["mean"] <= plot.data["ci_high"]).all()
+    assert (plot.data["ci_low"] <= plot.data["mean"]).all() and (
+        plot.data["mean"] <= plot.data["ci_high"]
+    ).all()
     bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
     assert len(bands) == 3  # one band per method line
     for band, line in zip(bands, [x for x in ax.get_lines() if x.get_linestyle() == "-"], strict=True):
@@ -92,7 +94,9 @@ def test_niah_heatmap_per_method(store):
     panels = [ax for ax in plot.fig.axes if ax.get_label() != "<colorbar>"]
     assert [ax.get_title() for ax in panels] == ["FullKV", "ZSMerge @ 10% of prompt"]
     for ax in panels:
-        assert ax.get_xlabel() == "context length (tokens)" and ax.get_ylabel() == "needle depth (% of context)"
+        assert (
+            ax.get_xlabel() == "context length (tokens)" and ax.get_ylabel() == "needle depth (% of context)"
+        )
         assert [t.get_text() for t in ax.get_xticklabels()] == ["1,000", "2,000"]
     grid = panels[1].get_images()[0].get_array()
     assert grid.shape == (3, 2) and list(grid[:, 0]) == [0.0, 100.0, 100.0]  # the shallow needle is lost
@@ -140,8 +144,8 @@ def test_figures_write_png_pdf_and_csv(store, tmp_path):
 
 def test_runs_table_is_compact_and_sorted_by_time(store):
     table = runs_table(store)
-    assert list(table.columns) == ["time", "runner", "model", "method", "task", "budget", "n", "status", "error",
-                                   "run"]  # fmt: skip
+    columns = ["time", "runner", "model", "method", "task", "budget", "n", "status", "error", "run"]
+    assert list(table.columns) == columns
     assert list(table["time"]) == sorted(table["time"])
     failed = table[table["status"] == "error"].iloc[0]
     assert failed["error"].startswith("KVBenchError: something broke") and len(failed["error"]) <= 70
@@ -185,3 +189,41 @@ def test_latex_has_booktabs_and_multicolumn_groups_per_budget():
     assert "\\begin{table}[t]" in text and "--" in text  # the missing cell; 5 data columns fit one column
     wide = latex(pd.concat([frame, frame.drop(columns="method").add_suffix("x")], axis=1), "wide")
     assert "\\begin{table*}" in wide
+
+
+BLOCK_TORCH = """
+import sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers"):
+            raise ImportError(f"reports must not import {name}")
+
+sys.meta_path.insert(0, Block())
+from reports.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["budget", "--task", "xsum"], ["niah"], ["pareto", "--task", "xsum"], ["memory"], ["runs"], ["summary"],
+     ["table"], ["reindex"], ["zsmerge_fig4"]],
+)  # fmt: skip
+def test_every_command_runs_without_torch_and_honours_the_results_dir(store, tmp_path, command):
+    """torch/transformers imports raise; the store comes from $KVBENCH_RESULTS_DIR or --results-dir."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = os.environ | {"PYTHONPATH": str(root), "KVBENCH_RESULTS_DIR": str(store.root)}
+    for extra in ([], ["--results-dir", str(store.root)]):
+        run_env = env if not extra else env | {"KVBENCH_RESULTS_DIR": str(tmp_path / "elsewhere")}
+        argv = [sys.executable, "-c", BLOCK_TORCH, *command, *extra]
+        done = subprocess.run(argv, env=run_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "must not import" not in done.stderr
+    if command[0] in ("budget", "niah", "pareto", "memory"):
+        assert list((store.root / "reports").glob("*.png"))
