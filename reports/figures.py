@@ -81,7 +81,7 @@ def lines(
     ``facet`` column) one panel per metric and facet value."""
     facets = list(dict.fromkeys(points["facet"])) if facet and "facet" in points else [None]
     panels = [(m, f) for f in facets for m in metrics]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 0.8, 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 2.6, 4.2), squeeze=False)
     order = list(dict.fromkeys(points["hue"])) + list((failed or {}).keys())
     for ax, (metric, facet_value) in zip(axes[0], panels, strict=True):
         part = points[points["metric"] == metric]
@@ -119,9 +119,20 @@ def lines(
         ax.set_ylabel(style.metric_label(metric))
         if log_y:
             ax.set_yscale("log")
+        elif len(part) and (part["mean"] >= 0).all():
+            ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3, which="both")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    axes[0][-1].legend(handles, labels, title=hue.legend_title(), fontsize=7, title_fontsize=7)
+    axes[0][-1].legend(
+        handles,
+        labels,
+        title=hue.legend_title(),
+        fontsize=7,
+        title_fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1),
+        borderaxespad=0,
+    )
     style.title(fig, title)
     style.caption(
         fig,

@@ -96,6 +96,8 @@ def near_misses(jobs: Sequence[Job], records: dict[str, dict | None], store: Res
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
             if have.get("budget") is None:  # a method that ignores the budget (FullKV) stores none
                 diff = [k for k in diff if k != "budget"]
+            if any(k == "budget" or k.startswith("method.") for k in diff):
+                continue  # another budget or other hyperparameters: another setting, not other overrides
             if diff and len(diff) <= 3:
                 text = " ".join(f"{k}={_override(have.get(k))}" for k in diff)
                 counts[text] = counts.get(text, 0) + 1

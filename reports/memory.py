@@ -99,11 +99,14 @@ def draw(points: pd.DataFrame, title: str | None = None) -> style.Plot:
     devices = sorted(set(points["device"]))
     memory = " / ".join(MEMORY_NAMES.get(d, d) for d in devices)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
-    for series, group in points.groupby("series", sort=False):
+    count = points["series"].nunique()
+    for i, (series, group) in enumerate(points.groupby("series", sort=False)):
         method = group["method"].iloc[0]
         kwargs = {
             "color": style.method_color(method),
-            "marker": ".",
+            "marker": style.MARKERS[i % len(style.MARKERS)],
+            "markersize": 4,
+            "linewidth": 1.2 + 1.6 * (count - 1 - i) / max(count - 1, 1),  # overlapping lines stay visible
             "label": series,
             "linestyle": "--" if method == "fullkv" else "-",
         }
