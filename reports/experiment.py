@@ -242,6 +242,7 @@ def _table_kind(ctx: Context) -> Rendered:
                     _paper_points(ctx, hue, fig.x, ys),
                     failed_hues(ctx, hue),
                     bool(fig.get("log_y")),
+                    fig.get("facet"),
                 )
             )
     extra = []
@@ -346,6 +347,7 @@ def _error_kind(ctx: Context) -> Rendered:
                 paper,
                 failed_hues(ctx, hue),
                 log_y,
+                note=ERROR_NOTE,
             )
         )
     means = points.rename(columns={"hue": hue, "x": "budget", "mean": "rel_error"})
@@ -355,6 +357,11 @@ def _error_kind(ctx: Context) -> Rendered:
         table = with_paper(table, paper, [hue], ["budget"], ["rel_error"], ctx.models[0])
     return table, plots, []
 
+
+ERROR_NOTE = (
+    "Points: mean over layers and decode steps of the relative error of the attention output against FullKV; "
+    "shaded: smallest to largest layer; hollow markers: the paper's values."
+)
 
 KINDS: dict[str, Callable[[Context], Rendered]] = {
     "table": _table_kind,

@@ -71,6 +71,7 @@ def lines(
     failed: dict[str, str] | None = None,
     log_y: bool = False,
     facet: str | None = None,
+    note: str | None = None,
 ) -> style.Plot:
     """One panel per metric: ``mean`` against ``x`` per hue value with a 95% band (``low``,
     ``high``), n in the legend. Rows whose ``x`` is ``none`` are dashed reference lines.
@@ -136,8 +137,9 @@ def lines(
     style.title(fig, title)
     style.caption(
         fig,
-        "Points: mean over samples; shaded: 95% interval (t over per-sample scores, or the range "
-        "over layers for errors); dashed: reference (FullKV); hollow markers: the paper's values.",
+        note
+        or "Points: mean over samples; shaded: 95% t-interval over per-sample scores; dashed: reference "
+        "(FullKV); hollow markers: the paper's values.",
     )
     data = points if paper is None or not len(paper) else pd.concat([points, paper.assign(source="paper")])
     return style.Plot(fig, data, "", [])

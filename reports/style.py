@@ -52,13 +52,16 @@ METRIC_LABELS: dict[str, str] = {
     "passkey": "passkey accuracy (%)",
     "number_string": "number-string accuracy (%)",
     "kv_retrieval": "KV-retrieval accuracy (%)",
-    "rel_error": "relative error of attention output ||o - o_full|| / ||o_full||",
+    "rel_error": "attention-output error ||o' - o|| / ||o||",
     "tokens_per_s": "throughput (tokens/s)",
     "decode_tokens_per_s": "decode throughput (tokens/s)",
     "kv_mib": "KV cache held (MiB)",
     "memory_mib": "process memory (MiB)",
     "peak_mib": "peak memory (MiB)",
     "context": "context (tokens)",
+    "runner.prompt_len": "prompt length (tokens)",
+    "runner.gen_len": "generated tokens",
+    "runner.batch": "batch size (sequences)",
 }
 
 #: ``budget_unit`` -> axis label of the budget.
