@@ -1,9 +1,11 @@
-"""``python -m reports <experiment> [--scale smoke|paper]``: an experiment's table and figure;
-``python -m reports summary``: methods ranked per budget across tasks; ``python -m reports runs``:
-every stored run as one table; ``python -m reports table``: rebuild ``table.csv`` / ``table.parquet``
-from the records; ``python -m reports reindex``: move records of an older store to
-their current run ids (``ResultStore.reindex``). Reads only the result store (``--results-dir``, default
-``$KVBENCH_RESULTS_DIR`` or ``results``) and writes into ``--out`` (default ``<results-dir>/reports``).
+"""``python -m reports <command>``: figures and tables from the result store (docs/reports.md).
+
+Commands without an experiment file: ``budget`` (quality vs KV budget), ``niah`` (needle heatmap),
+``pareto`` (quality vs KV memory), ``memory`` (memory and tokens/s vs context), ``runs`` (every
+stored run, one line each), ``summary`` (methods ranked per budget), ``table`` (rebuild
+``table.csv``/``.parquet``), ``reindex``; or an experiment name (``zsmerge_table2``) for its table
+and figure. Reads only the store (``--results-dir``, default ``$KVBENCH_RESULTS_DIR`` or
+``results``) and writes into ``--out`` (default ``<results-dir>/reports``); never imports torch.
 """
 
 from __future__ import annotations
@@ -11,74 +13,145 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
-import pandas as pd
-
+from reports.runs import Filters
 from runners.errors import KVBenchError
-from runners.loggers import flat_summary, write_tables
 from runners.results import ResultStore
-from runners.sweeps import experiment_names
+
+FIGURES = ("budget", "niah", "pareto", "memory")
+COMMANDS = (*FIGURES, "runs", "summary", "table", "reindex")
 
 
-def list_runs(store: ResultStore) -> int:
-    """Print the result store's runs (identity, status, metrics, efficiency) as a table."""
-    records = store.records()
-    if not records:
-        print(f"no records under {store.root}/runs", file=sys.stderr)
-        return 1
-    frame = pd.DataFrame([flat_summary(r) for r in records])
-    cols = [c for c in frame.columns if not c.startswith("method.") and c not in ("created",)]
-    with pd.option_context("display.width", 200, "display.max_columns", None):
-        print(frame[cols].to_string(index=False))
+def _figures(args, store: ResultStore) -> list:
+    from reports import budget, memory, niah, pareto
+
+    filters = Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit)
+    builders: dict[str, Callable[[], list]] = {
+        "budget": lambda: budget.build(store, filters, args.metric),
+        "niah": lambda: niah.build(store, filters, args.metric),
+        "pareto": lambda: pareto.build(store, filters, args.metric, args.memory),
+        "memory": lambda: memory.build(store, filters),
+    }
+    return builders[args.name]()
+
+
+def figure_command(args, store: ResultStore, out: Path) -> int:
+    """Draw a figure report; print where its PNG, PDF and CSV went and any warnings."""
+    for plot in _figures(args, store):
+        files = plot.save(out)
+        for note in plot.notes:
+            print(note, file=sys.stderr)
+        print("written: " + ", ".join(str(p) for p in files))
     return 0
 
 
-def main(argv: list[str]) -> int:
-    """Parse the arguments and write the requested report."""
-    parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "name", help=f"summary, runs, table, reindex, or an experiment: {', '.join(experiment_names())}"
+def runs_command(args, store: ResultStore, out: Path) -> int:
+    """Print every stored run, one compact line each, oldest first."""
+    from reports.tables import runs_table
+
+    table = runs_table(
+        store, Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit)
     )
-    parser.add_argument("overrides", nargs="*", help="extra overrides the sweep ran with (seed=0,1,2)")
-    parser.add_argument("--scale", default="smoke", choices=("smoke", "paper"))
-    parser.add_argument("--results-dir", default=os.environ.get("KVBENCH_RESULTS_DIR", "results"))
-    parser.add_argument("--out", default=None, help="output directory (default <results-dir>/reports)")
-    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (summary)")
-    args = parser.parse_args(argv)
-    store = ResultStore(args.results_dir)
-    out = args.out or str(store.root / "reports")
-    if args.name == "runs":
-        return list_runs(store)
-    if args.name == "table":
-        path = write_tables(store.root)
-        print(f"written: {path} and {path.with_suffix('.parquet')}")
-        return 0
-    if args.name == "reindex":
-        moved = store.reindex()
-        print(f"{len(moved)} records moved to their current run ids under {store.root}/runs")
-        return 0
-    if args.name == "summary":
-        text, path = render_summary(store, out, args.resamples)
-        print(text)
-        print(f"written: {path}")
-        return 0
+    if table.empty:
+        print(f"no records under {store.root}/runs", file=sys.stderr)
+        return 1
+    from tabulate import tabulate
+
+    print(
+        tabulate(
+            table.to_numpy().tolist(), headers=list(table.columns), tablefmt="plain", disable_numparse=True
+        )
+    )
+    return 0
+
+
+def table_command(args, store: ResultStore, out: Path) -> int:
+    """Rebuild ``table.csv`` and ``table.parquet`` from the records."""
+    from runners.loggers import write_tables
+
+    path = write_tables(store.root)
+    print(f"written: {path} and {path.with_suffix('.parquet')}")
+    return 0
+
+
+def reindex_command(args, store: ResultStore, out: Path) -> int:
+    """Move records of an older store to their current run ids."""
+    moved = store.reindex()
+    print(f"{len(moved)} records moved to their current run ids under {store.root}/runs")
+    return 0
+
+
+def summary_command(args, store: ResultStore, out: Path) -> int:
+    """Methods ranked per budget across tasks (``summary.md``)."""
+    from reports.summary import render
+
+    text, path, warnings = render(store, out, args.resamples)
+    print(text)
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    print(f"written: {path}")
+    return 0
+
+
+def experiment_command(args, store: ResultStore, out: Path) -> int:
+    """An experiment's table and figure (``configs/experiment/<name>.yaml``)."""
     from reports.experiment import build
 
-    try:
-        report = build(args.name, args.scale, store.root, out, args.overrides)
-    except KVBenchError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    report = build(args.name, args.scale, store.root, out, args.overrides)
     print(report.markdown)
     print("written: " + ", ".join(str(p) for p in report.files))
     return 0
 
 
-def render_summary(store: ResultStore, out: str, resamples: int):
-    """:func:`reports.summary.render` (imported here: scipy loads only for this report)."""
-    from reports.summary import render
+HANDLERS: dict[str, Callable] = {name: figure_command for name in FIGURES} | {
+    "runs": runs_command,
+    "summary": summary_command,
+    "table": table_command,
+    "reindex": reindex_command,
+}
 
-    return render(store, out, resamples)
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (every command shares the store, output and filter options)."""
+    p = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split("\n\n")[0])
+    p.add_argument("name", help=f"{', '.join(COMMANDS)}, or an experiment name (configs/experiment)")
+    p.add_argument(
+        "overrides", nargs="*", help="experiment reports: extra overrides the sweep ran with (seed=0,1)"
+    )
+    p.add_argument("--results-dir", default=os.environ.get("KVBENCH_RESULTS_DIR", "results"))
+    p.add_argument("--out", default=None, help="output directory (default <results-dir>/reports)")
+    p.add_argument("--scale", default="smoke", choices=("smoke", "paper"), help="experiment reports")
+    p.add_argument("--task", help="keep runs of this task (registry name: xsum, infinitebench, ...)")
+    p.add_argument("--model", help="keep runs of this model (model.name)")
+    p.add_argument("--method", action="append", help="keep this method, preset or label (repeatable)")
+    p.add_argument("--runner", help="keep runs of this runner (quality, efficiency, error, oom)")
+    p.add_argument("--budget-unit", choices=("prompt", "context", "slots"), help="keep budgets in this unit")
+    p.add_argument("--limit", type=int, help="keep runs with this task.limit")
+    p.add_argument(
+        "--metric", help="budget/pareto: the metric (default the task's first); niah: the needle task"
+    )
+    p.add_argument(
+        "--memory", default="kv", choices=("kv", "peak"), help="pareto: x axis (KV bytes or peak memory)"
+    )
+    p.add_argument("--resamples", type=int, default=1000, help="summary: bootstrap resamples")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Parse the arguments and write the requested report (``error:`` and exit 2 on bad input)."""
+    args = parser().parse_args(argv)
+    store = ResultStore(args.results_dir)
+    out = Path(args.out or store.root / "reports")
+    if args.overrides and args.name in COMMANDS:
+        print(f"error: {args.name} takes no overrides (got {' '.join(args.overrides)})", file=sys.stderr)
+        return 2
+    try:
+        return HANDLERS.get(args.name, experiment_command)(args, store, out)
+    except KVBenchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,20 +1,27 @@
-"""``python -m reports.compare [results_dir] [--task T] [--markdown]``: methods side by side.
+"""``python -m reports.compare [results_dir] [--results-dir D] [--task T] [--markdown]``: methods
+side by side.
 
-One table per task, one row per finished run: model, method, the hyperparameters that differ from the method's
-defaults, budget, quality metrics, decode speed and memory. Later runs of the same identity
-replace earlier ones (the store keeps one record per run id).
+One table per task, one row per finished quality run (efficiency, error and OOM records have
+their own report, ``python -m reports.efficiency``): model, method preset and the settings that
+differ from it, budget and its unit, quality metrics, decode speed and memory. Later runs of the
+same identity replace earlier ones (the store keeps one record per run id). Empty cells print as
+``–``. The store is ``results_dir``, ``--results-dir``, ``$KVBENCH_RESULTS_DIR`` or ``results``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import os
 import sys
 
 import pandas as pd
 
-from methods import METHOD_REGISTRY
+from reports.presets import non_default_settings
+from reports.runs import Filters, records_frame
+from reports.tables import DASH, budget_text, display, missing
 from runners.results import ResultStore
+
+__all__ = ["comparison", "main", "non_default_settings"]
 
 EFFICIENCY_COLUMNS = {  # record key: (column, decimals)
     "decode_tokens_per_s": ("decode tok/s", 1),
@@ -26,18 +33,9 @@ EFFICIENCY_COLUMNS = {  # record key: (column, decimals)
 }
 
 
-def non_default_settings(method: str, config: dict) -> str:
-    """Hyperparameters of a run's method config that differ from the method class's defaults."""
-    cls = METHOD_REGISTRY.get(method)
-    if cls is None:
-        return ""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    changed = [f"{k}={v}" for k, v in config.items() if k in defaults and defaults[k] != v]
-    return " ".join(changed)
-
-
 def comparison(records: list[dict], task: str | None = None) -> pd.DataFrame:
-    """Finished records as a table sorted by model, budget (descending) and method.
+    """Finished quality records as a table sorted by model, budget (descending; FullKV first) and
+    method.
 
     Parameters
     ----------
@@ -46,55 +44,65 @@ def comparison(records: list[dict], task: str | None = None) -> pd.DataFrame:
     task : str | None
         Keep only this task.
     """
+    by_id = {r["run_id"]: r for r in records}
+    frame = records_frame(records, Filters(task=task))
+    frame = frame[frame["runner"].isna() | (frame["runner"] == "quality")]
     rows = []
-    for rec in records:
-        if rec.get("status") != "ok" or (task and rec.get("task") != task):
-            continue
-        cfg, eff = rec["config"], rec.get("efficiency") or {}
+    for _, run in frame.iterrows():
+        rec = by_id[run["run_id"]]
+        eff = rec.get("efficiency") or {}
         row = {
-            "task": rec.get("task"),
-            "model": cfg["model"]["name"],
-            "method": rec["method"],
-            "settings": non_default_settings(rec["method"], cfg.get("method") or {}),
-            "budget": cfg.get("budget"),
-            "n": rec.get("n_samples"),
+            "task": run["task"],
+            "model": run["model"],
+            "method": run["method"],
+            "preset": run["preset"],
+            "settings": run["settings"],
+            "budget": run["budget"],
+            "budget unit": "" if missing(run["budget_unit"]) else run["budget_unit"],
+            "n": run["n"],
         }
-        row.update({k: round(v, 2) for k, v in (rec.get("metrics") or {}).items()})
+        row.update({k: round(v, 2) for k, v in run["metrics"].items()})
         for key, (label, decimals) in EFFICIENCY_COLUMNS.items():
             value = eff.get(key)
             value = value / 2**20 if key == "peak_rss_bytes" and value else value
             row[label] = None if value is None else round(value, decimals) if decimals else round(value)
         row["wall s"] = round(rec.get("wall_seconds") or 0)
         rows.append(row)
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        return frame
-    frame["_budget"] = frame["budget"].fillna(float("inf"))
-    frame = frame.sort_values(["task", "model", "_budget", "method"], ascending=[True, True, False, True])
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out["_budget"] = out["budget"].astype(float).fillna(float("inf"))
+    out = out.sort_values(["task", "model", "_budget", "method"], ascending=[True, True, False, True])
     efficiency = [label for label, _ in EFFICIENCY_COLUMNS.values()] + ["wall s"]
-    frame = frame[[c for c in frame.columns if c not in efficiency] + efficiency]
+    out = out[[c for c in out.columns if c not in efficiency] + efficiency]
     for label, decimals in EFFICIENCY_COLUMNS.values():
-        if decimals == 0 and label in frame:
-            frame[label] = frame[label].astype("Int64")
-    return frame.drop(columns="_budget").reset_index(drop=True)
+        if decimals == 0 and label in out:
+            out[label] = out[label].astype("Int64")
+    return out.drop(columns="_budget").reset_index(drop=True)
 
 
 def main(argv: list[str]) -> int:
     """Print the comparison table (plain text, or Markdown with ``--markdown``)."""
     parser = argparse.ArgumentParser(prog="python -m reports.compare", description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir", nargs="?", default="results")
+    parser.add_argument("results_dir", nargs="?", default=None)
+    parser.add_argument("--results-dir", dest="results_dir_opt", default=None)
     parser.add_argument("--task", default=None)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
-    frame = comparison(ResultStore(args.results_dir).records(), args.task)
+    root = args.results_dir or args.results_dir_opt or os.environ.get("KVBENCH_RESULTS_DIR", "results")
+    frame = comparison(ResultStore(root).records(), args.task)
     if frame.empty:
-        print(f"no finished runs under {args.results_dir}/runs", file=sys.stderr)
+        print(f"no finished quality runs under {root}/runs", file=sys.stderr)
         return 1
-    frame["budget"] = frame["budget"].map(lambda b: "none" if pd.isna(b) else f"{b:g}")
+    frame["budget"] = [
+        budget_text(b, u or None) for b, u in zip(frame["budget"], frame["budget unit"], strict=True)
+    ]
+    frame = frame.drop(columns="budget unit")
     for task, part in frame.groupby("task", sort=True):
         part = part.drop(columns="task").dropna(axis=1, how="all")  # only this task's metrics
+        text = display(part).replace({"": DASH})
         print(f"## {task}\n" if args.markdown else f"task: {task}")
-        print(part.to_markdown(index=False, floatfmt="g") if args.markdown else part.to_string(index=False))
+        print(text.to_markdown(index=False) if args.markdown else text.to_string(index=False))
         print()
     return 0
 

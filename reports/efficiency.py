@@ -13,19 +13,21 @@ Reads the result store only (never re-measures):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import pandas as pd
 
-from reports.compare import non_default_settings
+from reports.runs import row
+from reports.tables import budget_text
 from runners.results import ResultStore
 
 
 def _label(record: dict) -> str:
-    cfg = record.get("config", {})
-    settings = non_default_settings(record["method"], cfg.get("method") or {})
-    budget = cfg.get("budget")
-    return " ".join(x for x in (record["method"], settings, f"@{budget}" if budget is not None else "") if x)
+    r = row(record)
+    return r["label"] + (
+        f" @ {budget_text(r['budget'], r['budget_unit'])}" if r["budget"] is not None else ""
+    )
 
 
 def _shape(record: dict) -> str:
@@ -116,9 +118,13 @@ def oom_table(records: list[dict]) -> pd.DataFrame:
 def main(argv: list[str]) -> int:
     """Print every efficiency table the store has records for."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("results_dir", nargs="?", default="results")
+    parser.add_argument("results_dir", nargs="?", default=None)
+    parser.add_argument("--results-dir", dest="results_dir_opt", default=None)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
+    args.results_dir = (
+        args.results_dir or args.results_dir_opt or os.environ.get("KVBENCH_RESULTS_DIR", "results")
+    )
     records = ResultStore(args.results_dir).records()
     runner = {}
     for r in records:

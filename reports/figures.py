@@ -1,91 +1,230 @@
-"""Figures of the experiment reports (matplotlib, Agg backend): each function draws one figure from
-cell means and saves it as PNG and PDF."""
+"""Figures of the experiment reports (matplotlib, Agg backend). Each function returns a
+:class:`~reports.style.Plot` (figure + the plotted numbers); the caller saves PNG, PDF and CSV.
+
+Points are means with their 95% interval and n; FullKV (budget none) is a dashed reference line;
+methods keep their colour (:mod:`reports.style`); the paper's values, where the experiment stores
+them for the model we ran, are hollow markers.
+"""
 
 from __future__ import annotations
 
-import textwrap
-from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass, field
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
+from reports import style
+from reports.presets import method_of
 
-def _numeric(values: pd.Series) -> pd.Series | None:
-    converted = pd.to_numeric(values, errors="coerce")
-    return None if converted.isna().all() else converted
+_CYCLE = ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown")
 
 
-def save(fig, stem: Path) -> list[Path]:
-    """Write ``<stem>.png`` and ``<stem>.pdf``; returns both paths."""
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    fig.tight_layout()
-    for path in paths:
-        fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return paths
+@dataclass
+class Hue:
+    """How a hue key's values are named and coloured: ``method`` values are presets (display
+    name, the method's colour); other keys take ``names`` (e.g. ``{"0": "eviction"}``) and a
+    colour per value in order."""
+
+    key: str
+    names: dict[str, str] = field(default_factory=dict)
+    title: str | None = None
+
+    def label(self, value: object) -> str:
+        """Legend text of a hue value."""
+        text = str(value)
+        if self.key == "method":
+            return style.preset_label(method_of(text), text)
+        return self.names.get(text, f"{self.key} = {text}")
+
+    def color(self, value: object, order: list) -> str:
+        """Colour of a hue value (``order``: every value of the figure, for non-method keys)."""
+        if self.key == "method":
+            return style.method_color(method_of(str(value)))
+        return _CYCLE[order.index(value) % len(_CYCLE)]
+
+    def legend_title(self) -> str:
+        """The legend's title."""
+        return self.title or ("method (preset)" if self.key == "method" else self.key)
+
+
+def _x_axis(ax, x: str, values: pd.Series, unit: str | None) -> None:
+    if x == "budget":
+        numeric = pd.to_numeric(values, errors="coerce").dropna()
+        if unit != "slots" and len(numeric) and numeric.max() <= 1:
+            style.percent_axis(ax, numeric)
+            ax.set_xlabel(style.budget_label(unit).replace("fraction", "%"))
+            return
+        ax.set_xlabel(style.budget_label("slots" if unit == "slots" else unit))
+        return
+    ax.set_xlabel(style.metric_label(x))
 
 
 def lines(
-    means: pd.DataFrame, x: str, y: str, hue: str, facet: str | None, title: str, stem: Path
-) -> list[Path]:
-    """``y`` against ``x`` per ``hue`` (one panel per ``facet`` value). Rows whose ``x`` is not a
-    number (``none``: FullKV's budget) are drawn as dashed horizontal reference lines."""
-    panels = list(dict.fromkeys(means[facet])) if facet else [None]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
-    for ax, panel in zip(axes[0], panels, strict=True):
-        part = means if panel is None else means[means[facet] == panel]
-        for name, group in part.groupby(hue, sort=False):
-            xs = pd.to_numeric(group[x], errors="coerce")
+    points: pd.DataFrame,
+    x: str,
+    metrics: list[str],
+    hue: Hue,
+    title: str,
+    unit: str | None = None,
+    paper: pd.DataFrame | None = None,
+    failed: dict[str, str] | None = None,
+    log_y: bool = False,
+    facet: str | None = None,
+    note: str | None = None,
+) -> style.Plot:
+    """One panel per metric: ``mean`` against ``x`` per hue value with a 95% band (``low``,
+    ``high``), n in the legend. Rows whose ``x`` is ``none`` are dashed reference lines.
+
+    ``points`` has columns ``hue, x, metric, mean, low, high, n``; ``paper`` (optional) ``hue, x,
+    metric, value``: the paper's numbers, drawn as hollow markers; ``failed``: hue value -> why
+    it has no points (shown in the legend, never silently dropped). With ``facet`` (the key of a
+    ``facet`` column) one panel per metric and facet value."""
+    facets = list(dict.fromkeys(points["facet"])) if facet and "facet" in points else [None]
+    panels = [(m, f) for f in facets for m in metrics]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 2.6, 4.2), squeeze=False)
+    order = list(dict.fromkeys(points["hue"])) + list((failed or {}).keys())
+    for ax, (metric, facet_value) in zip(axes[0], panels, strict=True):
+        part = points[points["metric"] == metric]
+        if facet_value is not None:
+            part = part[part["facet"] == facet_value]
+            ax.set_title(f"{facet} = {facet_value}", fontsize=9)
+        for value, group in part.groupby("hue", sort=False):
+            color, label = hue.color(value, order), hue.label(value)
+            xs = pd.to_numeric(group["x"], errors="coerce")
+            n = f"n={int(group['n'].min())}" if group["n"].notna().any() else ""
             if xs.isna().all():
-                ax.axhline(group[y].mean(), linestyle="--", color="gray", label=f"{name}")
+                ax.axhline(
+                    group["mean"].mean(), linestyle="--", color=color, label=f"{label} (reference, {n})"
+                )
+                if group["low"].notna().any():
+                    ax.axhspan(group["low"].mean(), group["high"].mean(), color=color, alpha=0.08)
                 continue
-            order = xs.argsort()
-            ax.plot(xs.iloc[order], group[y].iloc[order], marker="o", label=str(name))
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
-        if panel is not None:
-            ax.set_title(f"{facet} = {panel}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(textwrap.fill(title, 60), fontsize=9)
-    return save(fig, stem)
+            group = group.assign(xn=xs).sort_values("xn")
+            ax.plot(group["xn"], group["mean"], marker="o", color=color, label=f"{label} ({n})")
+            band = group[group["low"].notna()]
+            if len(band):
+                ax.fill_between(band["xn"], band["low"], band["high"], color=color, alpha=0.15)
+        if paper is not None and len(paper):
+            _paper_markers(ax, paper[paper["metric"] == metric], hue, order)
+        for value, why in (failed or {}).items():
+            ax.plot(
+                [],
+                [],
+                marker="x",
+                linestyle="none",
+                color=hue.color(value, order),
+                label=f"{hue.label(value)}: {why}",
+            )
+        _x_axis(ax, x, points["x"], unit)
+        ax.set_ylabel(style.metric_label(metric))
+        if log_y:
+            ax.set_yscale("log")
+        elif len(part) and (part["mean"] >= 0).all():
+            ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3, which="both")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    axes[0][-1].legend(
+        handles,
+        labels,
+        title=hue.legend_title(),
+        fontsize=7,
+        title_fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1),
+        borderaxespad=0,
+    )
+    style.title(fig, title)
+    style.caption(
+        fig,
+        note
+        or "Points: mean over samples; shaded: 95% t-interval over per-sample scores; dashed: reference "
+        "(FullKV); hollow markers: the paper's values.",
+    )
+    data = points if paper is None or not len(paper) else pd.concat([points, paper.assign(source="paper")])
+    return style.Plot(fig, data, "", [])
+
+
+def _paper_markers(ax, paper: pd.DataFrame, hue: Hue, order: list) -> None:
+    for value, group in paper.groupby("hue", sort=False):
+        color = hue.color(value, order) if value in order else "black"
+        xs = pd.to_numeric(group["x"], errors="coerce")
+        if xs.isna().all():
+            ax.axhline(
+                group["value"].mean(),
+                linestyle=":",
+                color=color,
+                linewidth=1,
+                label=f"{hue.label(value)} (paper, reference)",
+            )
+            continue
+        ax.plot(
+            xs,
+            group["value"],
+            marker="D",
+            markersize=7,
+            markerfacecolor="none",
+            linestyle="none",
+            color=color,
+            label=f"{hue.label(value)} (paper)",
+        )
 
 
 def sensitivity(
-    means: pd.DataFrame, metrics: Sequence[str], labels: dict[str, str], title: str, stem: Path
-) -> list[Path]:
-    """One panel per hyperparameter (``knob`` column, in ``labels`` order): each metric against the
-    hyperparameter's value (``value`` column) with the others at their anchor."""
-    knobs = [k for k in labels if k in set(means["knob"])]
-    fig, axes = plt.subplots(len(knobs), 1, figsize=(6, 2.6 * len(knobs)), squeeze=False)
+    points: pd.DataFrame, metrics: list[str], labels: dict[str, str], anchors: dict[str, float], title: str
+) -> style.Plot:
+    """One panel per hyperparameter (``knob``, in ``labels`` order): each metric's mean and 95%
+    interval against the hyperparameter's ``value``, the anchor (the others' fixed value) marked.
+    ``points`` columns: ``knob, value, metric, mean, low, high, n``."""
+    knobs = [k for k in labels if k in set(points["knob"])]
+    fig, axes = plt.subplots(len(knobs), 1, figsize=(6.4, 2.5 * len(knobs) + 0.8), squeeze=False)
     for ax, knob in zip(axes[:, 0], knobs, strict=True):
-        part = means[means["knob"] == knob].sort_values("value")
-        for metric in metrics:
-            if metric in part:
-                ax.plot(part["value"], part[metric], marker="o", label=metric)
+        part = points[points["knob"] == knob]
+        for i, metric in enumerate(metrics):
+            rows = part[part["metric"] == metric].sort_values("value")
+            if rows.empty:
+                continue
+            err = [(rows["mean"] - rows["low"]).fillna(0), (rows["high"] - rows["mean"]).fillna(0)]
+            ax.errorbar(
+                rows["value"],
+                rows["mean"],
+                yerr=err,
+                marker=style.MARKERS[i],
+                capsize=2,
+                color=_CYCLE[i],
+                label=f"{style.metric_label(metric)} (n={int(rows['n'].min())})",
+            )
+        values = sorted(part["value"].astype(float).unique())
+        if values and min(values) > 0 and max(values) / min(values) >= 16:
+            ax.set_xscale("log", base=2)
+        if all(float(v).is_integer() for v in values):
+            ax.set_xticks(values, [f"{int(v)}" for v in values])
+            ax.minorticks_off()
+        if knob in anchors:
+            ax.axvline(anchors[knob], color="gray", linestyle=":", linewidth=1.2)
+            ax.annotate(
+                "anchor",
+                (anchors[knob], 1),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -10),
+                textcoords="offset points",
+                fontsize=7,
+                color="gray",
+            )
         ax.set_xlabel(labels[knob])
-        ax.set_ylabel("score")
+        ax.set_ylabel("ROUGE F1 (x100)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(textwrap.fill(title, 60), fontsize=9)
-    return save(fig, stem)
+    axes[0, 0].legend(title="metric", fontsize=7, title_fontsize=7, loc="lower right")
+    style.title(fig, title)
+    style.caption(
+        fig,
+        "One hyperparameter moves at a time, the others stay at the anchor (dotted). Bars: 95% "
+        "t-interval over samples.",
+    )
+    return style.Plot(fig, points, "", [])
 
 
-def curves(points: pd.DataFrame, hue: str, title: str, stem: Path) -> list[Path]:
-    """Decode tokens/s and memory (MiB) against the context length, one line per ``hue``."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, group in points.groupby(hue, sort=False):
-        axes[0].plot(group["context"], group["tokens_per_s"], marker=".", label=str(name))
-        axes[1].plot(group["context"], group["memory_mib"], marker=".", label=str(name))
-    for ax, ylabel in zip(axes, ("decode tokens/s", "memory MiB"), strict=True):
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(textwrap.fill(title, 60), fontsize=9)
-    return save(fig, stem)
+def layer_range(per_layer: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per budget, the smallest and largest layer's error (``per_layer``: ``[budgets][layers]``)."""
+    values = np.asarray(per_layer, dtype=float)
+    return values.min(axis=1), values.max(axis=1)

@@ -10,11 +10,12 @@ import math
 from collections.abc import Sequence
 
 import pandas as pd
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from reports.presets import budget_ignored
 from runners.loggers import flat_summary
-from runners.results import ResultStore
-from runners.sweeps import Job
+from runners.results import ResultStore, run_config, run_id, run_identity
+from runners.sweeps import Job, composed_jobs
 
 GROUP_KEYS = ("method", "task", "model")  # config groups: a row shows the chosen option's name
 
@@ -40,6 +41,75 @@ def _number(value: object) -> object:
 def read_records(jobs: Sequence[Job], store: ResultStore) -> dict[str, dict | None]:
     """The stored record of each distinct run of ``jobs`` (None where there is none), read once."""
     return {rid: store.read(rid) for rid in dict.fromkeys(job.run_id for job in jobs)}
+
+
+def report_jobs(
+    experiment: str, scale: str, overrides: Sequence[str], store: ResultStore
+) -> tuple[DictConfig, list[Job], dict[str, dict | None]]:
+    """The sweep's jobs matched with the store, without building the methods (no torch).
+
+    A job's run id depends on whether its method uses the budget (FullKV does not: its record
+    has budget null); both candidate ids are looked up and the one with a record is the job's
+    (a job with neither is missing under the id :func:`reports.presets.budget_ignored` names).
+    Returns the experiment's base config,
+    the jobs (``names`` from their records) and the records by run id."""
+    base, composed = composed_jobs(experiment, scale, overrides)
+    jobs, records = [], {}
+    for job_overrides, cfg in composed:
+        configs = [run_config(cfg, True), run_config(cfg, False)]
+        found = [(config, run_id(config)) for config in configs]
+        for _, rid in found:
+            if rid not in records:
+                records[rid] = store.read(rid)
+        guess = found[1] if budget_ignored(configs[0].get("method") or {}) else found[0]
+        config, rid = next(((c, r) for c, r in found if records[r] is not None), guess)
+        record = records[rid] or {}
+        names = {"method": record.get("method"), "task": record.get("task")}
+        jobs.append(Job(job_overrides, cfg, config, rid, names))
+    used = {job.run_id for job in jobs}
+    return base, jobs, {rid: rec for rid, rec in records.items() if rid in used}
+
+
+def _flat(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): value}
+
+
+#: Keys that must agree for a stored run to count as "the same run with other overrides".
+SAME_SETTING = ("model.name", "method._target_", "task._target_", "runner.name")
+
+
+def near_misses(jobs: Sequence[Job], records: dict[str, dict | None], store: ResultStore) -> dict[str, int]:
+    """Stored finished runs that differ from a missing job only by a few overrides: override text
+    (``task.limit=20``, the stored run's values) -> how many missing jobs it would fill."""
+    missing = [job for job in jobs if records.get(job.run_id) is None]
+    if not missing:
+        return {}
+    stored = [_flat(run_identity(r["config"])) for r in store.records() if r.get("status") == "ok"]
+    counts: dict[str, int] = {}
+    for job in missing:
+        want = _flat(run_identity(job.config))
+        for have in stored:
+            if any(want.get(k) != have.get(k) for k in SAME_SETTING):
+                continue
+            diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+            if have.get("budget") is None:  # a method that ignores the budget (FullKV) stores none
+                diff = [k for k in diff if k != "budget"]
+            if any(k == "budget" or k.startswith("method.") for k in diff):
+                continue  # another budget or other hyperparameters: another setting, not other overrides
+            if diff and len(diff) <= 3:
+                text = " ".join(f"{k}={_override(have.get(k))}" for k in diff)
+                counts[text] = counts.get(text, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _override(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)
 
 
 def job_frame(jobs: Sequence[Job], records: dict[str, dict | None], keys: Sequence[str]) -> pd.DataFrame:

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
-from reports.compare import non_default_settings
 from reports.frame import label
+from reports.runs import SMALL_N, row
 from runners.results import ResultStore
 
 CONFIDENCE = 0.95
@@ -65,11 +65,11 @@ def scored_runs(store: ResultStore, n_resamples: int = 1000) -> pd.DataFrame:
         metric, scores = sample_scores(store, rec)
         if not scores:
             continue
-        settings = non_default_settings(rec["method"], cfg.get("method") or {})
         low, high = interval(scores, n_resamples)
+        info = row(rec)
         rows.append({
             "model": cfg["model"]["name"], "task": rec["task"], "budget": label(cfg.get("budget")),
-            "budget_unit": cfg.get("budget_unit"), "method": f"{rec['method']} {settings}".strip(),
+            "budget_unit": info["budget_unit"], "method": info["label"],
             "metric": metric, "n": len(scores), "mean": float(np.mean(scores)), "low": low, "high": high,
         })  # fmt: skip
     frame = pd.DataFrame(rows)
@@ -84,7 +84,7 @@ def ranking(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
     if runs.empty:
         return {}
     reference = runs[runs["budget"] == "none"]
-    reference = reference.assign(method=reference["method"] + " (budget none)")
+    reference = reference.assign(method=reference["method"] + " (reference)")
     tables = {}
     for budget in sorted(set(runs["budget"]) - {"none"}, key=_budget_order):
         part = pd.concat([runs[runs["budget"] == budget], reference])
@@ -107,8 +107,9 @@ def _budget_order(budget: str) -> tuple[int, float]:
     return (0 if value <= 1 else 1, -value)
 
 
-def render(store: ResultStore, out_dir: str | Path, n_resamples: int = 1000) -> tuple[str, Path]:
-    """Write ``summary.md`` under ``out_dir``; returns its text and path."""
+def render(store: ResultStore, out_dir: str | Path, n_resamples: int = 1000) -> tuple[str, Path, list[str]]:
+    """Write ``summary.md`` under ``out_dir``; returns its text, its path and warnings (runs with
+    fewer than :data:`~reports.runs.SMALL_N` samples, whose bootstrap intervals are unreliable)."""
     from runners.results import atomic_write_text
 
     runs = scored_runs(store, n_resamples)
@@ -119,9 +120,24 @@ def render(store: ResultStore, out_dir: str | Path, n_resamples: int = 1000) -> 
         f"[{CONFIDENCE:.0%} bootstrap CI over samples]; rank 1 = best within a (model, task, budget); "
         "FullKV (budget none) is ranked in every budget as the reference.",
     ]
+    warnings = []
+    small = runs[runs["n"] < SMALL_N] if len(runs) else runs
+    if len(small):
+        warning = (
+            f"warning: {len(small)} of {len(runs)} runs have fewer than {SMALL_N} samples "
+            f"(smallest n = {int(small['n'].min())}); their bootstrap intervals are unreliable"
+        )
+        warnings.append(warning)
+        lines += ["", f"**{warning.removeprefix('warning: ').capitalize()}.**"]
     for budget, table in ranking(runs).items():
-        lines += ["", f"## budget {budget}", "", table.to_markdown(index=False, floatfmt=".2f")]
+        shown = table.astype(object).where(table.notna(), None)
+        lines += [
+            "",
+            f"## budget {budget}",
+            "",
+            shown.to_markdown(index=False, floatfmt=".2f", missingval="–"),
+        ]
     path = Path(out_dir) / "summary.md"
     text = "\n".join(lines) + "\n"
     atomic_write_text(path, text)
-    return text, path
+    return text, path, warnings

@@ -13,38 +13,10 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from runners.environment import device_info, git_sha, package_versions, release_free_memory, reset_peak_memory
-from runners.results import SCHEMA_VERSION, ResultStore, run_id
-
-# Which parts of the config identify a run, per runner: (the task, the top-level budget). Efficiency
-# and OOM runs use synthetic prompts (no task); the error runner sweeps runner.budgets itself.
-IDENTITY_RULES: dict[str, tuple[bool, bool]] = {
-    "efficiency": (False, True),
-    "oom": (False, True),
-    "error": (True, False),
-}
-
-
-def run_config(cfg: DictConfig, budget_applies: bool = True) -> dict:
-    """The resolved config a run is stored under (docs/results.md): ``task`` is null for runners
-    without one, ``budget`` null where it does not apply (FullKV, the error runner's own budgets).
-
-    Parameters
-    ----------
-    cfg : DictConfig
-        The composed job config.
-    budget_applies : bool
-        False for a method that ignores the budget (``CompressionMethod.budget_applies``).
-    """
-    config = OmegaConf.to_container(cfg, resolve=True)
-    uses_task, uses_budget = IDENTITY_RULES.get(cfg.runner.name, (True, True))
-    if not uses_task:
-        config["task"] = None
-    if not (uses_budget and budget_applies):
-        config["budget"] = None
-    return config
+from runners.results import IDENTITY_RULES, SCHEMA_VERSION, ResultStore, run_config, run_id  # noqa: F401
 
 
 def record_device(record: dict) -> torch.device:

@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from omegaconf import DictConfig, OmegaConf
+
 SCHEMA_VERSION = 1
 IDENTITY_KEYS = ("model", "method", "task", "runner", "budget", "budget_unit", "seed")
 NON_IDENTITY_TASK_KEYS = ("data_dir",)
@@ -42,6 +44,35 @@ def run_id(config: dict) -> str:
     """Stable 16-hex-digit id: SHA-256 of the run identity of a resolved config."""
     blob = json.dumps(run_identity(config), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# Which parts of the config identify a run, per runner: (the task, the top-level budget). Efficiency
+# and OOM runs use synthetic prompts (no task); the error runner sweeps runner.budgets itself.
+IDENTITY_RULES: dict[str, tuple[bool, bool]] = {
+    "efficiency": (False, True),
+    "oom": (False, True),
+    "error": (True, False),
+}
+
+
+def run_config(cfg: DictConfig, budget_applies: bool = True) -> dict:
+    """The resolved config a run is stored under (docs/results.md): ``task`` is null for runners
+    without one, ``budget`` null where it does not apply (FullKV, the error runner's own budgets).
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The composed job config.
+    budget_applies : bool
+        False for a method that ignores the budget (``CompressionMethod.budget_applies``).
+    """
+    config = OmegaConf.to_container(cfg, resolve=True)
+    uses_task, uses_budget = IDENTITY_RULES.get(cfg.runner.name, (True, True))
+    if not uses_task:
+        config["task"] = None
+    if not (uses_budget and budget_applies):
+        config["budget"] = None
+    return config
 
 
 def _file_mode() -> int:

@@ -19,10 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from runners.errors import KVBenchError
-from runners.quality import registered_name
-from runners.record import run_config
-from runners.results import run_id
-from tasks import TASK_REGISTRY
+from runners.results import run_config, run_id
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -72,6 +69,30 @@ def _job_overrides(base: DictConfig, extra: Sequence[str]) -> list[list[str]]:
     return batches[0] if batches else [[]]
 
 
+def composed_jobs(
+    experiment: str, scale: str = "smoke", overrides: Sequence[str] = ()
+) -> tuple[DictConfig, list[tuple[list[str], DictConfig]]]:
+    """The base config of ``experiment`` at ``scale`` and each sweep job's overrides and composed
+    config, without building methods or tasks (no torch: reports use this).
+
+    Raises
+    ------
+    KVBenchError
+        For an unknown experiment.
+    """
+    if experiment not in experiment_names():
+        raise KVBenchError(f"unknown experiment {experiment!r} (known: {', '.join(experiment_names())})")
+    head = [f"experiment={experiment}", f"scale={scale}"]
+    with _hydra():
+        base = compose(config_name="config", overrides=head, return_hydra_config=True)
+        jobs = [
+            (list(job_overrides), compose(config_name="config", overrides=head + list(job_overrides)))
+            for job_overrides in _job_overrides(base, overrides)
+        ]
+    base = OmegaConf.masked_copy(base, [k for k in base if k != "hydra"])
+    return base, jobs
+
+
 def sweep_jobs(
     experiment: str, scale: str = "smoke", overrides: Sequence[str] = ()
 ) -> tuple[DictConfig, list[Job]]:
@@ -91,18 +112,15 @@ def sweep_jobs(
     KVBenchError
         For an unknown experiment.
     """
-    if experiment not in experiment_names():
-        raise KVBenchError(f"unknown experiment {experiment!r} (known: {', '.join(experiment_names())})")
-    head = [f"experiment={experiment}", f"scale={scale}"]
-    with _hydra():
-        base = compose(config_name="config", overrides=head, return_hydra_config=True)
-        jobs = []
-        for job_overrides in _job_overrides(base, overrides):
-            cfg = compose(config_name="config", overrides=head + list(job_overrides))
-            method = instantiate(cfg.method)
-            config = run_config(cfg, method.budget_applies)
-            task_target = (config.get("task") or {}).get("_target_")
-            names = {"method": method.name, "task": registered_name(task_target, TASK_REGISTRY)}
-            jobs.append(Job(list(job_overrides), cfg, config, run_id(config), names))
-    base = OmegaConf.masked_copy(base, [k for k in base if k != "hydra"])
+    from runners.quality import registered_name  # the methods and tasks (torch) load only here
+    from tasks import TASK_REGISTRY
+
+    base, composed = composed_jobs(experiment, scale, overrides)
+    jobs = []
+    for job_overrides, cfg in composed:
+        method = instantiate(cfg.method)
+        config = run_config(cfg, method.budget_applies)
+        task_target = (config.get("task") or {}).get("_target_")
+        names = {"method": method.name, "task": registered_name(task_target, TASK_REGISTRY)}
+        jobs.append(Job(job_overrides, cfg, config, run_id(config), names))
     return base, jobs

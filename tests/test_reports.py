@@ -12,7 +12,13 @@ def record(method: str, budget: float | None, status: str = "ok", **method_cfg) 
         "method": method,
         "task": "xsum",
         "n_samples": 30,
-        "config": {"model": {"name": "m"}, "budget": budget, "method": method_cfg},
+        "config": {
+            "model": {"name": "m"},
+            "budget": budget,
+            "budget_unit": "prompt",
+            "method": method_cfg,
+            "runner": {"name": "quality"},
+        },
         "metrics": {"rouge1": 17.555, "rouge2": 2.0, "rougeL": 12.0},
         "efficiency": {"decode_tokens_per_s": 14.84, "kv_fraction_of_fullkv": 0.2, "peak_rss_bytes": 2**30},
         "wall_seconds": 100.4,
@@ -42,7 +48,29 @@ def test_comparison_rows_and_order(tmp_path, capsys):
     assert abs(frame.loc[0, "rouge1"] - 17.555) <= 0.005 + 1e-9
     assert frame.loc[0, "peak RSS MiB"] == 1024 and frame.loc[0, "decode tok/s"] == 14.8
     assert comparison(records, task="longbench").empty
-    assert main([str(tmp_path)]) == 1 and "no finished runs" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 1 and "no finished quality runs" in capsys.readouterr().err
+
+
+def test_comparison_keeps_error_runs_out_names_presets_and_prints_no_nan(tmp_path, monkeypatch, capsys):
+    from reports.presets import presets
+    from runners.results import ResultStore
+
+    store = ResultStore(tmp_path)
+    paper = record("zsmerge", 0.1, **presets()["zsmerge_xsum_paper"])
+    error_runner = record("zsmerge", None) | {"run_id": "err"}
+    error_runner["config"] = error_runner["config"] | {"runner": {"name": "error"}}
+    no_speed = record("h2o", 0.05) | {"efficiency": {}}
+    for rec in (paper, error_runner, no_speed, record("fullkv", None)):
+        store.write(rec, [])
+    frame = comparison(store.records())
+    assert "err" not in set(frame.get("run_id", [])) and len(frame) == 3  # the error runner is no quality run
+    assert list(frame["preset"]) == ["fullkv", "zsmerge_xsum_paper", "h2o"]
+    assert list(frame["budget unit"]) == ["", "prompt", "prompt"]
+    monkeypatch.setenv("KVBENCH_RESULTS_DIR", str(tmp_path))
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "zsmerge_xsum_paper" in out and "10% of prompt" in out and "–" in out
+    assert "nan" not in out.lower() and "<NA>" not in out
 
 
 def efficiency_record(method: str, batch: int, status: str = "ok", tokens_per_s: float = 10.0) -> dict:

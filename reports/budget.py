@@ -1,0 +1,177 @@
+"""``python -m reports budget``: quality against the KV budget from whatever runs the store holds.
+
+One line per method preset (its display label, colour per method), a 95% confidence band from the
+per-sample scores, FullKV (no budget) as a dashed horizontal reference with its own band, n in the
+legend. One panel per (model, budget unit): fractions of the prompt, fractions of the context
+window and absolute slot counts never share an axis.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from reports import style
+from reports.runs import SMALL_N, Filters, mean_interval, primary_metric, runs_frame, sample_scores
+from runners.errors import KVBenchError
+from runners.results import ResultStore
+
+
+def quality_points(
+    store: ResultStore, filters: Filters, metric: str | None = None
+) -> tuple[pd.DataFrame, str]:
+    """One row per (model, label, budget) of finished quality runs: n, mean and 95% interval of
+    ``metric`` over the per-sample scores (seeds of one setting pooled; of runs with different
+    sample counts the largest is kept), with the run ids. Returns the frame and the metric.
+
+    Raises
+    ------
+    KVBenchError
+        When no finished quality run passes the filters, when they span several tasks (choose one
+        with ``--task``), or when ``metric`` is not among the runs' metrics.
+    """
+    runs = runs_frame(store, Filters(**{**vars(filters), "runner": filters.runner or "quality"}))
+    if runs.empty:
+        raise KVBenchError(f"no finished quality runs under {store.root}/runs match {_describe(filters)}")
+    tasks = sorted(set(runs["task"]))
+    if len(tasks) > 1:
+        raise KVBenchError(f"the runs span several tasks ({', '.join(tasks)}); choose one with --task")
+    metric = metric or primary_metric(runs)
+    known = sorted({m for ms in runs["metrics"] for m in ms})
+    if metric not in known:
+        raise KVBenchError(
+            f"metric {metric!r} is not recorded for task {tasks[0]} (known: {', '.join(known)})"
+        )
+    runs = runs.assign(budget_key=runs["budget"].map(lambda b: "none" if b is None or b != b else repr(b)))
+    rows = []
+    for (model, label, _), group in runs.groupby(["model", "label", "budget_key"], sort=False):
+        group = group[group["n"] == group["n"].max()]
+        scores = [s for rid in group["run_id"] for s in sample_scores(store, rid, metric)]
+        if not scores:  # a run without predictions: its recorded mean, no interval
+            scores_mean = float(pd.Series([m.get(metric) for m in group["metrics"]]).mean())
+            mean, low, high, n = scores_mean, float("nan"), float("nan"), int(group["n"].sum())
+        else:
+            (mean, low, high), n = mean_interval(scores), len(scores)
+        first = group.iloc[0]
+        rows.append(
+            {
+                "model": model,
+                "task": first["task"],
+                "method": first["method"],
+                "preset": first["preset"],
+                "label": label,
+                "budget": first["budget"],
+                "budget_unit": first["budget_unit"],
+                "metric": metric,
+                "n": n,
+                "mean": mean,
+                "ci_low": low,
+                "ci_high": high,
+                "runs": len(group),
+                "kv_mib": group["kv_bytes"].astype(float).mean() / 2**20,
+                "peak_mib": group["peak_bytes"].astype(float).mean() / 2**20,
+                "peak_kind": first["peak_kind"],
+                "run_ids": " ".join(group["run_id"]),
+            }
+        )
+    return pd.DataFrame(rows), metric
+
+
+def _describe(filters: Filters) -> str:
+    given = {k: v for k, v in vars(filters).items() if v}
+    return "the filters " + ", ".join(f"{k}={v}" for k, v in given.items()) if given else "(no filters)"
+
+
+def _legend_n(ns: pd.Series) -> str:
+    low, high = int(ns.min()), int(ns.max())
+    return f"n={low}" if low == high else f"n={low}-{high}"
+
+
+def draw(points: pd.DataFrame, metric: str, title: str | None = None) -> style.Plot:
+    """The quality-vs-budget figure of :func:`quality_points` rows (one panel per model and unit)."""
+    reference = points[points["budget_unit"].isna()]
+    compressed = points[points["budget_unit"].notna()]
+    panels = list(dict.fromkeys(zip(compressed["model"], compressed["budget_unit"], strict=True)))
+    if not panels:
+        panels = [(m, None) for m in dict.fromkeys(reference["model"])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 2.0, 4.2), squeeze=False)
+    small = int(points["n"].min()) < SMALL_N
+    for ax, (model, unit) in zip(axes[0], panels, strict=True):
+        part = compressed[(compressed["model"] == model) & (compressed["budget_unit"] == unit)]
+        _draw_lines(ax, part)
+        for _, ref in reference[reference["model"] == model].iterrows():
+            ax.axhline(
+                ref["mean"],
+                color=style.method_color(ref["method"]),
+                linestyle="--",
+                linewidth=1.2,
+                label=f"{ref['label']} (reference, n={int(ref['n'])})",
+            )
+            if ref["ci_low"] == ref["ci_low"]:
+                ax.axhspan(ref["ci_low"], ref["ci_high"], color=style.method_color(ref["method"]), alpha=0.08)
+        if unit in ("prompt", "context") and len(part):
+            style.percent_axis(ax, part["budget"])
+        ax.set_xlabel(
+            style.budget_label(unit).replace("fraction", "%") if unit != "slots" else style.budget_label(unit)
+        )
+        ax.set_ylabel(style.metric_label(metric))
+        ax.set_title(f"{model}", fontsize=9)
+        ax.grid(alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        first = sorted(range(len(labels)), key=lambda i: "(reference" not in labels[i])  # FullKV on top
+        ax.legend(
+            [handles[i] for i in first],
+            [labels[i] for i in first],
+            title="method (preset)",
+            fontsize=7,
+            title_fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1),
+            borderaxespad=0,
+        )
+        if (points["mean"] >= 0).all():
+            ax.set_ylim(bottom=0)
+    task = points["task"].iloc[0]
+    style.title(fig, title or f"{task}: {style.metric_label(metric)} vs KV cache budget")
+    note = (
+        "Lines: mean over samples; shaded: 95% t-interval of the mean from per-sample scores; dashed: FullKV."
+    )
+    if small:
+        note += f" Some points have n < {SMALL_N} samples: intervals are wide and unreliable."
+    style.caption(fig, note)
+    stem = f"budget_{task}_{metric}".replace("/", "-")
+    notes = (
+        [f"warning: n < {SMALL_N} samples for some points; confidence intervals are unreliable"]
+        if small
+        else []
+    )
+    return style.Plot(fig, points, stem, notes)
+
+
+def _draw_lines(ax, part: pd.DataFrame) -> None:
+    presets_seen: dict[str, list[str]] = {}
+    for label, group in part.groupby("label", sort=False):
+        group = group.sort_values("budget")
+        method = group["method"].iloc[0]
+        rank = presets_seen.setdefault(method, [])
+        rank.append(label)
+        color = style.method_color(method)
+        line = style.LINESTYLES[(len(rank) - 1) % len(style.LINESTYLES)]
+        marker = style.MARKERS[(len(rank) - 1) % len(style.MARKERS)]
+        ax.plot(
+            group["budget"],
+            group["mean"],
+            color=color,
+            linestyle=line,
+            marker=marker,
+            label=f"{label} ({_legend_n(group['n'])})",
+        )
+        banded = group[group["ci_low"].notna()]
+        if len(banded):
+            ax.fill_between(banded["budget"], banded["ci_low"], banded["ci_high"], color=color, alpha=0.15)
+
+
+def build(store: ResultStore, filters: Filters, metric: str | None = None) -> list[style.Plot]:
+    """The ``budget`` report: one :class:`~reports.style.Plot` (see :func:`draw`)."""
+    points, metric = quality_points(store, filters, metric)
+    return [draw(points, metric)]

@@ -1,0 +1,133 @@
+"""``python -m reports memory``: memory and throughput against the context length, FullKV vs the
+methods, from the efficiency runner's records (``runner=efficiency``).
+
+A run with ``runner.curve_every`` contributes its context-growth curve (one point every N decode
+steps); a run without one contributes one point at ``prompt_len + gen_len`` (a sweep over
+``runner.prompt_len`` then draws a curve across runs). Three panels: the KV cache bytes the method
+holds (exact, from the cache), the memory of the device (CUDA ``memory_allocated``) or of the
+process (CPU RSS, model included), and decode throughput.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from reports import style
+from reports.runs import Filters, row
+from runners.errors import KVBenchError
+from runners.results import ResultStore
+
+PANELS = (  # column, axis label
+    ("kv_mib", "KV cache held (MiB)"),
+    ("memory_mib", "{memory} (MiB)"),
+    ("tokens_per_s", "decode throughput (tokens/s)"),
+)
+MEMORY_NAMES = {"cuda": "device memory allocated", "cpu": "process memory (RSS, model included)"}
+
+
+def _series(record: dict) -> str:
+    r = row(record)
+    shape = record.get("shape") or {}
+    budget = r["budget"]
+    where = (
+        ""
+        if budget is None
+        else f" @ {budget} slots"
+        if r["budget_unit"] == "slots"
+        else f" @ {100 * budget:g}%"
+    )
+    return f"{r['label']}{where}" + (f", batch {shape['batch']}" if shape.get("batch", 1) != 1 else "")
+
+
+def record_points(record: dict) -> list[dict]:
+    """The points of one efficiency record: its curve, or one point at prompt + generated tokens."""
+    r = row(record)
+    eff, shape = record.get("efficiency") or {}, record.get("shape") or {}
+    curve = record.get("curve") or [
+        {
+            "context": shape.get("prompt_len", 0) + shape.get("gen_len", 0),
+            "kv_bytes": eff.get("kv_bytes_end"),
+            "memory_bytes": eff.get("peak_memory_bytes"),
+            "tokens_per_s": eff.get("decode_tokens_per_s"),
+        }
+    ]
+    return [
+        {
+            "run_id": r["run_id"],
+            "model": r["model"],
+            "device": (record.get("device") or {}).get("type", "cpu"),
+            "method": r["method"],
+            "preset": r["preset"],
+            "series": _series(record),
+            "context": point["context"],
+            "kv_mib": (point.get("kv_bytes") or 0) / 2**20,
+            "memory_mib": (point.get("memory_bytes") or 0) / 2**20,
+            "tokens_per_s": point.get("tokens_per_s"),
+            "from_curve": bool(record.get("curve")),
+        }
+        for point in curve
+    ]
+
+
+def curve_points(store: ResultStore, filters: Filters) -> pd.DataFrame:
+    """One row per (run, context) point: model, device type, method, series label, context
+    (tokens), KV MiB, memory MiB and decode tokens/s.
+
+    Raises
+    ------
+    KVBenchError
+        When no finished efficiency run passes the filters.
+    """
+    keep = Filters(**{**vars(filters), "runner": None}).keep
+    rows = [
+        point
+        for record in store.records()
+        if record.get("status") == "ok" and (row(record)["runner"] == "efficiency") and keep(row(record))
+        for point in record_points(record)
+    ]
+    if not rows:
+        raise KVBenchError(
+            f"no finished efficiency runs under {store.root}/runs match the filters; run e.g. "
+            "`python run.py runner=efficiency runner.curve_every=32 method=zsmerge budget=128`"
+        )
+    return pd.DataFrame(rows).sort_values(["model", "series", "context"]).reset_index(drop=True)
+
+
+def draw(points: pd.DataFrame, title: str | None = None) -> style.Plot:
+    """The three panels of the ``memory`` report (FullKV dashed, one colour per method)."""
+    devices = sorted(set(points["device"]))
+    memory = " / ".join(MEMORY_NAMES.get(d, d) for d in devices)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
+    count = points["series"].nunique()
+    for i, (series, group) in enumerate(points.groupby("series", sort=False)):
+        method = group["method"].iloc[0]
+        kwargs = {
+            "color": style.method_color(method),
+            "marker": style.MARKERS[i % len(style.MARKERS)],
+            "markersize": 4,
+            "linewidth": 1.2 + 1.6 * (count - 1 - i) / max(count - 1, 1),  # overlapping lines stay visible
+            "label": series,
+            "linestyle": "--" if method == "fullkv" else "-",
+        }
+        for ax, (column, _) in zip(axes, PANELS, strict=True):
+            ax.plot(group["context"], group[column], **kwargs)
+    for ax, (_, ylabel) in zip(axes, PANELS, strict=True):
+        ax.set_xlabel(style.metric_label("context"))
+        ax.set_ylabel(ylabel.format(memory=memory))
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    axes[0].legend(title="method (preset) @ budget", fontsize=7, title_fontsize=7)
+    models = ", ".join(dict.fromkeys(points["model"]))
+    style.title(fig, title or f"Memory and decode throughput vs context ({models}, {', '.join(devices)})")
+    style.caption(
+        fig,
+        "Points every runner.curve_every decode steps of one run (or one point per run at "
+        "prompt_len + gen_len); dashed: FullKV. KV cache: exact bytes of the kept keys and values.",
+    )
+    return style.Plot(fig, points, "memory_vs_context", [])
+
+
+def build(store: ResultStore, filters: Filters) -> list[style.Plot]:
+    """The ``memory`` report: one :class:`~reports.style.Plot` (see :func:`draw`)."""
+    return [draw(curve_points(store, filters))]

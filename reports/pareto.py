@@ -1,0 +1,111 @@
+"""``python -m reports pareto``: quality against the KV cache memory it costs, one point per run
+setting (method preset x budget), FullKV included, from the store's quality runs.
+
+The x axis is the record's ``kv_bytes_end_mean`` (the key/value bytes held at the end of
+generation, per sample), or with ``--memory peak`` the run's peak memory (device memory on CUDA,
+else the process's peak RSS, which includes the model). Points up and to the left are better;
+the upper-left staircase of all points is drawn as the Pareto front.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.ticker import FuncFormatter
+
+from reports import style
+from reports.budget import quality_points
+from reports.runs import SMALL_N, Filters
+from runners.results import ResultStore
+
+X_AXES = {  # --memory: (column, axis label)
+    "kv": ("kv_mib", "KV cache held at the end of generation (MiB per sample, log scale)"),
+    "peak": ("peak_mib", "peak memory of the run (MiB, log scale)"),
+}
+
+
+def front(points: pd.DataFrame, x: str) -> pd.DataFrame:
+    """The Pareto-optimal rows (no other row has less ``x`` and a higher ``mean``), by ``x``."""
+    ordered = points.dropna(subset=[x]).sort_values([x, "mean"], ascending=[True, False])
+    best, keep = float("-inf"), []
+    for idx, r in ordered.iterrows():
+        if r["mean"] > best:
+            keep.append(idx)
+            best = r["mean"]
+    return ordered.loc[keep]
+
+
+def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
+    """Quality (mean with 95% interval bars) against memory, one colour per method."""
+    x, xlabel = X_AXES[memory]
+    if memory == "peak" and (points["peak_kind"] == "process").any():
+        xlabel = xlabel.replace("peak memory", "peak memory (process RSS on CPU, model included;")
+        xlabel = xlabel.replace("(MiB, log scale)", "MiB, log scale)")
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    for rank, (label, group) in enumerate(points.groupby("label", sort=False)):
+        group = group.sort_values(x)
+        method = group["method"].iloc[0]
+        color, is_ref = style.method_color(method), group["budget_unit"].isna().all()
+        yerr = [(group["mean"] - group["ci_low"]).fillna(0), (group["ci_high"] - group["mean"]).fillna(0)]
+        ax.errorbar(
+            group[x],
+            group["mean"],
+            yerr=yerr,
+            color=color,
+            marker="*" if is_ref else "o",
+            markersize=11 if is_ref else 5,
+            linestyle="none" if is_ref else "-",
+            capsize=2,
+            label=f"{label}{' (reference)' if is_ref else ''} (n={int(group['n'].min())})",
+        )
+        for _, r in group[group["budget_unit"].notna()].iterrows():
+            budget = f"{r['budget']}" if r["budget_unit"] == "slots" else f"{100 * r['budget']:g}%"
+            ax.annotate(
+                budget,
+                (r[x], r["mean"]),
+                textcoords="offset points",
+                xytext=(5, 5 - 8 * (rank % 3)),
+                fontsize=6,
+                color=color,
+            )
+    pareto = front(points, x)
+    ax.step(
+        pareto[x],
+        pareto["mean"],
+        where="post",
+        color="black",
+        alpha=0.35,
+        linewidth=3,
+        zorder=0,
+        label="Pareto front",
+    )
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
+    if (points["mean"] >= 0).all():
+        ax.set_ylim(bottom=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(style.metric_label(metric))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(title="method (preset)", fontsize=7, title_fontsize=7)
+    task, models = points["task"].iloc[0], ", ".join(dict.fromkeys(points["model"]))
+    style.title(fig, f"{task} ({models}): {style.metric_label(metric)} vs KV memory")
+    note = "Points: mean over samples, labelled with the budget; bars: 95% t-interval; star: FullKV."
+    small = int(points["n"].min()) < SMALL_N
+    if small:
+        note += f" n < {SMALL_N} for some points: intervals unreliable."
+    style.caption(fig, note)
+    notes = (
+        [f"warning: n < {SMALL_N} samples for some points; confidence intervals are unreliable"]
+        if small
+        else []
+    )
+    return style.Plot(fig, points, f"pareto_{task}_{metric}_{memory}".replace("/", "-"), notes)
+
+
+def build(
+    store: ResultStore, filters: Filters, metric: str | None = None, memory: str = "kv"
+) -> list[style.Plot]:
+    """The ``pareto`` report: one :class:`~reports.style.Plot` (see :func:`draw`)."""
+    points, metric = quality_points(store, filters, metric)
+    return [draw(points, metric, memory)]

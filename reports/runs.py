@@ -1,0 +1,176 @@
+"""The stored runs as one frame, for reports that need no experiment file (``python -m reports
+budget|niah|pareto|memory|runs``): identity, method preset and display label, budget and the
+unit it is counted in, status, metrics, KV bytes and peak memory; per-sample scores and their
+confidence interval.
+
+Only the result store is read (``runners.results``); nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from reports.presets import identify
+from reports.style import preset_label
+from runners.results import ResultStore
+
+CONFIDENCE = 0.95
+#: Below this many samples an interval is drawn but flagged as unreliable (reports say so).
+SMALL_N = 10
+
+
+def budget_axis(budget: object, unit: str | None) -> str | None:
+    """What a budget counts: ``slots`` for an integer (absolute slots per layer and KV head), else
+    the record's ``budget_unit`` (``prompt``/``context``); None when the run has no budget."""
+    if budget is None or (isinstance(budget, float) and math.isnan(budget)):
+        return None
+    if isinstance(budget, int) and not isinstance(budget, bool):
+        return "slots"
+    return unit or "prompt"
+
+
+def row(record: dict) -> dict:
+    """One flat row of a record for the reports (see the module docstring for the columns)."""
+    cfg = record.get("config") or {}
+    eff = record.get("efficiency") or {}
+    method = record.get("method") or ""
+    preset, settings = identify(method, cfg.get("method") or {}) if method else ("", "")
+    budget = cfg.get("budget")
+    peak_device, peak_rss = eff.get("peak_device_bytes"), eff.get("peak_rss_bytes")
+    return {
+        "run_id": record["run_id"],
+        "created": record.get("created"),
+        "runner": (cfg.get("runner") or {}).get("name"),
+        "model": (cfg.get("model") or {}).get("name"),
+        "method": method,
+        "preset": preset,
+        "settings": settings,
+        "label": preset_label(method, preset, settings),
+        "task": record.get("task"),
+        "limit": (cfg.get("task") or {}).get("limit"),
+        "task_config": cfg.get("task") or {},
+        "budget": budget,
+        "budget_unit": budget_axis(budget, cfg.get("budget_unit")),
+        "seed": cfg.get("seed"),
+        "status": record.get("status"),
+        "error": record.get("error"),
+        "n": record.get("samples_done", record.get("n_samples")),
+        "kv_bytes": eff.get("kv_bytes_end_mean", eff.get("kv_bytes_end")),
+        "fullkv_bytes": eff.get("fullkv_bytes_end_mean", eff.get("fullkv_bytes_end")),
+        "peak_bytes": peak_device or eff.get("peak_memory_bytes") or peak_rss,
+        "peak_kind": "device" if peak_device else "process",
+        "metrics": record.get("metrics") or {},
+    }
+
+
+@dataclass
+class Filters:
+    """Which runs a report keeps (None: any). ``budget_unit`` keeps the runs counted in one unit."""
+
+    task: str | None = None
+    model: str | None = None
+    method: Sequence[str] | None = None
+    runner: str | None = None
+    budget_unit: str | None = None
+    limit: int | None = None
+
+    def keep(self, r: dict) -> bool:
+        """Whether row ``r`` (:func:`row`) passes every filter; a method filter matches the
+        registry name, the preset name or the display label."""
+        if self.method and not {r["method"], r["preset"], r["label"]} & set(self.method):
+            return False
+        if self.budget_unit and r["budget_unit"] not in (None, self.budget_unit):
+            return False
+        return all(
+            want is None or r[key] == want
+            for key, want in (
+                ("task", self.task),
+                ("model", self.model),
+                ("runner", self.runner),
+                ("limit", self.limit),
+            )
+        )
+
+
+def runs_frame(store: ResultStore, filters: Filters | None = None, status: str | None = "ok") -> pd.DataFrame:
+    """Rows (:func:`row`) of the store's records that pass ``filters`` with ``status`` (None: any)."""
+    return records_frame(store.records(), filters, status)
+
+
+def records_frame(
+    records: list[dict], filters: Filters | None = None, status: str | None = "ok"
+) -> pd.DataFrame:
+    """:func:`runs_frame` of records already read."""
+    filters = filters or Filters()
+    rows = [row(rec) for rec in records]
+    rows = [r for r in rows if filters.keep(r) and (status is None or r["status"] == status)]
+    return pd.DataFrame(rows, columns=list(row_columns()))
+
+
+def row_columns() -> list[str]:
+    """The columns of :func:`runs_frame`."""
+    return [
+        "run_id",
+        "created",
+        "runner",
+        "model",
+        "method",
+        "preset",
+        "settings",
+        "label",
+        "task",
+        "limit",
+        "task_config",
+        "budget",
+        "budget_unit",
+        "seed",
+        "status",
+        "error",
+        "n",
+        "kv_bytes",
+        "fullkv_bytes",
+        "peak_bytes",
+        "peak_kind",
+        "metrics",
+    ]
+
+
+def sample_scores(store: ResultStore, run_id: str, metric: str) -> list[float]:
+    """Per-sample values of ``metric`` from a run's ``predictions.jsonl`` (empty when absent)."""
+    path = store.run_dir(run_id) / "predictions.jsonl"
+    if not path.is_file():
+        return []
+    scores = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        value = (json.loads(line).get("metrics") or {}).get(metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            scores.append(float(value))
+    return scores
+
+
+def mean_interval(scores: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and the two-sided 95% Student-t confidence interval of the mean (bounds NaN for fewer
+    than 2 samples; below :data:`SMALL_N` the interval is wide and unreliable: callers warn)."""
+    values = np.asarray(scores, dtype=float)
+    if values.size == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(values.mean())
+    if values.size < 2:
+        return mean, math.nan, math.nan
+    half = stats.t.ppf(0.5 + CONFIDENCE / 2, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size)
+    return mean, mean - float(half), mean + float(half)
+
+
+def primary_metric(frame: pd.DataFrame) -> str | None:
+    """The first metric of the first run (the task's headline metric), None without runs."""
+    for metrics in frame["metrics"]:
+        if metrics:
+            return next(iter(metrics))
+    return None

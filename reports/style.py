@@ -1,0 +1,156 @@
+"""How reports name and draw things: display names of methods and presets, one colour per method
+(the same in every figure), axis labels with units, and :func:`save` (PNG + PDF + the data as CSV).
+
+Registries, not if/else chains: add a method to :data:`METHODS`, a metric to :data:`METRIC_LABELS`.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class MethodStyle:
+    """Display name and colour of a registered method (``record["method"]``)."""
+
+    name: str
+    color: str
+
+
+#: Registry name -> display name and colour (matplotlib's colour-blind-safe tab10 order).
+METHODS: dict[str, MethodStyle] = {
+    "fullkv": MethodStyle("FullKV", "#333333"),
+    "h2o": MethodStyle("H2O", "tab:blue"),
+    "snapkv": MethodStyle("SnapKV", "tab:orange"),
+    "streamingllm": MethodStyle("StreamingLLM", "tab:green"),
+    "less": MethodStyle("LESS", "tab:purple"),
+    "zsmerge": MethodStyle("ZSMerge", "tab:red"),
+    "kvmerger": MethodStyle("KVMerger", "tab:brown"),
+    "keepkv": MethodStyle("KeepKV", "tab:pink"),
+}
+_SPARE = ("tab:olive", "tab:cyan", "tab:gray", "#8c6d31", "#393b79")
+#: Line styles of a method's presets, in the order they are met (the method's own defaults first).
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+#: Metric key -> axis label with its unit.
+METRIC_LABELS: dict[str, str] = {
+    "rouge1": "ROUGE-1 F1 (x100)",
+    "rouge2": "ROUGE-2 F1 (x100)",
+    "rougeL": "ROUGE-L F1 (x100)",
+    "avg": "score (x100)",
+    "accuracy": "accuracy (%)",
+    "passkey": "passkey accuracy (%)",
+    "number_string": "number-string accuracy (%)",
+    "kv_retrieval": "KV-retrieval accuracy (%)",
+    "rel_error": "attention-output error ||o' - o|| / ||o||",
+    "tokens_per_s": "throughput (tokens/s)",
+    "decode_tokens_per_s": "decode throughput (tokens/s)",
+    "kv_mib": "KV cache held (MiB)",
+    "memory_mib": "process memory (MiB)",
+    "peak_mib": "peak memory (MiB)",
+    "context": "context (tokens)",
+    "runner.prompt_len": "prompt length (tokens)",
+    "runner.gen_len": "generated tokens",
+    "runner.batch": "batch size (sequences)",
+}
+
+#: ``budget_unit`` -> axis label of the budget.
+BUDGET_LABELS: dict[str, str] = {
+    "prompt": "KV budget (fraction of each prompt)",
+    "context": "KV budget (fraction of the context window)",
+    "slots": "KV budget (slots per layer and KV head)",
+}
+
+
+def method_name(method: str) -> str:
+    """Display name of a registry name (``zsmerge`` -> ``ZSMerge``); unknown names as they are."""
+    style = METHODS.get(method)
+    return style.name if style else method
+
+
+def method_color(method: str) -> str:
+    """The colour of a method in every figure (a stable spare colour for an unregistered one)."""
+    style = METHODS.get(method)
+    return style.color if style else _SPARE[zlib.crc32(method.encode()) % len(_SPARE)]
+
+
+def preset_label(method: str, preset: str | None, settings: str = "") -> str:
+    """Display label of a run's method: ``ZSMerge``, ``ZSMerge (xsum_paper)`` for the preset
+    ``zsmerge_xsum_paper``, plus hyperparameters set on the command line (``residual_ratio=0``)."""
+    text = method_name(method)
+    if preset and preset != method:
+        text += f" ({preset.removeprefix(method + '_')})"
+    return f"{text} {settings}".strip()
+
+
+def metric_label(metric: str) -> str:
+    """Axis label of a metric with its unit (``passkey/len2000/depth0.5`` -> the task's label)."""
+    return METRIC_LABELS.get(metric) or METRIC_LABELS.get(metric.split("/")[0], metric)
+
+
+def budget_label(unit: str | None) -> str:
+    """Axis label of budgets in ``unit`` (``prompt``, ``context`` or ``slots``)."""
+    return BUDGET_LABELS.get(unit or "prompt", f"KV budget ({unit})")
+
+
+def title(fig, text: str) -> None:
+    """A figure title wrapped to the figure's width."""
+    width = int(fig.get_figwidth() * 13)
+    fig.suptitle(textwrap.fill(text, width), fontsize=9)
+
+
+def save(fig, stem: Path, data: pd.DataFrame | None = None) -> list[Path]:
+    """Write ``<stem>.png`` and ``<stem>.pdf`` (and ``<stem>.csv``, the plotted numbers, when
+    ``data`` is given), then close the figure; returns the paths."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    lines = getattr(fig, "caption_lines", 0)  # room for the caption (:func:`caption`), in points
+    if fig.get_layout_engine() is None:  # constrained-layout figures (colour bars) place themselves
+        fig.tight_layout(rect=(0, (lines * 8.5 + 4) / 72 / fig.get_figheight() if lines else 0, 1, 1))
+    for path in paths:
+        fig.savefig(path, dpi=150)
+    plt.close(fig)
+    if data is not None:
+        data.to_csv(stem.with_suffix(".csv"), index=False)
+        paths.append(stem.with_suffix(".csv"))
+    return paths
+
+
+@dataclass
+class Plot:
+    """A drawn figure before it is saved: the matplotlib ``Figure``, the numbers it shows (written
+    as CSV beside it), the file stem and notes for the console (e.g. small-n warnings)."""
+
+    fig: object
+    data: pd.DataFrame
+    stem: str
+    notes: list[str]
+
+    def save(self, out_dir: Path) -> list[Path]:
+        """:func:`save` into ``out_dir``."""
+        return save(self.fig, Path(out_dir) / self.stem, self.data)
+
+
+def caption(fig, text: str) -> None:
+    """A small wrapped caption under the axes (what bands and lines mean, n)."""
+    wrapped = textwrap.fill(text, int(fig.get_figwidth() * 17))
+    fig.text(0.01, 0.01, wrapped, fontsize=7, va="bottom", ha="left", color="#444444")
+    fig.caption_lines = wrapped.count("\n") + 1
+
+
+def percent_axis(ax, values) -> None:
+    """Budget fractions on a log-2 x axis, ticks at the budgets drawn, labelled in percent."""
+    ticks = sorted({float(v) for v in values})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [f"{100 * t:g}%" for t in ticks])
+    ax.minorticks_off()
