@@ -19,8 +19,8 @@ from reports.runs import SMALL_N, Filters
 from runners.results import ResultStore
 
 X_AXES = {  # --memory: (column, axis label)
-    "kv": ("kv_mib", "KV cache held at the end of generation (MiB per sample, log scale)"),
-    "peak": ("peak_mib", "peak memory of the run (MiB, log scale)"),
+    "kv": ("kv_mib", "KV cache held at the end of generation (MiB per sample)"),
+    "peak": ("peak_mib", "peak device memory of the run (MiB)"),
 }
 
 
@@ -39,8 +39,7 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
     """Quality (mean with 95% interval bars) against memory, one colour per method."""
     x, xlabel = X_AXES[memory]
     if memory == "peak" and (points["peak_kind"] == "process").any():
-        xlabel = xlabel.replace("peak memory", "peak memory (process RSS on CPU, model included;")
-        xlabel = xlabel.replace("(MiB, log scale)", "MiB, log scale)")
+        xlabel = "peak process memory of the run (RSS, model included; MiB)"
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     for rank, (label, group) in enumerate(points.groupby("label", sort=False)):
         group = group.sort_values(x)
@@ -79,7 +78,10 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
         zorder=0,
         label="Pareto front",
     )
-    ax.set_xscale("log")
+    spread = points[x].max() / max(points[x].min(), 1e-9)
+    if spread >= 10:  # a log axis only where the memory spans a decade or more
+        ax.set_xscale("log")
+        xlabel += ", log scale"
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
     if (points["mean"] >= 0).all():

@@ -235,7 +235,7 @@ def test_fig4_log_axis_legend_names_and_paper_markers_only_for_the_paper_model(t
     fill(store, "zsmerge_fig4", scale="paper")
     (plot,) = build("zsmerge_fig4", "paper", store.root, tmp_path / "out").plots
     (ax,) = plot.fig.axes
-    assert ax.get_yscale() == "log" and ax.get_ylabel().startswith("relative error")
+    assert ax.get_yscale() == "log" and ax.get_ylabel().startswith("attention-output error")
     texts = _legend_texts(plot.fig)
     assert ax.get_legend().get_title().get_text() == "ZSMerge compression"
     assert {"residual merging (B_r = 2%) (paper)", "eviction (no residual slots) (paper)"} <= set(texts)

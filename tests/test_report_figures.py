@@ -112,7 +112,7 @@ def test_pareto_front_and_memory_axis(store):
     assert front["kv_mib"].is_monotonic_increasing and front["mean"].is_monotonic_increasing
     assert "FullKV (reference) (n=12)" in _legend(ax)[1]
     (peak,) = pareto.build(store, Filters(task="xsum"), memory="peak")
-    assert "peak memory" in peak.fig.axes[0].get_xlabel()
+    assert peak.fig.axes[0].get_xlabel() == "peak process memory of the run (RSS, model included; MiB)"
 
 
 def test_memory_panels_fullkv_grows_methods_stay_flat(store):
