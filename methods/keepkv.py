@@ -138,9 +138,8 @@ class KeepKV(ScoreEvict):
 
     @property
     def state_fill(self) -> dict[str, float]:  # type: ignore[override]
-        """The estimator's state (``log_ema`` or ``rows``, empty until prefill: ``-inf``) and each
-        key's norm (for the cosine of Algorithm 1)."""
-        return {self.scores.state: NEG_INF, "key_norm": 0.0}
+        """The estimator's state (``log_ema`` or ``rows``), empty until prefill: ``-inf``."""
+        return {self.scores.state: NEG_INF}
 
     # ------------------------------------------------------------------ budgets
     def layer_budget(self, layer: CompressedLayer) -> tuple[int, int]:
@@ -184,7 +183,6 @@ class KeepKV(ScoreEvict):
         logits = window_logits(query, layer.keys, window, scaling, layer.softcap)  # [b, h, g, w, L]
         log_s = torch.logsumexp(logits, dim=2) - math.log(logits.shape[2])  # group mean of exp(logit)
         self.scores.init(layer, log_s)
-        layer.store.write("key_norm", layer.keys.float().norm(dim=-1))
         keep = self.prefill_keep(layer, query, scaling)
         if keep is not None:
             self.merge_evicted(layer, complement(keep, length))
@@ -192,8 +190,6 @@ class KeepKV(ScoreEvict):
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Update score estimates with this step's logits ``[b, h, group, slots]``; evict/merge one."""
         self.scores.update(layer, torch.logsumexp(probs, dim=2) - math.log(probs.shape[2]))
-        newest = torch.full_like(layer.positions[..., :1], layer.n_slots - 1)
-        layer.store.replace(newest, key_norm=layer.keys[:, :, -1:].float().norm(dim=-1))
         victim = self.decode_victim(layer, None)
         if victim is not None:
             self.merge_evicted(layer, victim.unsqueeze(-1))
@@ -219,29 +215,36 @@ class KeepKV(ScoreEvict):
         in_place = k == 1 if in_place is None else in_place
         if in_place and k != 1:
             raise ValueError(f"an in-place merge evicts one slot per head, got {k}")
-        norm = layer.state["key_norm"].clamp(min=1e-12)  # as F.normalize
-        k_evicted = gather_slots(layer.keys, evicted).float()
-        cos = (k_evicted @ layer.keys.float().mT) / (
+        keys = layer.keys.float()
+        norm = keys.norm(dim=-1).clamp(min=1e-12)  # as F.normalize
+        cos = (gather_slots(keys, evicted) @ keys.mT) / (
             gather_slots(norm, evicted)[..., None] * norm[:, :, None]
         )
-        is_evicted = torch.zeros((b, h, n), dtype=torch.bool, device=evicted.device).scatter(2, evicted, True)
-        best, partner = cos.masked_fill(is_evicted[:, :, None], NEG_INF).max(dim=-1)  # [b, h, k]
+        cos.scatter_(3, evicted.unsqueeze(2).expand(b, h, k, k), NEG_INF)  # partners are retained slots
+        best, partner = cos.max(dim=-1)  # [b, h, k]
         merge = best > self.threshold
-        if in_place:  # members: the partner, then the victim; one group
+        log_weight = layer.log_weight
+        if in_place:  # members: the partner, then the victim (its votes dropped unless merged); one group
             members = torch.cat([partner, evicted], dim=-1)
             target = torch.zeros_like(members)
             groups = 1
+            log_votes = log_weight.gather(2, members)
+            log_votes = torch.cat(
+                [log_votes[..., :1], log_votes[..., 1:].masked_fill(~merge, NEG_INF)], dim=-1
+            )
         else:  # members: every slot; group of a retained slot = itself, of an evicted one = its partner
             members = torch.arange(n, device=evicted.device).expand(b, h, n)
             target = members.scatter(2, evicted, partner)
             groups = n
-        dropped = is_evicted & ~torch.zeros_like(is_evicted).scatter(2, evicted, merge)  # [b, h, n]
-        log_votes = layer.log_weight.masked_fill(dropped, NEG_INF).gather(2, members)
+            dropped = torch.zeros((b, h, n), dtype=torch.bool, device=evicted.device).scatter(
+                2, evicted, ~merge
+            )
+            log_votes = log_weight.masked_fill(dropped, NEG_INF)
         out = merge_groups(
             gather_slots(layer.keys, members),
             gather_slots(layer.values, members),
             log_votes,
-            self.scores.merge_score(layer).gather(2, members),
+            self.scores.merge_score(layer, members),
             target,
             groups,
             zip_keys=self.merge == "zip",
@@ -253,14 +256,9 @@ class KeepKV(ScoreEvict):
         layer.meta["merges"] += merge.sum()
         layer.meta["evictions"] += (~merge).sum()
         layer.meta["zip_fallbacks"] += out.fallback.sum()
-        layer.meta["dropped_votes"] += (layer.log_weight.gather(2, evicted).exp() * ~merge).sum()
+        layer.meta["dropped_votes"] += (log_weight.gather(2, evicted).exp() * ~merge).sum()
         layer.store.replace(
-            slots,
-            keys=out.keys,
-            values=out.values,
-            log_weight=out.log_votes,
-            key_norm=out.keys.to(layer.keys.dtype).float().norm(dim=-1),
-            **{self.scores.state: state},
+            slots, keys=out.keys, values=out.values, log_weight=out.log_votes, **{self.scores.state: state}
         )
         if in_place:
             layer.store.drop(evicted[..., 0])

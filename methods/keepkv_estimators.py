@@ -68,9 +68,11 @@ class EMAEstimator:
         """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""
         return layer.log_weight + layer.state[self.state]
 
-    def merge_score(self, layer: CompressedLayer) -> torch.Tensor:
-        """``ln s_hat`` of every slot ``[batch, kv_heads, slots]`` (ZIP-merging's scores)."""
-        return layer.state[self.state] + self.correction(layer)
+    def merge_score(self, layer: CompressedLayer, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """``ln s_hat`` (ZIP-merging's scores) of every slot ``[batch, kv_heads, slots]``, or of the
+        slots ``slots`` ``[batch, kv_heads, k]`` only."""
+        state = layer.state[self.state]
+        return (state if slots is None else state.gather(2, slots)) + self.correction(layer)
 
     def merged(
         self,
@@ -107,9 +109,11 @@ class WindowMeanEstimator:
         weights = torch.linspace(1.0, self.distance_weight, rows.shape[-1], device=rows.device)
         return layer.log_weight + torch.logsumexp(rows + weights.log(), dim=-1)
 
-    def merge_score(self, layer: CompressedLayer) -> torch.Tensor:
-        """``ln`` of the mean over the finite rows: ``[batch, kv_heads, slots]``."""
+    def merge_score(self, layer: CompressedLayer, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """``ln`` of the mean over the finite rows: ``[batch, kv_heads, slots]``, or of the slots
+        ``slots`` ``[batch, kv_heads, k]`` only."""
         rows = layer.state[self.state]
+        rows = rows if slots is None else gather_slots(rows, slots)
         count = torch.isfinite(rows).sum(dim=-1).clamp(min=1)
         return torch.logsumexp(rows, dim=-1) - count.log()
 

@@ -11,14 +11,13 @@ slots; methods change them only through the store's operations (``layer.store``)
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from methods.architecture import LayerSpec
-from methods.store import SlotStore, gather_slots, slot_index
+from methods.store import SlotStore, StateView, gather_slots, slot_index
 
 if TYPE_CHECKING:
     from methods.base import CompressionMethod
@@ -87,6 +86,7 @@ class CompressedLayer(CacheLayerMixin):
         self.seen_tokens = 0
         self.prefilled = False
         self.store = SlotStore(method.state_fill, self._capacity)
+        self._state = StateView(self.store, tuple(method.state_fill))
         self.meta: dict[str, int] = {}
         self.aux: dict[str, torch.Tensor] = {}
 
@@ -112,9 +112,9 @@ class CompressedLayer(CacheLayerMixin):
         return self.store.view("positions") if self.store.buffers else None
 
     @property
-    def state(self) -> MappingProxyType:
+    def state(self) -> StateView:
         """The method's per-slot state, read-only: name -> ``[batch, kv_heads, slots, *extra]``."""
-        return MappingProxyType({name: self.store.view(name) for name in self.method.state_fill})
+        return self._state
 
     # ------------------------------------------------------------------ transformers API
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:

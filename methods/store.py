@@ -20,7 +20,7 @@ tokens by ``positions``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
@@ -32,6 +32,8 @@ FIXED_DTYPES = ("keys", "values", "log_weight", "positions")
 
 def slot_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``index`` ``[batch, kv_heads, k]`` expanded over the trailing dims of a slot tensor ``t``."""
+    if t.dim() == 3:
+        return index
     extra = t.shape[3:]
     return index.view(*index.shape, *([1] * len(extra))).expand(*index.shape, *extra)
 
@@ -39,6 +41,27 @@ def slot_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``t[b, h, index[b, h, j], ...]`` for a slot tensor ``[batch, kv_heads, slots, *extra]``."""
     return t.gather(2, slot_index(t, index))
+
+
+class StateView(Mapping):
+    """Read-only mapping name -> valid slots of a store's state field ``[batch, kv_heads, n, *extra]``
+    (views made on access, so they always match the store's current ``n``)."""
+
+    __slots__ = ("names", "store")
+
+    def __init__(self, store: SlotStore, names: tuple[str, ...]) -> None:
+        self.store, self.names = store, names
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise KeyError(name)
+        return self.store.view(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 class SlotStore:
@@ -73,7 +96,7 @@ class SlotStore:
 
     def view(self, name: str) -> torch.Tensor:
         """The valid slots of field ``name``: ``[batch, kv_heads, n, *extra]`` (a view)."""
-        return self.buffers[name][:, :, : self.n]
+        return self.buffers[name].narrow(2, 0, self.n)
 
     @property
     def capacity(self) -> int:
@@ -101,12 +124,12 @@ class SlotStore:
                 self.buffers[name] = torch.empty((b, h, cap), dtype=torch.float32, device=keys.device)
         elif self.n + k > self.capacity:
             self._reallocate(self.capacity_for(self.n + k))
-        n = self.n
-        self.buffers["keys"][:, :, n : n + k] = keys
-        self.buffers["values"][:, :, n : n + k] = values
-        self.buffers["positions"][:, :, n : n + k] = positions
+        n, buffers = self.n, self.buffers
+        buffers["keys"].narrow(2, n, k).copy_(keys)
+        buffers["values"].narrow(2, n, k).copy_(values)
+        buffers["positions"].narrow(2, n, k).copy_(positions)
         for name, fill in self.fills.items():
-            self.buffers[name][:, :, n : n + k] = fill
+            buffers[name].narrow(2, n, k).fill_(fill)
         self.n = n + k
 
     def _reallocate(self, cap: int) -> None:
@@ -135,7 +158,7 @@ class SlotStore:
         last = self.n - 1
         index = slot.unsqueeze(-1)
         for buf in self.buffers.values():
-            buf.scatter_(2, slot_index(buf, index), buf[:, :, last : last + 1].clone())
+            buf.scatter_(2, slot_index(buf, index), buf.narrow(2, last, 1).clone())  # the victim may be last
         self.n = last
 
     def swap(self, a: torch.Tensor, b: torch.Tensor) -> None:

@@ -47,8 +47,19 @@ class GroupMerge:
     fallback: torch.Tensor
 
 
+def group_sum(x: torch.Tensor, target: torch.Tensor, groups: int) -> torch.Tensor:
+    """Sum of ``x`` ``[b, h, n, *extra]`` over members with equal ``target`` ``[b, h, n]``:
+    ``[b, h, groups, *extra]`` (one group: a plain sum, the decode step's pair)."""
+    if groups == 1:
+        return x.sum(dim=2, keepdim=True)
+    index = target.view(*target.shape, *([1] * (x.dim() - 3))).expand_as(x)
+    return x.new_zeros((*x.shape[:2], groups, *x.shape[3:])).scatter_add(2, index, x)
+
+
 def group_logsumexp(x: torch.Tensor, target: torch.Tensor, groups: int) -> torch.Tensor:
     """``log sum exp`` of ``x`` ``[b, h, n, *extra]`` over members with equal ``target`` ``[b, h, n]``."""
+    if groups == 1:
+        return torch.logsumexp(x, dim=2, keepdim=True)
     extra = x.shape[3:]
     index = target.view(*target.shape, *([1] * len(extra))).expand_as(x)
     shape = (*x.shape[:2], groups, *extra)
@@ -56,6 +67,11 @@ def group_logsumexp(x: torch.Tensor, target: torch.Tensor, groups: int) -> torch
     peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
     total = x.new_zeros(shape).scatter_add(2, index, torch.exp(x - peak.gather(2, index)))
     return torch.log(total) + peak
+
+
+def spread(g: torch.Tensor, target: torch.Tensor, groups: int) -> torch.Tensor:
+    """Each member's group value: ``g`` ``[b, h, groups]`` at ``target`` ``[b, h, n]``."""
+    return g if groups == 1 else g.gather(2, target)
 
 
 def merge_groups(
@@ -98,22 +114,15 @@ def merge_groups(
     log_w = log_votes + log_score
     log_total = group_logsumexp(log_w, target, groups)  # ln W
     log_p = group_logsumexp(log_votes, target, groups)  # ln P
-    lam = torch.exp(log_w - log_total.gather(2, target))  # 0 for excluded members
-    index = target.unsqueeze(-1).expand(*target.shape, keys.shape[-1])
-    shape = (*keys.shape[:2], groups, keys.shape[-1])
-    k_bar = keys.new_zeros(shape, dtype=torch.float64).scatter_add(
-        2, index, lam.unsqueeze(-1) * keys.double()
-    )
-    v_bar = values.new_zeros(shape, dtype=torch.float64).scatter_add(
-        2, index, lam.unsqueeze(-1) * values.double()
-    )
-    members = torch.zeros_like(log_p).scatter_add(2, target, torch.isfinite(log_votes).double())
-    merged = members > 1
+    lam = torch.exp(log_w - spread(log_total, target, groups))  # 0 for excluded members
+    k_bar = group_sum(lam.unsqueeze(-1) * keys.double(), target, groups)
+    v_bar = group_sum(lam.unsqueeze(-1) * values.double(), target, groups)
+    merged = group_sum(torch.isfinite(log_votes).double(), target, groups) > 1
     log_s_r = log_total - log_p
     fallback = torch.zeros_like(merged)
     if zip_keys:
         weighted = torch.where(lam > 0, lam * log_score, torch.zeros_like(lam))
-        denom = torch.zeros_like(log_p).scatter_add(2, target, weighted)
+        denom = group_sum(weighted, target, groups)
         factor = log_s_r / denom
         ok = (denom.abs() >= guard) & (factor > 0) & (factor <= max_factor) & torch.isfinite(factor)
         k_bar = torch.where((merged & ok).unsqueeze(-1), k_bar * factor.unsqueeze(-1), k_bar)
