@@ -1,8 +1,8 @@
-"""Decode-path benchmark of every method against FullKV (issue 7 targets), printed side by side.
+"""Decode-path benchmark of every method against FullKV (issue 7 and 18 targets), printed side by side.
 
 1. Overhead ratio: the median decode-step time of a method holding ``--slots`` B slots (a prompt of
    ``--prompt-factor`` x B tokens compressed to B), divided by FullKV's decode-step time at a context
-   of B tokens. Targets: <= 1.10 for eviction methods, <= 1.25 for merging methods.
+   of B tokens. Targets: <= 1.10 for eviction methods, <= 1.25 for merging methods, <= 1.5 for LESS.
 2. Throughput at a ``--budget`` fraction (5%): decode tokens/s of each method at contexts
    ``--contexts`` (1K ... 8K, the embedded model's longest), divided by FullKV's at the longest
    context. Target: >= 2x, and flat (within 10%) from the shortest to the longest context.
@@ -46,7 +46,7 @@ FAMILY = {
     "keepkv": "merging",
     "less": "learned state",
 }
-TARGET = {"eviction": 1.10, "merging": 1.25}
+TARGET = {"eviction": 1.10, "merging": 1.25, "learned state": 1.5}  # issue 18: LESS <= 1.5x
 
 
 def build(name: str) -> CompressionMethod:

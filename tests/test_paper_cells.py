@@ -52,7 +52,7 @@ def test_every_cell_matches_a_paper_scale_job(paper_sweeps):
         values = set(base.report.get("values") or [])
         y = OmegaConf.select(base.report, "figure.y", default=None)
         values |= set(y) if isinstance(y, (list, ListConfig)) else {y} if y else set()
-        if base.report.get("kind") == "error":  # the error report's one value (reports/experiment.py)
+        if base.report.get("kind") == "error":  # the error report's one value (reports/kinds.py)
             values.add("rel_error")
         cells = OmegaConf.to_container(base.report.paper.cells, resolve=True)
         for cell in cells:

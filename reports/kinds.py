@@ -1,0 +1,254 @@
+"""The four kinds of experiment report (``report.kind`` of ``configs/experiment/<name>.yaml``):
+``table``, ``sensitivity``, ``curve`` and ``error``. Each reads a :class:`Context` and returns its
+table, figures and extra tables (:data:`KINDS`); ``reports.experiment.build`` writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from reports import figures, style
+from reports.cells import ordered, paper_cells, spread_reference, wide_table, with_paper
+from reports.frame import cell_means, label
+from reports.runs import budget_axis, mean_interval, sample_scores
+from runners.results import ResultStore
+
+
+@dataclass
+class Context:
+    """What every report kind reads: the job frame, the spec, the jobs, their records (by run id),
+    the table's index keys, the store, the figure title and the models of our runs."""
+
+    frame: pd.DataFrame
+    spec: DictConfig
+    jobs: list
+    records: dict[str, dict | None]
+    index: list[str]
+    store: ResultStore
+    title: str
+    models: list[str]
+
+    def hue(self, key: str) -> figures.Hue:
+        """The hue of ``key`` with the spec's ``legend`` names and title."""
+        legend = self.spec.get("legend") or {}
+        names = {str(k): str(v) for k, v in (legend.get("names") or {}).items()}
+        return figures.Hue(key, names, legend.get("title"))
+
+    def budget_unit(self) -> str | None:
+        """What the sweep's budgets count (``prompt``/``context`` fractions or ``slots``)."""
+        units = {budget_axis(job.cfg.get("budget"), job.cfg.get("budget_unit")) for job in self.jobs} - {None}
+        return next(iter(units)) if len(units) == 1 else None
+
+
+Rendered = tuple[pd.DataFrame, list[style.Plot], list[tuple[str, pd.DataFrame]]]  # table, figures, extras
+
+
+def scored_cells(ctx: Context, keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    """Per ``keys`` cell and metric: mean, 95% interval and n over the per-sample scores of the
+    cell's distinct finished runs (the record's mean and n where a run has no predictions)."""
+    done = ctx.frame[ctx.frame["status"] == "ok"].drop_duplicates(["run_id", *keys])
+    rows = []
+    for cell, group in done.groupby([*keys], sort=False, dropna=False):
+        cell = cell if isinstance(cell, tuple) else (cell,)
+        for metric in metrics:
+            scores = [v for rid in group["run_id"] for v in sample_scores(ctx.store, rid, metric)]
+            if scores:
+                (mean, low, high), n = mean_interval(scores), len(scores)
+            elif metric in group and group[metric].notna().any():
+                mean, low, high, n = float(group[metric].mean()), None, None, group["n_samples"].sum()
+            else:
+                continue
+            rows.append(
+                {
+                    **{k: label(v) for k, v in zip(keys, cell, strict=True)},
+                    "metric": metric,
+                    "mean": mean,
+                    "low": low,
+                    "high": high,
+                    "n": n,
+                }
+            )
+    return pd.DataFrame(rows, columns=[*keys, "metric", "mean", "low", "high", "n"])
+
+
+def failed_hues(ctx: Context, hue: str) -> dict[str, str]:
+    """Hue values without any finished run: why (``failed: 3 of 3 runs``, ``missing``)."""
+    out = {}
+    frame = ctx.frame.drop_duplicates("run_id").assign(_hue=ctx.frame[hue].map(label))
+    for value, group in frame.groupby("_hue", sort=False):
+        if (group["status"] == "ok").any():
+            continue
+        failed = group[group["status"] != "missing"]
+        out[value] = (
+            f"failed ({len(failed)} of {len(group)} runs)" if len(failed) else f"missing ({len(group)} runs)"
+        )
+    return out
+
+
+def _paper_points(ctx: Context, hue: str, x: str, metrics: list[str]) -> pd.DataFrame:
+    paper = paper_cells(ctx.spec, [hue], [x])
+    if paper.empty:
+        return paper
+    paper = paper[paper["model"].isin(ctx.models)]
+    present = [m for m in metrics if m in paper]
+    long = paper.melt(id_vars=[hue, x], value_vars=present, var_name="metric", value_name="value").dropna()
+    return long.rename(columns={hue: "hue", x: "x"})
+
+
+def _table_kind(ctx: Context) -> Rendered:
+    frame, spec, index = ctx.frame, ctx.spec, ctx.index
+    columns, values = list(spec.get("columns") or []), list(spec["values"])
+    table = wide_table(cell_means(frame, [*index, *columns], values), index, columns, values)
+    plots = []
+    if spec.get("figure"):
+        fig = spec.figure
+        hue = fig.get("hue") or index[0]
+        ys = list(fig.y) if isinstance(fig.y, ListConfig) else [fig.y]
+        facet = fig.get("facet")
+        keys = ordered([hue, fig.x, *([facet] if facet else [])])
+        points = scored_cells(ctx, keys, ys).rename(
+            columns={hue: "hue", fig.x: "x", **({facet: "facet"} if facet else {})}
+        )
+        if len(points) or failed_hues(ctx, hue):
+            plots.append(
+                figures.lines(
+                    points,
+                    fig.x,
+                    ys,
+                    ctx.hue(hue),
+                    ctx.title,
+                    ctx.budget_unit(),
+                    _paper_points(ctx, hue, fig.x, ys),
+                    failed_hues(ctx, hue),
+                    bool(fig.get("log_y")),
+                    fig.get("facet"),
+                )
+            )
+    extra = []
+    if spec.get("per_dataset"):  # LongBench: one column per subset the runs scored (record protocol)
+        subsets = ordered(
+            s
+            for r in ctx.records.values()
+            if r and r["status"] == "ok"
+            for s in (r.get("protocol") or {}).get("subsets", [])
+        )
+        per = wide_table(cell_means(frame, [*index, *columns], subsets), index, columns, subsets)
+        extra.append(("Per dataset", spread_reference(per, index)))
+    paper = paper_cells(spec, index, columns)
+    if len(paper):
+        several = "model" in index and len(ctx.models) > 1
+        table = with_paper(table, paper, index, columns, values, None if several else ctx.models[0])
+        if not set(ctx.models) <= set(paper["model"]):
+            paper_index = index if "model" in index else ["model", *index]
+            ref = spread_reference(wide_table(paper, paper_index, columns, values), paper_index)
+            others = ", ".join(m for m in ctx.models if m not in set(paper["model"]))
+            extra.append((f"The paper's numbers ({spec.paper.source}; its models, not {others})", ref))
+    return spread_reference(table, index), plots, extra
+
+
+def _sensitivity_kind(ctx: Context) -> Rendered:
+    knobs = []
+    for job in ctx.jobs:
+        vary = OmegaConf.to_container(job.cfg.vary) if job.cfg.get("vary") else {}
+        knob, value = next(iter(vary.items())) if vary else ("anchor", None)
+        knobs.append((knob, value))
+    ctx.frame = ctx.frame.assign(knob=[k for k, _ in knobs], value=[v for _, v in knobs])
+    labels = dict(ctx.spec.labels)
+    anchors = {}
+    for job, (knob, _) in zip(ctx.jobs, knobs, strict=True):
+        for other in labels:
+            if other != knob and other not in anchors:
+                anchors[other] = job.cfg.method.get(other)
+    metrics = list(ctx.spec.metrics)
+    points = scored_cells(ctx, ["knob", "value"], metrics)
+    points = points.assign(value=pd.to_numeric(points["value"], errors="coerce"))
+    plots = [figures.sensitivity(points, metrics, labels, anchors, ctx.title)] if len(points) else []
+    done = ctx.frame[ctx.frame["status"] == "ok"]
+    means = (
+        done.groupby(["knob", "value"], sort=False)[[m for m in metrics if m in done]].mean().reset_index()
+    )
+    return means.assign(knob=means["knob"].map(lambda k: labels.get(k, k))), plots, []
+
+
+def _curve_kind(ctx: Context) -> Rendered:
+    from reports.memory import draw, record_points
+
+    done = ctx.frame[ctx.frame["status"] == "ok"].drop_duplicates("run_id")
+    points = pd.DataFrame([p for rid in done["run_id"] for p in record_points(ctx.records[rid])])
+    if points.empty:
+        return points, [], []
+    plots = [draw(points, ctx.title)]
+    table = points.pivot_table(
+        index="context", columns="series", values=["kv_mib", "memory_mib", "tokens_per_s"]
+    )
+    table.columns = [f"{v} @ {h}" for v, h in table.columns]
+    return table.reset_index(), plots, []
+
+
+def _error_kind(ctx: Context) -> Rendered:
+    hue = ctx.spec.index[0]
+    rows = []
+    for _, run in ctx.frame[ctx.frame["status"] == "ok"].drop_duplicates("run_id").iterrows():
+        analysis = ctx.records[run["run_id"]].get("error_analysis") or {}
+        if not analysis.get("budgets"):
+            continue
+        low, high = figures.layer_range(analysis["per_layer"])
+        for i, budget in enumerate(analysis["budgets"]):
+            rows.append(
+                {
+                    "hue": label(run[hue]),
+                    "x": label(budget),
+                    "metric": "rel_error",
+                    "mean": analysis["mean"][i],
+                    "low": low[i],
+                    "high": high[i],
+                    "n": len(analysis["per_layer"][i]),
+                }
+            )
+    points = pd.DataFrame(rows, columns=["hue", "x", "metric", "mean", "low", "high", "n"])
+    points = (
+        points.groupby(["hue", "x", "metric"], sort=False)
+        .agg(mean=("mean", "mean"), low=("low", "min"), high=("high", "max"), n=("n", "min"))
+        .reset_index()
+    )
+    plots = []
+    if len(points) or failed_hues(ctx, hue):
+        paper = _paper_points(ctx, hue, "budget", ["rel_error"])
+        log_y = bool((ctx.spec.get("figure") or {}).get("log_y", True))
+        plots.append(
+            figures.lines(
+                points,
+                "budget",
+                ["rel_error"],
+                ctx.hue(hue),
+                ctx.title,
+                ctx.budget_unit() or "prompt",
+                paper,
+                failed_hues(ctx, hue),
+                log_y,
+                note=ERROR_NOTE,
+            )
+        )
+    means = points.rename(columns={"hue": hue, "x": "budget", "mean": "rel_error"})
+    table = wide_table(means, [hue], ["budget"], ["rel_error"])
+    paper = paper_cells(ctx.spec, [hue], ["budget"])
+    if len(paper) and set(ctx.models) & set(paper["model"]):
+        table = with_paper(table, paper, [hue], ["budget"], ["rel_error"], ctx.models[0])
+    return table, plots, []
+
+
+ERROR_NOTE = (
+    "Points: mean over layers and decode steps of the relative error of the attention output against FullKV; "
+    "shaded: smallest to largest layer; hollow markers: the paper's values."
+)
+
+KINDS: dict[str, Callable[[Context], Rendered]] = {
+    "table": _table_kind,
+    "sensitivity": _sensitivity_kind,
+    "curve": _curve_kind,
+    "error": _error_kind,
+}
