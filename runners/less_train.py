@@ -211,7 +211,7 @@ def run_train_less(cfg: DictConfig) -> dict:
         "curve": curve,
         "out_dir": str(out_dir),
     }
-    log_record(cfg, record)  # W&B: the loss curves (runners.wandb_logger.training_loss)
+    log_record(cfg, record)  # W&B: the loss curves (runners.wandb_series.training_loss)
     return record
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,10 +71,22 @@ def efficiency_record() -> dict:
 
 
 def offline_run(wandb_dir: Path, rid: str) -> tuple[Path, dict[str, list]]:
-    """The offline run directory of run ``rid`` and its transaction-log records by type."""
-    (run_dir,) = (wandb_dir / "wandb").glob(f"offline-run-*-{rid}")
+    """The offline run directory of run ``rid`` and its transaction-log records by type. wandb's
+    service process may still be writing the log when ``run.finish()`` returns: the log is read
+    until it holds the run's ``exit`` record (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while True:
+        dirs = list((wandb_dir / "wandb").glob(f"offline-run-*-{rid}"))
+        try:
+            records = read_records(dirs[0] / f"run-{rid}.wandb") if len(dirs) == 1 else []
+        except (OSError, ValueError):  # not there yet, or a chunk half written
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    (run_dir,) = dirs
     by_type: dict[str, list] = {}
-    for rec in read_records(run_dir / f"run-{rid}.wandb"):
+    for rec in records:
         kind = rec.WhichOneof("record_type")
         by_type.setdefault(kind, []).append(getattr(rec, kind))
     return run_dir, by_type
