@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib import transforms
 
 from reports import style
 from reports.runs import SMALL_N, Filters, mean_interval, primary_metric, runs_frame, sample_scores
 from runners.errors import KVBenchError
 from runners.results import ResultStore
+
+#: Sideways distance between the lines of neighbouring methods (points, display only).
+DODGE_POINTS = 5.0
 
 
 def quality_points(
@@ -134,7 +138,8 @@ def draw(points: pd.DataFrame, metric: str, title: str | None = None) -> style.P
     task = points["task"].iloc[0]
     style.title(fig, title or f"{task}: {style.metric_label(metric)} vs KV cache budget")
     note = (
-        "Lines: mean over samples; shaded: 95% t-interval of the mean from per-sample scores; dashed: FullKV."
+        "Lines: mean over samples; shaded: 95% t-interval of the mean from per-sample scores; "
+        "dashed: FullKV. Methods are drawn a few points apart sideways so that equal values stay visible."
     )
     if small:
         note += f" Some points have n < {SMALL_N} samples: intervals are wide and unreliable."
@@ -149,8 +154,13 @@ def draw(points: pd.DataFrame, metric: str, title: str | None = None) -> style.P
 
 
 def _draw_lines(ax, part: pd.DataFrame) -> None:
+    """One line (and band) per method preset, each shifted sideways by a few points (a dodge:
+    equal values of several methods, e.g. all 0, stay visible instead of hiding each other)."""
     presets_seen: dict[str, list[str]] = {}
+    labels = list(dict.fromkeys(part["label"]))
     for label, group in part.groupby("label", sort=False):
+        shift = (labels.index(label) - (len(labels) - 1) / 2) * DODGE_POINTS
+        dodge = transforms.offset_copy(ax.transData, fig=ax.figure, x=shift, y=0, units="points")
         group = group.sort_values("budget")
         method = group["method"].iloc[0]
         rank = presets_seen.setdefault(method, [])
@@ -165,10 +175,21 @@ def _draw_lines(ax, part: pd.DataFrame) -> None:
             linestyle=line,
             marker=marker,
             label=f"{label} ({_legend_n(group['n'])})",
+            transform=dodge,
+            clip_on=False,  # a point at 0 on the axis stays whole
         )
+        ax.update_datalim(list(zip(group["budget"], group["mean"], strict=True)))  # the undodged data
         banded = group[group["ci_low"].notna()]
         if len(banded):
-            ax.fill_between(banded["budget"], banded["ci_low"], banded["ci_high"], color=color, alpha=0.15)
+            ax.fill_between(
+                banded["budget"],
+                banded["ci_low"],
+                banded["ci_high"],
+                color=color,
+                alpha=0.15,
+                transform=dodge,
+            )
+    ax.autoscale_view()
 
 
 def build(store: ResultStore, filters: Filters, metric: str | None = None) -> list[style.Plot]:
