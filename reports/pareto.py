@@ -42,7 +42,7 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
         xlabel = "peak process memory of the run (RSS, model included; MiB)"
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     for rank, (label, group) in enumerate(points.groupby("label", sort=False)):
-        group = group.sort_values(x)
+        group = group.sort_values(["budget", x])  # a method's line follows its budgets, not the x axis
         method = group["method"].iloc[0]
         color, is_ref = style.method_color(method), group["budget_unit"].isna().all()
         yerr = [(group["mean"] - group["ci_low"]).fillna(0), (group["ci_high"] - group["mean"]).fillna(0)]
@@ -91,7 +91,8 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
     ax.grid(alpha=0.3, which="both")
     ax.legend(title="method (preset)", fontsize=7, title_fontsize=7)
     task, models = points["task"].iloc[0], ", ".join(dict.fromkeys(points["model"]))
-    style.title(fig, f"{task} ({models}): {style.metric_label(metric)} vs KV memory")
+    against = "KV memory" if memory == "kv" else "peak memory"
+    style.title(fig, f"{task} ({models}): {style.metric_label(metric)} vs {against}")
     note = "Points: mean over samples, labelled with the budget; bars: 95% t-interval; star: FullKV."
     small = int(points["n"].min()) < SMALL_N
     if small:
