@@ -141,7 +141,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """Parse the arguments and write the requested report (``error:`` and exit 2 on bad input)."""
-    args = parser().parse_args(argv)
+    args = parser().parse_intermixed_args(argv)  # overrides may follow options (the near-miss hints)
     store = ResultStore(args.results_dir)
     out = Path(args.out or store.root / "reports")
     if args.overrides and args.name in COMMANDS:
