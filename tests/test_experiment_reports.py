@@ -292,9 +292,9 @@ def test_report_jobs_name_the_run_ids_the_runners_would_store(tmp_path, experime
     assert [j.run_id for j in light] == [j.run_id for j in jobs]
 
 
-def test_near_miss_hints_print_a_command_the_cli_accepts():
+def test_near_miss_hints_print_a_command_the_cli_accepts(tmp_path):
     """The hint's command puts overrides after ``--scale``: the CLI must parse them intermixed."""
-    from reports.__main__ import parser
+    from reports.__main__ import main, parser
     from reports.experiment import _near_miss_lines
 
     lines = _near_miss_lines("zsmerge_fig4", "smoke", ["seed=0"], {"task.limit=2": 3})
@@ -303,3 +303,4 @@ def test_near_miss_hints_print_a_command_the_cli_accepts():
     assert command[:3] == ["python", "-m", "reports"]
     args = parser().parse_intermixed_args(command[3:])
     assert (args.name, args.scale, args.overrides) == ("zsmerge_fig4", "smoke", ["seed=0", "task.limit=2"])
+    assert main([*command[3:], "--results-dir", str(tmp_path / "r"), "--out", str(tmp_path / "out")]) == 0
