@@ -128,10 +128,28 @@ class CompressionMethod:
             return out, None
         logits = self.decode_input == "logits"
         bias = layer.log_weight if self.uses_log_weight else None
+        decay = self.score_decay(layer) if self.decode_input == "probs" else None
+        fused = None if decay is None else layer.store.view("scores")  # updated in place by the kernel
         out, scores = decode_attention(
-            query, keys, values, bias, scaling, return_logits=logits, softcap=layer.softcap
+            query,
+            keys,
+            values,
+            bias,
+            scaling,
+            return_logits=logits,
+            scores=fused,
+            decay=1.0 if decay is None else decay,
+            softcap=layer.softcap,
         )
-        return out, None if self.decode_input == "none" else scores
+        return out, None if self.decode_input == "none" or fused is not None else scores
+
+    def score_decay(self, layer: CompressedLayer) -> float | None:
+        """``lambda`` of a score update ``s <- lambda * s + a`` (``a``: this step's group-mean
+        probabilities ``[batch, kv_heads, slots]``) that the decode attention applies in place to the
+        ``scores`` field (fused into the Triton kernel on CUDA, ``kernels.triton_decode``); the method's
+        :meth:`decode_step` then receives None instead of the probabilities. None (default): the
+        method gets the probabilities and updates its scores itself."""
+        return None
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise state from the prompt and compress the layer to its budget.

@@ -96,6 +96,11 @@ class H2O(ScoreEvict):
         """Accumulated attention of every prompt token: causal column sums (H2O Sec. 3)."""
         return causal_column_sums(query, layer.keys, scaling, self.chunk_size, softcap=layer.softcap)
 
-    def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor:
-        """Accumulated attention plus this step's probabilities ``[batch, kv_heads, slots]``."""
-        return layer.state["scores"] + probs
+    def score_decay(self, layer: CompressedLayer) -> float:
+        """1: the accumulated attention ``s <- s + a`` is fused into the decode attention."""
+        return 1.0
+
+    def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:
+        """Accumulated attention plus this step's probabilities ``[batch, kv_heads, slots]``; None
+        when the decode attention already added them (``probs`` None: :meth:`score_decay`)."""
+        return None if probs is None else layer.state["scores"] + probs

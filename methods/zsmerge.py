@@ -191,9 +191,15 @@ class ZSMerge(CompressionMethod):
         return group_mean(layer.keys), group_mean(layer.values), counts.expand(b, h, b_r).clone(), res_scores
 
     # ------------------------------------------------------------------ decode
+    def score_decay(self, layer: CompressedLayer) -> float:
+        """``lambda`` of Eq. 5, ``s <- lambda s + a``, fused into the decode attention."""
+        return self.lam
+
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
-        """Eq. 5 score update, then one eviction: fill a residual slot or merge (Eqs. 6-7)."""
-        layer.store.write("scores", layer.state["scores"] * self.lam + probs)
+        """Eq. 5 score update (done by the decode attention when ``probs`` is None:
+        :meth:`score_decay`), then one eviction: fill a residual slot or merge (Eqs. 6-7)."""
+        if probs is not None:
+            layer.store.write("scores", layer.state["scores"] * self.lam + probs)
         if layer.budget is None:
             return
         b_p, b_c, b_r = self.layer_split(layer)
