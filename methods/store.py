@@ -15,7 +15,9 @@ the last slot moves into its place), :meth:`~SlotStore.swap`, :meth:`~SlotStore.
 given fields at given slots), :meth:`~SlotStore.merge_into` (weighted mean of a slot into another),
 :meth:`~SlotStore.write` (a field over all valid slots) and :meth:`~SlotStore.reset` (replace every
 slot at once by compact tensors: merge rebuilds). Slot order is not position order; methods find
-tokens by ``positions``.
+tokens by ``positions``. One write bypasses these operations by design: a method with a fused score
+update (``CompressionMethod.score_decay``) has the decode attention update its ``scores`` view in place
+(the Triton kernel's ``s <- lambda s + a``), on the valid slots only.
 """
 
 from __future__ import annotations

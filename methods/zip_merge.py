@@ -65,8 +65,7 @@ def group_logsumexp(x: torch.Tensor, target: torch.Tensor, groups: int) -> torch
     shape = (*x.shape[:2], groups, *extra)
     peak = x.new_full(shape, float("-inf")).scatter_reduce(2, index, x, "amax", include_self=True)
     peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
-    total = x.new_zeros(shape).scatter_add(2, index, torch.exp(x - peak.gather(2, index)))
-    return torch.log(total) + peak
+    return torch.log(group_sum(torch.exp(x - peak.gather(2, index)), target, groups)) + peak
 
 
 def spread(g: torch.Tensor, target: torch.Tensor, groups: int) -> torch.Tensor:

@@ -157,9 +157,9 @@ def _draw_lines(ax, part: pd.DataFrame) -> None:
     """One line (and band) per method preset, each shifted sideways by a few points (a dodge:
     equal values of several methods, e.g. all 0, stay visible instead of hiding each other)."""
     presets_seen: dict[str, list[str]] = {}
-    labels = list(dict.fromkeys(part["label"]))
-    for label, group in part.groupby("label", sort=False):
-        shift = (labels.index(label) - (len(labels) - 1) / 2) * DODGE_POINTS
+    groups = part.groupby("label", sort=False)
+    for i, (label, group) in enumerate(groups):
+        shift = (i - (groups.ngroups - 1) / 2) * DODGE_POINTS
         dodge = transforms.offset_copy(ax.transData, fig=ax.figure, x=shift, y=0, units="points")
         group = group.sort_values("budget")
         method = group["method"].iloc[0]
