@@ -4,19 +4,19 @@
 ``"kvbench"`` attention implementation with transformers.
 """
 
-from methods import attention  # noqa: F401  (registers the attention implementation)
-from methods.base import CompressionMethod
-from methods.budget import resolve_budget, validate_budget
-from methods.cache import CompressedCache
-from methods.evict import ScoreEvict
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
 from methods.kvmerger import KVMerger
-from methods.layer import CompressedLayer
 from methods.less import LESS
+from methods.seam import attention  # noqa: F401  (registers the attention implementation)
+from methods.seam.budget import resolve_budget, validate_budget
+from methods.seam.cache import CompressedCache
+from methods.seam.contract import CompressionMethod
+from methods.seam.evict import ScoreEvict
+from methods.seam.layer import CompressedLayer
+from methods.seam.store import SlotStore
 from methods.snapkv import SnapKV
-from methods.store import SlotStore
 from methods.streamingllm import StreamingLLM
 from methods.zsmerge import ZSMerge
 

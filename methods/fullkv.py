@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from methods.base import CompressionMethod
+from methods.seam.contract import CompressionMethod
 
 
 @dataclass

@@ -5,21 +5,22 @@ highest accumulated attention ("heavy hitters"). The accumulated score of a toke
 the attention it received from every query while it was in the cache: at prefill the column sums
 of the causal prompt attention (computed in chunks), then one row per decode step. Once over
 budget, the lowest-scoring non-recent token is evicted at every step (docs/methods.md section 3).
-A score-then-evict rule (``methods.evict``): protected = the recent window, score = accumulated
+A score-then-evict rule (``methods.seam.evict``): protected = the recent window, score = accumulated
 attention.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from methods.evict import ScoreEvict
-from methods.layer import CompressedLayer
-from methods.scoring import causal_column_sums
+from methods.seam.evict import ScoreEvict
+from methods.seam.layer import CompressedLayer
+from methods.seam.plan import LayerPlan
+from methods.seam.scoring import causal_column_sums
 
 
 @dataclass
@@ -47,6 +48,7 @@ class H2O(ScoreEvict):
     """
 
     name: ClassVar[str] = "h2o"
+    score_decay: ClassVar[float | None] = 1.0  # the accumulated attention s <- s + a, fused
 
     heavy_ratio: float = 0.5
     recent_ratio: float = 0.5
@@ -79,16 +81,19 @@ class H2O(ScoreEvict):
             raise ValueError(f"H2O budget of {budget} slots leaves no heavy-hitter slot (recent={recent})")
         return heavy, recent
 
-    def slot_bound(self, layer: CompressedLayer) -> int | None:
+    def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The layer's budget plus the Baseline+ slots of ``state_rank`` (tokens): what H2O holds,
-        and what the layer sizes its buffers from (``CompressionMethod.slot_bound``)."""
-        if layer.budget is None or not self.state_rank:
-            return layer.budget
+        and what the layer sizes its buffers from (``CompressionMethod.plan``)."""
+        plan = super().plan(layer)
+        if plan.bound is None or not self.state_rank:
+            return plan
         d_k, d_v = layer.keys.shape[-1], layer.values.shape[-1]
         state = (self.state_rank * d_v + self.state_rank) * 4
-        return layer.budget + math.ceil(state / ((d_k + d_v) * layer.keys.element_size()))
+        bound = plan.bound + math.ceil(state / ((d_k + d_v) * layer.keys.element_size()))
+        first, recent = self.protected(bound)
+        return replace(plan, bound=bound, keep=bound, first=first, recent=recent)
 
-    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+    def protected(self, bound: int) -> tuple[int, int]:
         """No first tokens; the recent window of :meth:`split`."""
         return 0, self.split(bound)[1]
 
@@ -96,11 +101,7 @@ class H2O(ScoreEvict):
         """Accumulated attention of every prompt token: causal column sums (H2O Sec. 3)."""
         return causal_column_sums(query, layer.keys, scaling, self.chunk_size, softcap=layer.softcap)
 
-    def score_decay(self, layer: CompressedLayer) -> float:
-        """1: the accumulated attention ``s <- s + a`` is fused into the decode attention."""
-        return 1.0
-
     def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:
         """Accumulated attention plus this step's probabilities ``[batch, kv_heads, slots]``; None
-        when the decode attention already added them (``probs`` None: :meth:`score_decay`)."""
+        when the decode attention already added them (``probs`` None: ``score_decay``)."""
         return None if probs is None else layer.state["scores"] + probs

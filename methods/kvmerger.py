@@ -28,9 +28,9 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from methods.base import CompressionMethod
-from methods.layer import CompressedLayer
-from methods.scoring import causal_column_sums
+from methods.seam.contract import CompressionMethod
+from methods.seam.layer import CompressedLayer
+from methods.seam.scoring import causal_column_sums
 
 PAPER_PROTECTED_SHARE = (0.17 + 0.12) / 0.5  # protected share of the budget in the paper's 50% setting
 
@@ -99,12 +99,13 @@ class KVMerger(CompressionMethod):
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Protect, identify merging sets, Gaussian-merge each set into its pivot."""
         length = layer.n_slots
-        if self.exact_budget and (layer.budget is None or length <= layer.budget):
+        budget = layer.plan.keep
+        if self.exact_budget and (budget is None or length <= budget):
             return
         acc = causal_column_sums(query, layer.keys, scaling, self.chunk_size, softcap=layer.softcap)
-        protected = self._protected(acc, *self.protected_counts(length, layer.budget))
+        protected = self._protected(acc, *self.protected_counts(length, budget))
         if self.exact_budget:
-            set_id = self._adjacent_sets(layer.keys, protected, length - layer.budget)
+            set_id = self._adjacent_sets(layer.keys, protected, length - budget)
         else:
             set_id = self._anchor_sets(layer.keys, protected)
         self._merge(layer, acc, set_id)

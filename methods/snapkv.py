@@ -4,7 +4,7 @@ At the end of prefill, the last ``window_size`` prompt queries (the observation 
 prefix tokens; the votes are smoothed by 1-D pooling and the top ``budget - window`` prefix
 tokens per KV head are kept together with the window itself (docs/methods.md section 4). Decoded
 tokens are appended uncompressed, as in the paper, unless ``decode_budget`` is set. A
-score-then-evict rule (``methods.evict``): protected = the observation window, score = pooled votes.
+score-then-evict rule (``methods.seam.evict``): protected = the observation window, score = pooled votes.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import ClassVar
 
 import torch
 
-from methods.evict import ScoreEvict
-from methods.layer import CompressedLayer
-from methods.scoring import pool_scores, window_attention
+from methods.seam.evict import ScoreEvict
+from methods.seam.layer import CompressedLayer
+from methods.seam.scoring import pool_scores, window_attention
 
 POOLINGS = ("max", "avg")
 
@@ -73,7 +73,7 @@ class SnapKV(ScoreEvict):
         """Observation window (tokens) used with a budget."""
         return self.window_size if budget > self.window_size else max(1, budget // 2)
 
-    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+    def protected(self, bound: int) -> tuple[int, int]:
         """No first tokens; the observation window."""
         return 0, self.window(bound)
 
@@ -82,10 +82,10 @@ class SnapKV(ScoreEvict):
     ) -> torch.Tensor | None:
         """Votes of the observation window, pooled over the prefix (SnapKV Sec. 4); None when the
         prompt fits the budget (nothing to select)."""
-        length = layer.n_slots
-        if layer.budget is None or length <= layer.budget:
+        length, plan = layer.n_slots, layer.plan
+        if plan.keep is None or length <= plan.keep:
             return None
-        w = self.window(layer.budget)
+        w = plan.recent
         votes = window_attention(query, layer.keys, w, scaling, layer.softcap).sum(dim=2)
         prefix = pool_scores(votes[..., : length - w], self.kernel_size, self.pooling)
         return torch.cat([prefix, votes[..., length - w :]], dim=-1)

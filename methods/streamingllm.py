@@ -5,8 +5,8 @@ budget, at prefill and at every decode step. With ``rerotate`` (the paper's beha
 positions are assigned by cache index, so relative distances never exceed the cache size.
 Because the recent window is contiguous, that is the same as keeping every key at its original
 position and moving only the sinks forward by the number of evicted tokens; the sinks are
-re-rotated on the fly at each decode step (``methods.rope.LayerRotary``, the layer's own RoPE).
-A score-then-evict rule (``methods.evict``): protected = the sinks and the recent window, which
+re-rotated on the fly at each decode step (``methods.seam.rope.LayerRotary``, the layer's own RoPE).
+A score-then-evict rule (``methods.seam.evict``): protected = the sinks and the recent window, which
 fill the budget; ranked by position.
 """
 
@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from methods.evict import ScoreEvict
-from methods.layer import CompressedLayer
+from methods.seam.evict import ScoreEvict
+from methods.seam.layer import CompressedLayer
 
 
 @dataclass
@@ -59,14 +59,14 @@ class StreamingLLM(ScoreEvict):
         """Attention sinks kept under ``budget`` slots: ``n_sink``, at most ``budget - 1``."""
         return self.n_sink if budget is None else max(0, min(self.n_sink, budget - 1))
 
-    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+    def protected(self, bound: int) -> tuple[int, int]:
         """The sinks, and the recent window over the rest of the budget. The sinks stay in the
         first slots (an eviction moves the newest slot into the victim's place, never a sink's)."""
         sinks = self.sinks(bound)
         return sinks, bound - sinks
 
     def decode_attention(
-        self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
+        self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, None]:
         """Fused attention over the slots; with ``rerotate`` the sinks' stored keys are first moved
         forward by the number of evicted tokens. Their original keys are kept in
@@ -80,7 +80,7 @@ class StreamingLLM(ScoreEvict):
             With ``rerotate`` on a model without rotary embeddings.
         """
         evicted = layer.seen_tokens - layer.n_slots
-        n = self.sinks(layer.budget)
+        n = layer.plan.first
         if self.rerotate and evicted > 0 and n > 0:
             if layer.spec.rotary is None:
                 raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
@@ -88,4 +88,4 @@ class StreamingLLM(ScoreEvict):
                 layer.aux["sink_keys"] = layer.keys[:, :, :n].clone()
             sinks = torch.arange(n, device=layer.device).expand(*layer.positions.shape[:2], n)
             layer.store.replace(sinks, keys=layer.spec.rotary.rerotate(layer.aux["sink_keys"], evicted))
-        return super().decode_attention(layer, query, values, scaling)
+        return super().decode_attention(layer, query, scaling)

@@ -10,14 +10,15 @@ Slot layout: residual slots first (``positions == -1``), then context and proxim
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from methods.base import CompressionMethod
-from methods.layer import CompressedLayer, gather_slots
-from methods.scoring import causal_column_sums, keep_index, lowest_score, pool_scores, window_attention
+from methods.seam.contract import CompressionMethod
+from methods.seam.layer import CompressedLayer, gather_slots
+from methods.seam.plan import LayerPlan
+from methods.seam.scoring import causal_column_sums, keep_index, lowest_score, pool_scores, window_attention
 
 ORDERS = ("code", "paper")
 
@@ -112,11 +113,15 @@ class ZSMerge(CompressionMethod):
             )
         return b_p, b_c, b_r
 
-    def layer_split(self, layer: CompressedLayer) -> tuple[int, int, int]:
-        """:meth:`split` of the layer's budget, computed once per sample (``layer.meta["split"]``)."""
-        if "split" not in layer.meta:
-            layer.meta["split"] = self.split(layer.budget)
-        return layer.meta["split"]
+    def plan(self, layer: CompressedLayer) -> LayerPlan:
+        """The contract's plan with :meth:`split` of the bound (``plan.split``)."""
+        plan = super().plan(layer)
+        return plan if plan.bound is None else replace(plan, split=self.split(plan.bound))
+
+    @property
+    def score_decay(self) -> float:  # type: ignore[override]
+        """``lambda`` of Eq. 5, ``s <- lambda s + a``, fused into the decode attention."""
+        return self.lam
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
@@ -136,10 +141,10 @@ class ZSMerge(CompressionMethod):
             scores = (probs * decay[:, None]).sum(dim=2)
         scores = pool_scores(scores, self.pool_kernel)
         layer.store.write("scores", scores)
-        layer.meta["residual"] = 0
-        if layer.budget is None or length <= layer.budget:
+        layer.scalars["residual"] = 0
+        if layer.plan.bound is None or length <= layer.plan.bound:
             return
-        b_p, b_c, b_r = self.layer_split(layer)
+        b_p, b_c, b_r = layer.plan.split
         kept = keep_index(scores, 0, b_c, b_p)
         leftover = self._leftover(kept[..., :b_c], length - b_p)
         residual = self._residual_slots(layer, leftover, b_r) if b_r else None
@@ -154,7 +159,7 @@ class ZSMerge(CompressionMethod):
                 scores=torch.cat([res_scores, layer.state["scores"]], dim=-1),
                 fusion=torch.cat([fusion, layer.state["fusion"]], dim=-1),
             )
-            layer.meta["residual"] = b_r
+            layer.scalars["residual"] = b_r
 
     @staticmethod
     def _leftover(context: torch.Tensor, older: int) -> torch.Tensor:
@@ -191,23 +196,19 @@ class ZSMerge(CompressionMethod):
         return group_mean(layer.keys), group_mean(layer.values), counts.expand(b, h, b_r).clone(), res_scores
 
     # ------------------------------------------------------------------ decode
-    def score_decay(self, layer: CompressedLayer) -> float:
-        """``lambda`` of Eq. 5, ``s <- lambda s + a``, fused into the decode attention."""
-        return self.lam
-
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Eq. 5 score update (done by the decode attention when ``probs`` is None:
-        :meth:`score_decay`), then one eviction: fill a residual slot or merge (Eqs. 6-7)."""
+        :attr:`score_decay`), then one eviction: fill a residual slot or merge (Eqs. 6-7)."""
         if probs is not None:
             layer.store.write("scores", layer.state["scores"] * self.lam + probs)
-        if layer.budget is None:
+        if layer.plan.bound is None:
             return
-        b_p, b_c, b_r = self.layer_split(layer)
+        b_p, b_c, b_r = layer.plan.split
         leaving = layer.seen_tokens - 1 - b_p  # position of the token that just left the proximity window
         # One eviction per step once the cache is full; more only while a prompt that fit the budget
         # overflows B_p + B_c for the first time.
-        while layer.n_slots - layer.meta["residual"] > b_p + b_c:
-            n_res = layer.meta["residual"]
+        while layer.n_slots - layer.scalars["residual"] > b_p + b_c:
+            n_res = layer.scalars["residual"]
             pos = layer.positions
             candidates = (pos >= 0) & ((pos <= leaving) if self.order == "paper" else (pos < leaving))
             victim = lowest_score(layer.state["scores"], candidates)
@@ -224,7 +225,7 @@ class ZSMerge(CompressionMethod):
         slot = torch.full_like(victim, n_res)
         layer.store.swap(victim, slot)
         layer.store.replace(slot.unsqueeze(-1), positions=-1)
-        layer.meta["residual"] = n_res + 1
+        layer.scalars["residual"] = n_res + 1
 
     def _merge(self, layer: CompressedLayer, victim: torch.Tensor, n_res: int) -> None:
         """Merge slot ``victim`` ``[batch, kv_heads]`` into the residual slot of max key dot product.

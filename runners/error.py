@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
-from methods.architecture import LayerSpec, layer_specs
-from methods.step import decode_step, prefill_step
+from methods.seam.architecture import LayerSpec, layer_specs
+from methods.seam.step import decode_step, prefill_step
 from runners.errors import KVBenchError
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model

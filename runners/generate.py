@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.switch import Switch
-from methods.base import CompressionMethod
-from methods.cache import CompressedCache
+from methods.seam.cache import CompressedCache
+from methods.seam.contract import CompressionMethod
 
 
 @dataclass

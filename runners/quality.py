@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget, validate_budget
-from methods.architecture import layer_specs
-from methods.sliding import layer_protocol
+from methods.seam.architecture import layer_specs
+from methods.seam.sliding import layer_protocol
 from runners.environment import peak_device_bytes, peak_rss_bytes
 from runners.errors import KVBenchError
 from runners.generate import GenerationResult, eos_token_ids, greedy_generate

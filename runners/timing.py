@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import CompressionMethod
+from methods.seam.contract import CompressionMethod
 from runners.environment import rss_bytes
 from runners.generate import ModelRun
 

@@ -29,9 +29,9 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from methods import METHOD_REGISTRY, CompressedLayer, CompressionMethod
-from methods.architecture import LayerSpec
-from methods.rope import LayerRotary
-from methods.step import attend, prefill_step, update
+from methods.seam.architecture import LayerSpec
+from methods.seam.rope import LayerRotary
+from methods.seam.step import attend, prefill_step, update
 
 
 def build(name: str) -> CompressionMethod:
@@ -65,7 +65,7 @@ def phases(method: CompressionMethod, layer: CompressedLayer, args, steps: int) 
         layer.update(k, k)
         sync(args)
         marks.append(time.perf_counter())
-        _, probs = attend(layer, q, scale)  # the two halves of methods.step.decode_step
+        _, probs = attend(layer, q, scale)  # the two halves of methods.seam.step.decode_step
         sync(args)
         marks.append(time.perf_counter())
         update(layer, probs)

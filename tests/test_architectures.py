@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from methods import METHOD_REGISTRY, FullKV
-from methods.architecture import UnsupportedArchitectureError, check_supported, layer_specs
-from methods.cache import CompressedCache
-from methods.sliding import sliding_bound
+from methods.seam.architecture import UnsupportedArchitectureError, check_supported, layer_specs
+from methods.seam.cache import CompressedCache
+from methods.seam.sliding import sliding_bound
 from runners.generate import greedy_generate
 from tests.architectures import FAMILIES, VOCAB, WINDOW, tiny_family
 from tests.test_method_matrix import SETTINGS

@@ -8,9 +8,9 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kernels import decode_attention
 from methods import H2O, CompressedLayer, SnapKV, StreamingLLM
-from methods.architecture import LayerSpec
-from methods.rope import LayerRotary
-from methods.scoring import causal_column_sums
+from methods.seam.architecture import LayerSpec
+from methods.seam.rope import LayerRotary
+from methods.seam.scoring import causal_column_sums
 from tests.conftest import tiny_llama
 
 B, H, HQ, D = 2, 2, 6, 8
@@ -136,7 +136,7 @@ def test_streamingllm_keeps_exactly_sinks_and_recent(tiny_model, rerotate):
 
 
 def test_rerotated_key_equals_key_computed_at_that_position():
-    from methods.rope import LayerRotary
+    from methods.seam.rope import LayerRotary
 
     model = tiny_llama()
     rotary = model.base_model.rotary_emb
@@ -172,7 +172,7 @@ def test_streamingllm_attention_equals_the_papers_cache_index_positions():
     method.prefill(layer, torch.zeros(1, 6, length, 16), 0.25)
     kept = layer.positions[0, 0].tolist()
     raw_q = torch.randn(1, 6, 1, 16, generator=gen)
-    ours, _ = method.decode_attention(layer, rope(raw_q, [length - 1]), layer.values, 0.25)
+    ours, _ = method.decode_attention(layer, rope(raw_q, [length - 1]), 0.25)
     paper_k = rope(raw_k[:, :, kept], list(range(budget)))
     paper_logits = rope(raw_q, [budget - 1]) @ paper_k.repeat_interleave(3, 1).transpose(-1, -2)
     kept_v = values[:, :, kept].repeat_interleave(3, 1)

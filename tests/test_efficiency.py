@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from methods import H2O, METHOD_REGISTRY, CompressedLayer, FullKV, ZSMerge
-from methods.architecture import layer_specs
+from methods.seam.architecture import layer_specs
 from runners.efficiency import measure, summarise
 from runners.generate import greedy_generate
 from runners.oom import OOM_EXIT, Probe, largest_fitting, run_capped

@@ -13,9 +13,9 @@ import torch
 from omegaconf import OmegaConf
 
 from methods import METHOD_REGISTRY, FullKV
-from methods.architecture import layer_specs
-from methods.cache import CompressedCache
-from methods.sliding import sliding_bound
+from methods.seam.architecture import layer_specs
+from methods.seam.cache import CompressedCache
+from methods.seam.sliding import sliding_bound
 from runners.generate import eos_token_ids, greedy_generate
 from tests.conftest import REPO, set_attn
 

@@ -146,7 +146,7 @@ def test_every_method_on_the_embedded_model(embedded, data_dir, name):
 
 def untrained_less_kernels(model) -> list:
     """Random LESS kernels with the model's geometry (trained ones: tests/test_less_train.py)."""
-    from methods.less_kernels import LessKernels
+    from methods.less.kernels import LessKernels
 
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads

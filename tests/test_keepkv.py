@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from methods import CompressedLayer, KeepKV
-from methods.zip_merge import merge_groups
+from methods.keepkv.zip_merge import merge_groups
 from runners.generate import greedy_generate
 
 D = 16
@@ -123,7 +123,7 @@ def test_selection_keeps_sinks_recent_and_top_estimated_attention():
         assert pos[:4] == [0, 1, 2, 3] and pos[-6:] == list(range(54, 60)) and len(pos) == 20
         top = score[0, h, 4:54].topk(10).indices + 4
         assert sorted(pos[4:-6]) == sorted(top.tolist())
-    assert layer.meta["evictions"] == 2 * 40 and layer.meta["merges"] == 0
+    assert layer.scalars["evictions"] == 2 * 40 and layer.scalars["merges"] == 0
 
 
 @pytest.mark.parametrize(
@@ -138,8 +138,9 @@ def test_votes_account_for_every_token(tiny_model, preset):
         for layer in cache.layers:
             votes = float(layer.log_weight.exp().sum())
             heads = layer.log_weight.shape[1]
-            assert math.isclose(votes + layer.meta["dropped_votes"], heads * layer.seen_tokens, abs_tol=1e-2)
-            assert layer.n_slots <= method.layer_budget(layer)[0]
+            dropped = layer.scalars["dropped_votes"]
+            assert math.isclose(votes + dropped, heads * layer.seen_tokens, abs_tol=1e-2)
+            assert layer.n_slots <= layer.plan.bound
             assert layer.positions.eq(layer.seen_tokens - 1).any(dim=-1).all()  # the newest token is kept
 
     ids = torch.randint(0, 128, (1, 48), generator=torch.Generator().manual_seed(0))
@@ -152,7 +153,7 @@ def test_in_place_decode_eviction_equals_the_group_merge(preset):
     """The per-step in-place merge (victim + partner only) gives the same slots, votes, scores,
     keys and values as Algorithm 1's group merge over every slot with one slot over budget (the
     path of the prefill), on the same victim."""
-    from methods.layer import CompressedLayer
+    from methods.seam.layer import CompressedLayer
 
     gen = torch.Generator().manual_seed(3)
     base = torch.randn(1, 2, 1, 16, generator=gen)
@@ -193,12 +194,12 @@ def test_in_place_decode_eviction_equals_the_group_merge(preset):
             torch.testing.assert_close(
                 ours.gather(2, i_ours), theirs.gather(2, i_theirs), atol=1e-5, rtol=1e-5
             )
-    assert int(fast.meta["merges"]) == int(full.meta["merges"]) > 0
+    assert int(fast.scalars["merges"]) == int(full.scalars["merges"]) > 0
 
 
 def test_cosine_layer_budgets_average_to_the_budget():
     method = KeepKV(layer_budgets="cosine")
     layers = [CompressedLayer(method, 200, layer_idx=i, num_layers=30) for i in range(30)]
-    budgets = [method.layer_budget(layer)[0] for layer in layers]
+    budgets = [method.plan(layer).bound for layer in layers]
     assert budgets[0] > budgets[-1] and budgets == sorted(budgets, reverse=True)
     assert abs(sum(budgets) / 30 - 200) < 1.0

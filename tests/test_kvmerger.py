@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from methods import CompressedLayer, KVMerger
-from methods.scoring import causal_column_sums
+from methods.seam.scoring import causal_column_sums
 
 B, H, HQ, D = 2, 2, 6, 8
 SCALE = D**-0.5

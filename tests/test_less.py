@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from methods import H2O, LESS, CompressedLayer
-from methods.less_kernels import LessKernels
+from methods.less.kernels import LessKernels
 from runners.generate import greedy_generate
 
 B, HQ, HKV, D, R = 1, 6, 2, 16, 8
@@ -45,9 +45,7 @@ def test_state_is_the_sum_over_evicted_tokens(policy):
         k, v = torch.randn(B, HKV, 1, D, generator=gen), torch.randn(B, HKV, 1, D, generator=gen)
         keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
         layer.update(k, v)
-        _, probs = method.decode_attention(
-            layer, torch.randn(B, HQ, 1, D, generator=gen), layer.values, SCALE
-        )
+        _, probs = method.decode_attention(layer, torch.randn(B, HQ, 1, D, generator=gen), SCALE)
         method.decode_step(layer, probs)
         assert layer.n_slots == 12
     psi = method.kernels[0].psi(keys)
@@ -69,7 +67,7 @@ def test_log_space_decode_equals_the_plain_formula():
     layer.update(torch.randn(B, HKV, 10, D, generator=gen), torch.randn(B, HKV, 10, D, generator=gen))
     layer.aux = {"H": torch.randn(B, HKV, R, D, generator=gen), "z": torch.rand(B, HKV, R, generator=gen) * 5}
     query = torch.randn(B, HQ, 1, D, generator=gen)
-    out, _ = method.decode_attention(layer, query, layer.values, SCALE)
+    out, _ = method.decode_attention(layer, query, SCALE)
     phi = method.kernels[0].phi(query).double()
     for hq in range(HQ):
         h = hq // (HQ // HKV)
@@ -97,7 +95,7 @@ def test_decode_is_finite_for_extreme_logits_and_an_empty_state(logit, empty_sta
         layer.aux = {"H": torch.zeros(B, HKV, R, D), "z": torch.zeros(B, HKV, R)}
     else:
         layer.aux = {"H": torch.randn(B, HKV, R, D, generator=gen), "z": torch.rand(B, HKV, R, generator=gen)}
-    out, probs = method.decode_attention(layer, query, layer.values, SCALE)
+    out, probs = method.decode_attention(layer, query, SCALE)
     assert torch.isfinite(out).all() and torch.isfinite(probs).all()
     phi = method.kernels[0].phi(query).double()
     for hq in range(HQ):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from methods import LESS, CompressedLayer
-from methods.less_checkpoints import load_kernel_set
-from methods.less_student import h2o_keep_mask, lambda_keep_mask, student_attention
+from methods.less.checkpoints import load_kernel_set
+from methods.less.student import h2o_keep_mask, lambda_keep_mask, student_attention
 from tests.test_less import HKV, HQ, SCALE, D, tiny_kernels
 
 L = 40
@@ -61,13 +61,13 @@ def test_student_row_equals_inference_with_the_same_held_set(t):
         psi = one.kernels[0].psi(k[:, h : h + 1, gone])
         layer.aux = {"H": torch.einsum("bhnr,bhnd->bhrd", psi, v[:, h : h + 1, gone]), "z": psi.sum(2)}
         group = slice(h * HQ // HKV, (h + 1) * HQ // HKV)
-        out, _ = one.decode_attention(layer, q[:, group, t : t + 1], layer.values, SCALE)
+        out, _ = one.decode_attention(layer, q[:, group, t : t + 1], SCALE)
         assert torch.allclose(out[0, :, 0], student[0, group, t], atol=1e-5)
 
 
 def _head_kernels(kernels, h):
     """The kernels of KV head ``h`` and its query group, as a one-KV-head kernel set."""
-    from methods.less_kernels import LessKernels
+    from methods.less.kernels import LessKernels
 
     g = HQ // HKV
     sub = LessKernels(g, 1, D, rank=kernels.w2q.shape[-1], hidden=kernels.w1q.shape[-1])
@@ -83,7 +83,7 @@ def _head_kernels(kernels, h):
 def test_training_beats_the_sparse_policy_on_held_out_text(tmp_path, data_dir, monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    from runners.less_train import run_train_less
+    from methods.less.train import run_train_less
     from tests.conftest import REPO
 
     for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):  # wandb's files in tmp_path

@@ -1,4 +1,4 @@
-"""The slot store's operations (methods/store.py) against plain-tensor definitions, and its
+"""The slot store's operations (methods/seam/store.py) against plain-tensor definitions, and its
 fixed-capacity promise: a full layer's decode steps never reallocate."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from methods import H2O, CompressedLayer, SlotStore
-from methods.store import gather_slots
+from methods.seam.store import gather_slots
 
 
 def filled(n: int = 6, cap: int = 8) -> tuple[SlotStore, dict[str, torch.Tensor]]:

@@ -77,7 +77,7 @@ def test_invariants_at_every_step(order, budget, prompt, residual):
     def check(layer: CompressedLayer) -> None:
         n = layer.n_slots
         assert n <= budget
-        assert layer.meta["residual"] <= b_r
+        assert layer.scalars["residual"] <= b_r
         bytes_per_slot = B * H * (D + layer.values.shape[-1]) * 8
         assert layer.kv_bytes() == n * bytes_per_slot  # storage holds exactly the kept slots
         newest = layer.seen_tokens - 1

@@ -1,12 +1,13 @@
 """One decoder layer of the compressed cache (:class:`CompressedLayer`): the transformers cache-layer
-API over a :class:`~methods.store.SlotStore`.
+API over a :class:`~methods.seam.store.SlotStore`.
 
 Keys and values are held at KV-head granularity (never repeated to query heads), with per-slot
 state (``log_weight``, ``positions``, method scores). Compression is physical: the store's buffers
-hold the method's per-layer bound (``CompressionMethod.slot_bound``, the one owner of the budget)
-plus the one slot a decode step appends before it evicts; uncompressed layers are sized for the
-run's tokens (or grow geometrically). The layer's tensors are read-only views of the store's valid
-slots; methods change them only through the store's operations (``layer.store``).
+hold the bound of the layer's plan (``layer.plan``, :class:`~methods.seam.plan.LayerPlan`, made
+once by the layer's rule when the prompt arrives) plus the one slot a decode step appends before it
+evicts; uncompressed layers are sized for the run's tokens (or grow geometrically). The layer's
+tensors are read-only views of the store's valid slots; methods change them only through the
+store's operations (``layer.store``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from methods.architecture import LayerSpec
-from methods.store import SlotStore, StateView, gather_slots, slot_index
+from methods.seam.architecture import LayerSpec
+from methods.seam.plan import LayerPlan
+from methods.seam.store import SlotStore, StateView, gather_slots, slot_index
 
 if TYPE_CHECKING:
-    from methods.base import CompressionMethod
+    from methods.seam.contract import CompressionMethod
 
 __all__ = ["CompressedLayer", "gather_slots", "slot_index"]
 
@@ -31,7 +33,7 @@ class CompressedLayer(CacheLayerMixin):
     Attributes
     ----------
     store : SlotStore
-        The slot buffers and the only operations that change them (``methods.store``).
+        The slot buffers and the only operations that change them (``methods.seam.store``).
     keys, values : torch.Tensor
         ``[batch, kv_heads, slots, head_dim]``, post-RoPE, in the model's dtype (read-only views of
         the store's valid slots, as are the next three).
@@ -45,8 +47,14 @@ class CompressedLayer(CacheLayerMixin):
         Method state (a read-only mapping), each ``[batch, kv_heads, slots, *extra]`` (scores,
         fusion counts, ...; the slot axis is always dim 2). New slots are filled with the method's
         ``state_fill`` value.
-    meta : dict[str, int]
-        Method scalars shared by all heads of the layer (e.g. number of residual slots).
+    plan : LayerPlan | None
+        The method's budget arithmetic for this layer and sample (``methods.seam.plan``): set by
+        :meth:`update` when the prompt arrives (None before).
+    scalars : dict[str, torch.Tensor | int]
+        Method scalars shared by all heads of the layer that change during a sample: event
+        counters (those named in ``CompressionMethod.counters`` are summed into the run record),
+        ZSMerge's residual-slot count, KeepKV's EMA constants; device tensors stay on the device
+        (no host synchronisation per step).
     aux : dict[str, torch.Tensor]
         Fixed-size per-head state that stands in for evicted tokens (LESS: ``H``
         ``[batch, kv_heads, R, head_dim]`` and ``z`` ``[batch, kv_heads, R]``); counted in
@@ -54,13 +62,18 @@ class CompressedLayer(CacheLayerMixin):
     budget : int | None
         Slot budget resolved for the current sample (None: no compression).
     spec : LayerSpec
-        What the model's architecture says of this layer (``methods.architecture``): its sliding
+        What the model's architecture says of this layer (``methods.seam.architecture``): its sliding
         window (None for full attention), logit soft-cap and rotary embedding (for methods that
         re-rotate keys: StreamingLLM).
     seen_tokens : int
         Tokens seen so far (prompt + appended); the position of the next token.
     layer_idx, num_layers : int
         This layer's index and the model's number of decoder layers (per-layer budget schedules).
+    method : CompressionMethod
+        The layer's rule: the run's method, or the sliding-window rule on a sliding layer.
+
+    Parameters
+    ----------
     max_tokens : int | None
         Tokens the run will append at most (prompt + new tokens - 1), when known: no buffer is
         ever larger (a budget above the prompt allocates nothing it cannot use).
@@ -77,7 +90,7 @@ class CompressedLayer(CacheLayerMixin):
     ) -> None:
         # CacheLayerMixin.__init__ is not called: it assigns keys/values, which are views of the store here
         self.is_initialized = False
-        self.max_tokens = max_tokens
+        self._max_tokens = max_tokens
         self.layer_idx, self.num_layers = layer_idx, num_layers
         self.method = method
         self.budget = budget
@@ -87,7 +100,8 @@ class CompressedLayer(CacheLayerMixin):
         self.prefilled = False
         self.store = SlotStore(method.state_fill, self._capacity)
         self._state = StateView(self.store, tuple(method.state_fill))
-        self.meta: dict[str, int] = {}
+        self.plan: LayerPlan | None = None
+        self.scalars: dict[str, torch.Tensor | int] = {}
         self.aux: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ read-only views of the store
@@ -133,22 +147,23 @@ class CompressedLayer(CacheLayerMixin):
         positions = torch.arange(self.seen_tokens, self.seen_tokens + new, device=key_states.device)
         self.store.append(key_states, value_states, positions)
         self.seen_tokens += new
+        if self.plan is None:  # the prompt: the rule plans the layer once, for this sample
+            self.plan = self.method.plan(self)
         return self.keys, self.values
 
     def _capacity(self, needed: int) -> int:
         """Slots to allocate when a buffer must hold ``needed`` slots: exactly the prompt at prefill
-        (compression follows); then the method's bound (``CompressionMethod.slot_bound``) plus the
-        slot a decode step appends before evicting, never more than the tokens the run will append
-        (``max_tokens``, when known); for an unbounded layer (FullKV, prompt-only methods)
-        ``max_tokens``, or geometric growth (1.25x + 64) when it is unknown."""
-        if not self.prefilled and self.store.n == 0:
+        (compression follows); then the plan's bound (``plan.bound``) plus the slot a decode step
+        appends before evicting, never more than the tokens the run will append (``max_tokens``,
+        when known); for an unbounded layer (FullKV, prompt-only methods) ``max_tokens``, or
+        geometric growth (1.25x + 64) when it is unknown."""
+        if self.plan is None:
             return needed
-        bound = self.method.slot_bound(self)
+        bound, most = self.plan.bound, self._max_tokens
         if bound is not None and needed <= bound + 1:
-            cap = bound + 1 if self.max_tokens is None else min(bound + 1, self.max_tokens)
-            return max(cap, needed)
-        if self.max_tokens is not None and needed <= self.max_tokens:
-            return self.max_tokens
+            return max(bound + 1 if most is None else min(bound + 1, most), needed)
+        if most is not None and needed <= most:
+            return most
         return needed + needed // 4 + 64
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

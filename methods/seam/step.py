@@ -1,10 +1,10 @@
 """The step order of the cache seam, written once (ZSMerge Algorithm 1: append, attend, update
-scores, evict/merge), for every caller: the attention function (``methods.attention``), the error
+scores, evict/merge), for every caller: the attention function (``methods.seam.attention``), the error
 runner's shadow caches (``runners.error``) and the decode-overhead profiler
 (``scripts/profile_decode.py``).
 
 Each layer follows its own rule (``layer.method``): the run's method, or the sliding-window rule
-on a sliding layer (``methods.sliding``). The token(s) of the call are already appended to the
+on a sliding layer (``methods.seam.sliding``). The token(s) of the call are already appended to the
 layer (``CompressedLayer.update``) when these functions run.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from methods.layer import CompressedLayer
-from methods.scoring import group_queries, softcap_logits
+from methods.seam.layer import CompressedLayer
+from methods.seam.scoring import group_queries, softcap_logits
 
 
 def prefill_attention(
@@ -117,9 +117,10 @@ def attend(
     layer: CompressedLayer, query: torch.Tensor, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """First half of a decode step: attention of ``query`` ``[batch, q_heads, 1, head_dim]`` over
-    the layer's slots (``CompressionMethod.decode_attention``); returns the output
+    the layer's slots (``CompressionMethod.decode_attention``: the seam's dispatch,
+    ``methods.seam.dispatch``, unless the rule changes attention itself); returns the output
     ``[batch, q_heads, 1, head_dim]`` and what :func:`update` needs."""
-    return layer.method.decode_attention(layer, query, layer.values, scaling)
+    return layer.method.decode_attention(layer, query, scaling)
 
 
 def update(layer: CompressedLayer, scores: torch.Tensor | None) -> None:

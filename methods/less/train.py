@@ -20,11 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from methods import METHOD_REGISTRY
-from methods.less_checkpoints import assemble_kernel_set, kernel_set_dir, save_layer
-from methods.less_kernels import LessKernels
-from methods.less_student import h2o_keep_mask, lambda_keep_mask, student_attention
+from methods.less.activations import stream_activations
+from methods.less.checkpoints import assemble_kernel_set, kernel_set_dir, save_layer
+from methods.less.kernels import LessKernels
+from methods.less.student import h2o_keep_mask, lambda_keep_mask, student_attention
 from runners.errors import KVBenchError
-from runners.less_activations import stream_activations
 from runners.models import load_model, load_tokenizer, resolve_model_config
 from runners.record import log_record, presets
 from tasks.data import load_rows

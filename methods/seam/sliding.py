@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from methods.architecture import LayerSpec
-from methods.evict import ScoreEvict
-from methods.layer import CompressedLayer
+from methods.seam.architecture import LayerSpec
+from methods.seam.evict import ScoreEvict
 
 SLIDING_RULE = "recent min(budget, window - 1) tokens (window - 1 for fullkv); method applies to full layers"
 
@@ -48,6 +47,6 @@ class SlidingWindow(ScoreEvict):
     decode_input: ClassVar[str] = "none"
     state_fill: ClassVar[dict[str, float]] = {}
 
-    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+    def protected(self, bound: int) -> tuple[int, int]:
         """The last ``bound`` tokens."""
         return 0, bound

@@ -1,9 +1,12 @@
 """The method contract: a small dataclass that states its rules; the seam does the rest.
 
-A method never touches the model. The attention function (``methods.attention``) calls
-:meth:`CompressionMethod.prefill` once per layer after the prompt's attention, and
-:meth:`CompressionMethod.decode_step` once per layer after each decode step's attention, passing
-that step's attention probabilities aggregated per KV head (group mean, docs/design.md "GQA/MQA").
+A method never touches the model. Per layer and sample the seam calls :meth:`CompressionMethod.plan`
+once when the prompt arrives (the layer's :class:`~methods.seam.plan.LayerPlan`),
+:meth:`CompressionMethod.prefill` after the prompt's attention, and per decode step
+:meth:`CompressionMethod.decode_attention` (the seam's dispatch unless overridden) then
+:meth:`CompressionMethod.decode_step` with what the method declared it needs (``decode_input``:
+probabilities aggregated per KV head, group mean, docs/design.md "GQA/MQA"; logits; nothing).
+docs/extending.md lists every name a method may use.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
-from kernels import decode_attention
-from methods.layer import CompressedLayer
+from methods.seam import dispatch
+from methods.seam.layer import CompressedLayer
+from methods.seam.plan import LayerPlan
 
 
 @dataclass
@@ -32,20 +35,27 @@ class CompressionMethod:
         What :meth:`decode_step` receives from each decode step's attention: ``"none"``,
         ``"probs"`` (group-mean probabilities) or ``"logits"`` (scaled logits of every query
         head, without the ``log_weight`` bias). With ``"none"`` and no bias the seam uses fused
-        SDPA for decode attention.
+        SDPA for decode attention (``methods.seam.dispatch``).
     state_fill : dict[str, float]
         Per-slot state tensors the method keeps, with the value new slots start with.
+    score_decay : float | None
+        ``lambda`` of a score update ``s <- lambda * s + a`` (``a``: this step's group-mean
+        probabilities ``[batch, kv_heads, slots]``) that the seam's decode attention applies in
+        place to the ``scores`` field (fused into the Triton kernel on CUDA); :meth:`decode_step`
+        then receives ``probs=None``. None (default): the method gets the probabilities and
+        updates its scores itself. Only with ``decode_input = "probs"``.
     uses_log_weight : bool
         Whether the method ever sets ``log_weight`` (merged or padded slots); if not, decode
         attention skips the bias.
     counters : tuple[str, ...]
-        Names of integer event counters the method keeps in ``layer.meta`` (summed over layers
-        and samples into the run record).
+        Names of event counters the method keeps in ``layer.scalars`` (summed over layers and
+        samples into the run record).
     """
 
     name: ClassVar[str] = "base"
     compresses: ClassVar[bool] = True
     decode_input: ClassVar[str] = "probs"
+    score_decay: ClassVar[float | None] = None
     state_fill: ClassVar[dict[str, float]] = {}
     uses_log_weight: ClassVar[bool] = True
     counters: ClassVar[tuple[str, ...]] = ()
@@ -61,18 +71,17 @@ class CompressionMethod:
         """Whether decoding also stays within the budget (False: only the prompt is compressed)."""
         return self.compresses
 
-    def slot_bound(self, layer: CompressedLayer) -> int | None:
-        """Slots per KV head this method holds on ``layer`` between decode steps, or None when
-        decoding may grow the layer without bound (FullKV, prompt-only methods).
+    def plan(self, layer: CompressedLayer) -> LayerPlan:
+        """The layer's :class:`~methods.seam.plan.LayerPlan` for this sample: called once by the seam,
+        when the prompt has been appended (``layer.keys`` holds it), and kept as ``layer.plan``.
 
-        The one owner of the per-layer budget: the layer sizes its buffers from it (plus the slot a
-        decode step appends before evicting) and the method evicts down to it. Methods whose
-        per-layer bound differs from ``layer.budget`` (KeepKV's cosine layer budgets, H2O
-        Baseline+'s extra slots) override it.
+        The one owner of the per-layer budget: the layer sizes its buffers from ``plan.bound`` and
+        the method compresses to it. Default: bound = keep = ``layer.budget`` (no bound for a
+        method whose budget does not hold in decode). Methods whose per-layer numbers differ
+        (KeepKV's cosine layer budgets, H2O Baseline+'s extra slots, ZSMerge's split) override it.
         """
-        if layer.budget is None or not self.budget_holds_in_decode:
-            return None
-        return layer.budget
+        budget = layer.budget if self.compresses else None
+        return LayerPlan(bound=budget if self.budget_holds_in_decode else None, keep=budget)
 
     def check_budget(self, budget: int, tokens: int) -> None:
         """Check that ``budget`` slots work for a sample of ``tokens`` tokens (prompt + new) before
@@ -100,10 +109,12 @@ class CompressionMethod:
         """
 
     def decode_attention(
-        self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
+        self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention of one decode step over the layer's slots (LESS adds its low-rank term here,
-        StreamingLLM re-rotates its attention sinks).
+        """Attention of one decode step over the layer's slots. Default: the seam's
+        (:func:`methods.seam.dispatch.decode_attention`, chosen from ``decode_input``,
+        ``uses_log_weight`` and ``score_decay``). Override only to change attention itself: LESS
+        adds its low-rank term, StreamingLLM re-rotates its attention sinks and then calls this.
 
         Parameters
         ----------
@@ -111,45 +122,15 @@ class CompressionMethod:
             The layer, this step's token already appended.
         query : torch.Tensor
             ``[batch, q_heads, 1, head_dim]`` post-RoPE.
-        values : torch.Tensor
-            ``[batch, kv_heads, slots, head_dim]``.
         scaling : float
             Softmax scale.
 
         Returns
         -------
         tuple[torch.Tensor, torch.Tensor | None]
-            Output ``[batch, q_heads, 1, head_dim]`` and what :meth:`decode_step` receives
-            (see ``decode_input``; None for ``"none"``).
+            Output ``[batch, q_heads, 1, head_dim]`` and what :meth:`decode_step` receives.
         """
-        keys = layer.keys
-        if self.decode_input == "none" and not self.uses_log_weight and layer.softcap is None:
-            out = F.scaled_dot_product_attention(query, keys, values, scale=scaling, enable_gqa=True)
-            return out, None
-        logits = self.decode_input == "logits"
-        bias = layer.log_weight if self.uses_log_weight else None
-        decay = self.score_decay(layer) if self.decode_input == "probs" else None
-        fused = None if decay is None else layer.store.view("scores")  # updated in place by the kernel
-        out, scores = decode_attention(
-            query,
-            keys,
-            values,
-            bias,
-            scaling,
-            return_logits=logits,
-            scores=fused,
-            decay=1.0 if decay is None else decay,
-            softcap=layer.softcap,
-        )
-        return out, None if self.decode_input == "none" or fused is not None else scores
-
-    def score_decay(self, layer: CompressedLayer) -> float | None:
-        """``lambda`` of a score update ``s <- lambda * s + a`` (``a``: this step's group-mean
-        probabilities ``[batch, kv_heads, slots]``) that the decode attention applies in place to the
-        ``scores`` field (fused into the Triton kernel on CUDA, ``kernels.triton_decode``); the method's
-        :meth:`decode_step` then receives None instead of the probabilities. None (default): the
-        method gets the probabilities and updates its scores itself."""
-        return None
+        return dispatch.decode_attention(layer, query, scaling)
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise state from the prompt and compress the layer to its budget.
@@ -175,5 +156,6 @@ class CompressionMethod:
             ``[batch, kv_heads, slots]`` float32 attention probabilities of this step (with the
             ``log_weight`` bias), mean over the query heads of each group; with
             ``decode_input = "logits"`` instead ``[batch, kv_heads, group, slots]`` float32 scaled
-            logits ``q k^T * scaling`` without the bias; None for ``decode_input = "none"``.
+            logits ``q k^T * scaling`` without the bias; None for ``decode_input = "none"``, and
+            when the seam fused the score update (:attr:`score_decay`).
         """

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from methods.less_kernels import LessKernels
+from methods.less.kernels import LessKernels
 
 
 def kernel_set_name(model: str, policy: str, budget: float | int, budget_unit: str = "prompt") -> str:

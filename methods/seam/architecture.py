@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.rope import LayerRotary
+from methods.seam.rope import LayerRotary
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 

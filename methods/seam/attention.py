@@ -1,13 +1,13 @@
 """The attention function registered with ``transformers.AttentionInterface`` as ``"kvbench"``.
 
 Models are loaded with ``attn_implementation="kvbench"``; transformers then builds no mask for
-them, and this function owns causality. The :class:`~methods.cache.CompressedCache` arrives as the
+them, and this function owns causality. The :class:`~methods.seam.cache.CompressedCache` arrives as the
 ``kvbench_cache`` keyword that our generation loop passes to the model's forward.
 
 - Prefill (the layer is empty before this call): output over the whole prompt (every official
   code path computes prefill output uncompressed) by fused causal SDPA, or on a sliding-window
   layer / with logit soft-capping by :func:`prefill_attention`'s chunked path; then the layer's
-  rule (the method, or ``methods.sliding`` on a sliding layer) scores and compresses the layer.
+  rule (the method, or ``methods.seam.sliding`` on a sliding layer) scores and compresses the layer.
 - Decode step: explicit attention over the slots with the ``log_weight`` bias
   (``kernels.decode_attention``), whose probabilities the method uses to update its scores
   before evicting/merging (ZSMerge Algorithm 1 order). Methods that need no probabilities get
@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 
-from methods.cache import CompressedCache
-from methods.step import decode_step, prefill_attention, prefill_step
+from methods.seam.cache import CompressedCache
+from methods.seam.step import decode_step, prefill_attention, prefill_step
 
 __all__ = ["ATTN_IMPLEMENTATION", "kvbench_attention", "prefill_attention"]
 
@@ -57,7 +57,7 @@ def kvbench_attention(
         Softmax scale; ``head_dim ** -0.5`` if None (Gemma passes ``query_pre_attn_scalar ** -0.5``).
     softcap, sliding_window : float | None, int | None
         What the model's attention module passes; they must agree with the layer's
-        :class:`~methods.architecture.LayerSpec`, which the cache read from the config.
+        :class:`~methods.seam.architecture.LayerSpec`, which the cache read from the config.
     kvbench_cache : CompressedCache
         The cache the model was called with.
     kvbench_observer : callable, optional

@@ -23,13 +23,14 @@ from typing import ClassVar
 
 import torch
 
-from methods.base import CompressionMethod
-from methods.evict import ScoreEvict
 from methods.h2o import H2O
-from methods.layer import CompressedLayer
-from methods.less_checkpoints import kernel_set_dir, load_kernel_set
-from methods.less_kernels import LessKernels
-from methods.scoring import complement, softcap_logits
+from methods.less.checkpoints import kernel_set_dir, load_kernel_set
+from methods.less.kernels import LessKernels
+from methods.seam.contract import CompressionMethod
+from methods.seam.evict import ScoreEvict
+from methods.seam.layer import CompressedLayer
+from methods.seam.plan import LayerPlan
+from methods.seam.scoring import complement, softcap_logits
 
 RANDOM = "random"  # checkpoint value: untrained kernels (efficiency runs only)
 
@@ -43,7 +44,7 @@ class LambdaMask(H2O):
     decode_input: ClassVar[str] = "none"
     state_fill: ClassVar[dict[str, float]] = {}
 
-    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+    def protected(self, bound: int) -> tuple[int, int]:
         """The first ``heavy`` and the last ``recent`` tokens: they fill the budget."""
         return self.split(bound)
 
@@ -74,7 +75,7 @@ class LESS(CompressionMethod):
     rank : int
         Feature dimension R of the state (8).
     checkpoint : str | None
-        Directory of the trained kernel set (``runners.less_checkpoints``); None: looked up by
+        Directory of the trained kernel set (``methods.less.checkpoints``); None: looked up by
         model, policy and budget; ``"random"``: untrained random kernels, created at prefill, for
         timing and memory measurements only (LESS's cost does not depend on the kernel values).
     heavy_ratio, recent_ratio, chunk_size
@@ -122,9 +123,9 @@ class LESS(CompressionMethod):
         """The policy's ``(heavy, recent)`` split (``H2O.split``)."""
         return self.sparse.split(budget)
 
-    def slot_bound(self, layer: CompressedLayer) -> int | None:
-        """The policy's bound."""
-        return self.sparse.slot_bound(layer)
+    def plan(self, layer: CompressedLayer) -> LayerPlan:
+        """The policy's plan."""
+        return self.sparse.plan(layer)
 
     def attach_assets(
         self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str
@@ -187,7 +188,7 @@ class LESS(CompressionMethod):
             layer.store.keep(index)
 
     def decode_attention(
-        self, layer: CompressedLayer, query: torch.Tensor, values: torch.Tensor, scaling: float
+        self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sparse softmax + low-rank term in log space; returns the output and the sparse-only
         group-mean probabilities ``[batch, kv_heads, slots]`` (H2O's scores).
@@ -198,7 +199,7 @@ class LESS(CompressionMethod):
         logits (``exp(-lse)`` alone overflows when every logit is near -100) and is exactly 0 for
         an empty state (``denom = 0``)."""
         b, hq, _, d = query.shape
-        hkv = layer.keys.shape[1]
+        hkv, values = layer.keys.shape[1], layer.values
         q = query.reshape(b, hkv, hq // hkv, d).float()
         logits = softcap_logits(
             torch.einsum("bhgd,bhsd->bhgs", q, layer.keys.float()) * scaling, layer.softcap

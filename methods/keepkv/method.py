@@ -18,10 +18,10 @@ Per layer and KV head (GQA: scores are the group mean of ``exp(logit)``):
   cosine if it exceeds ``threshold`` (0.8), else it is dropped; the merge is ZIP-Merging (Eq. 7)
   with the estimated scores, with a guarded fallback to the convex average (counted as
   ``zip_fallbacks``). At prefill all evicted tokens are merged at once, several into one
-  retained token when they pick the same partner (``methods.zip_merge``); at decode one token is
+  retained token when they pick the same partner (``methods.keepkv.zip_merge``); at decode one token is
   evicted per step. ``merge="convex"`` is the official code's key/value convex average.
 
-The selection is a score-then-evict rule (``methods.evict``: sinks and recent window protected,
+The selection is a score-then-evict rule (``methods.seam.evict``: sinks and recent window protected,
 ranked by ``p * s_hat``); :meth:`KeepKV.merge_evicted` is the one merge path of prefill and decode.
 """
 
@@ -34,14 +34,15 @@ from typing import ClassVar
 
 import torch
 
-from methods.evict import ScoreEvict
-from methods.keepkv_estimators import EMAEstimator, WindowMeanEstimator
-from methods.layer import CompressedLayer, gather_slots
-from methods.scoring import complement, window_logits
-from methods.zip_merge import merge_groups
+from methods.keepkv.estimators import EMAEstimator, WindowMeanEstimator
+from methods.keepkv.zip_merge import merge_groups
+from methods.seam.evict import ScoreEvict
+from methods.seam.layer import CompressedLayer, gather_slots
+from methods.seam.plan import LayerPlan
+from methods.seam.scoring import complement, window_logits
 
 NEG_INF = float("-inf")
-#: ``estimator`` name -> its score-estimator object (``methods.keepkv_estimators``).
+#: ``estimator`` name -> its score-estimator object (``methods.keepkv.estimators``).
 ESTIMATORS = {
     "ema": lambda method: EMAEstimator(method.alpha),
     "window_mean": lambda method: WindowMeanEstimator(method.distance_weight),
@@ -84,7 +85,7 @@ class KeepKV(ScoreEvict):
     decay_ratio, distance_weight : float
         Cosine schedule floor (0.8); newest-row weight of the window-mean selection score (1.2).
     guard, max_factor : float
-        ZIP fallback bounds (see :func:`methods.zip_merge.merge_groups`).
+        ZIP fallback bounds (see :func:`methods.keepkv.zip_merge.merge_groups`).
 
     Raises
     ------
@@ -142,30 +143,18 @@ class KeepKV(ScoreEvict):
         return {self.scores.state: NEG_INF}
 
     # ------------------------------------------------------------------ budgets
-    def layer_budget(self, layer: CompressedLayer) -> tuple[int, int]:
-        """``(slots, recent window)`` of this layer, both in tokens; computed once per sample
-        (``layer.meta["layer_budget"]``)."""
-        if "layer_budget" not in layer.meta:
-            layer.meta["layer_budget"] = self._layer_budget(layer)
-        return layer.meta["layer_budget"]
-
-    def _layer_budget(self, layer: CompressedLayer) -> tuple[int, int]:
+    def plan(self, layer: CompressedLayer) -> LayerPlan:
+        """This layer's slots (cosine schedule included) and recent window, both in tokens; the
+        attention sinks (at most the budget left by the recent window) protected besides."""
         budget = layer.budget
+        if budget is None:
+            return LayerPlan()
         recent = math.ceil(self.recent_share * budget) if self.window is None else self.window
         recent = max(1, min(recent, budget - 1)) if budget > 1 else budget
         if self.layer_budgets == "cosine" and layer.num_layers > 1:
             heavy = (budget - recent) * cosine_share(layer.layer_idx, layer.num_layers, self.decay_ratio)
             budget = recent + max(1, round(heavy))
-        return budget, recent
-
-    def slot_bound(self, layer: CompressedLayer) -> int | None:
-        """The layer's slots from :meth:`layer_budget` (cosine schedule included)."""
-        return None if layer.budget is None else self.layer_budget(layer)[0]
-
-    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
-        """The attention sinks (at most the budget left by the recent window) and the recent window."""
-        budget, recent = self.layer_budget(layer)
-        return min(self.n_sink, budget - recent), recent
+        return LayerPlan(bound=budget, keep=budget, first=min(self.n_sink, budget - recent), recent=recent)
 
     def ranking(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * s_hat)`` (the estimator's selection score)."""
@@ -175,11 +164,9 @@ class KeepKV(ScoreEvict):
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise votes and score estimates from the last ``w`` prompt queries; compress."""
         length = layer.n_slots
-        _, recent = self.layer_budget(layer)
-        window = max(1, min(recent, length))
-        layer.meta["window"] = window
+        window = max(1, min(layer.plan.recent, length))
         for name in (*self.counters, "dropped_votes"):  # device tensors: no host sync per step
-            layer.meta[name] = torch.zeros((), device=layer.device)
+            layer.scalars[name] = torch.zeros((), device=layer.device)
         logits = window_logits(query, layer.keys, window, scaling, layer.softcap)  # [b, h, g, w, L]
         log_s = torch.logsumexp(logits, dim=2) - math.log(logits.shape[2])  # group mean of exp(logit)
         self.scores.init(layer, log_s)
@@ -253,10 +240,10 @@ class KeepKV(ScoreEvict):
         )
         slots = partner if in_place else members
         state = self.scores.merged(layer, out.log_score, log_votes, target, groups, slots=members)
-        layer.meta["merges"] += merge.sum()
-        layer.meta["evictions"] += (~merge).sum()
-        layer.meta["zip_fallbacks"] += out.fallback.sum()
-        layer.meta["dropped_votes"] += (log_weight.gather(2, evicted).exp() * ~merge).sum()
+        layer.scalars["merges"] += merge.sum()
+        layer.scalars["evictions"] += (~merge).sum()
+        layer.scalars["zip_fallbacks"] += out.fallback.sum()
+        layer.scalars["dropped_votes"] += (log_weight.gather(2, evicted).exp() * ~merge).sum()
         layer.store.replace(
             slots, keys=out.keys, values=out.values, log_weight=out.log_votes, **{self.scores.state: state}
         )

@@ -1,8 +1,8 @@
 """The compressed KV cache: a ``transformers.Cache`` whose layers hold only the kept slots.
 
-Every method stores its state in :class:`~methods.layer.CompressedLayer` objects, one per decoder
-layer (slot storage and physical eviction: ``methods.layer``). The cache is handed to the
-registered attention function (``methods.attention``) on every forward call; that function runs
+Every method stores its state in :class:`~methods.seam.layer.CompressedLayer` objects, one per decoder
+layer (slot storage and physical eviction: ``methods.seam.layer``). The cache is handed to the
+registered attention function (``methods.seam.attention``) on every forward call; that function runs
 attention over the slots and lets the method compress the layer right after it (docs/design.md,
 "The cache seam"; ZSMerge Algorithm 1 order: append, attend, update scores, evict/merge).
 """
@@ -14,20 +14,20 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.cache_utils import Cache
 
-from methods.architecture import LayerSpec, layer_specs
-from methods.layer import CompressedLayer
-from methods.sliding import SlidingWindow, sliding_bound
+from methods.seam.architecture import LayerSpec, layer_specs
+from methods.seam.layer import CompressedLayer
+from methods.seam.sliding import SlidingWindow, sliding_bound
 
 if TYPE_CHECKING:
-    from methods.base import CompressionMethod
+    from methods.seam.contract import CompressionMethod
 
 
 class CompressedCache(Cache):
     """A ``transformers.Cache`` of :class:`CompressedLayer` for one batch of prompts.
 
     Full-attention layers follow ``method``; sliding-window layers follow
-    :class:`~methods.sliding.SlidingWindow` with ``min(budget, window - 1)`` slots (the rule of
-    ``methods.sliding``). Each layer's tensors live on the device of the keys it first receives,
+    :class:`~methods.seam.sliding.SlidingWindow` with ``min(budget, window - 1)`` slots (the rule of
+    ``methods.seam.sliding``). Each layer's tensors live on the device of the keys it first receives,
     so a model sharded over several devices (``device_map``) keeps every layer's cache on that
     layer's device.
 
@@ -36,11 +36,11 @@ class CompressedCache(Cache):
     method : CompressionMethod
         The rules (scoring, eviction, merging) applied to every full-attention layer.
     budget : int | None
-        Slots per (layer, KV head), already resolved for this sample (``methods.budget``);
+        Slots per (layer, KV head), already resolved for this sample (``methods.seam.budget``);
         None disables compression.
     specs : list[LayerSpec] | int
-        One :class:`~methods.architecture.LayerSpec` per decoder layer
-        (:func:`~methods.architecture.layer_specs`), or a layer count for plain full-attention
+        One :class:`~methods.seam.architecture.LayerSpec` per decoder layer
+        (:func:`~methods.seam.architecture.layer_specs`), or a layer count for plain full-attention
         layers without RoPE information.
     max_tokens : int | None
         Tokens the run will append at most (prompt + new tokens - 1), when known: caps every
@@ -75,7 +75,7 @@ class CompressedCache(Cache):
         budget: int | None,
         max_tokens: int | None = None,
     ) -> CompressedCache:
-        """A cache for ``model``'s layers (:func:`~methods.architecture.layer_specs`); ``max_tokens``
+        """A cache for ``model``'s layers (:func:`~methods.seam.architecture.layer_specs`); ``max_tokens``
         as in the class docstring.
 
         Raises
@@ -104,9 +104,8 @@ class CompressedCache(Cache):
 
     def counters(self) -> dict[str, int]:
         """The method's event counters (``method.counters``, e.g. merges, fallbacks) summed over layers."""
-        return {
-            name: int(sum(layer.meta.get(name, 0) for layer in self.layers)) for name in self.method.counters
-        }
+        names = self.method.counters
+        return {name: int(sum(layer.scalars.get(name, 0) for layer in self.layers)) for name in names}
 
     def bytes_per_token(self) -> int:
         """Key+value bytes one token occupies over all layers (batch included)."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.layer import CompressedLayer, gather_slots
-from methods.zip_merge import group_logsumexp
+from methods.keepkv.zip_merge import group_logsumexp
+from methods.seam.layer import CompressedLayer, gather_slots
 
 NEG_INF = float("-inf")
 
@@ -30,13 +30,14 @@ class EMAEstimator:
     alpha: float | None = None
     state: str = "log_ema"
 
-    def decay(self, layer: CompressedLayer) -> float:
-        """``alpha`` of this layer's window ``w`` (``layer.meta["window"]``)."""
-        return self.alpha if self.alpha is not None else 1.0 - 2.0 / (layer.meta["window"] + 1)
+    def decay(self, window: int) -> float:
+        """``alpha`` for a window of ``window`` prompt queries."""
+        return self.alpha if self.alpha is not None else 1.0 - 2.0 / (window + 1)
 
     def init(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """``ln S`` from the last ``w`` prompt queries' ``ln s`` ``[batch, kv_heads, w, prompt]``."""
-        alpha, window = self.decay(layer), log_s.shape[-2]
+        window = log_s.shape[-2]
+        alpha = self.decay(window)
         age = torch.arange(window - 1, -1, -1, device=log_s.device, dtype=torch.float32)
         log_coef = math.log(1 - alpha) + torch.where(
             age > 0, age * (math.log(alpha) if alpha > 0 else NEG_INF), torch.zeros_like(age)
@@ -48,21 +49,21 @@ class EMAEstimator:
         def const(x: float) -> torch.Tensor:
             return torch.tensor(x, dtype=torch.float64, device=log_s.device)
 
-        layer.meta["ema_alpha"] = const(alpha)
-        layer.meta["ema_log_alpha"] = const(math.log(alpha) if alpha > 0 else NEG_INF)
-        layer.meta["ema_log_1m_alpha"] = const(math.log(1 - alpha))
-        layer.meta["ema_terms"] = const(float(window))
+        layer.scalars["ema_alpha"] = const(alpha)
+        layer.scalars["ema_log_alpha"] = const(math.log(alpha) if alpha > 0 else NEG_INF)
+        layer.scalars["ema_log_1m_alpha"] = const(math.log(1 - alpha))
+        layer.scalars["ema_terms"] = const(float(window))
 
     def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """``S <- alpha S + (1 - alpha) s`` with this step's ``ln s`` ``[batch, kv_heads, slots]``."""
-        old = layer.state[self.state] + layer.meta["ema_log_alpha"]
-        layer.store.write(self.state, torch.logaddexp(old, layer.meta["ema_log_1m_alpha"] + log_s))
-        layer.meta["ema_terms"] += 1
+        old = layer.state[self.state] + layer.scalars["ema_log_alpha"]
+        layer.store.write(self.state, torch.logaddexp(old, layer.scalars["ema_log_1m_alpha"] + log_s))
+        layer.scalars["ema_terms"] += 1
 
     def correction(self, layer: CompressedLayer) -> torch.Tensor:
         """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms; 0 for
         ``alpha = 0``)."""
-        return -torch.log1p(-torch.pow(layer.meta["ema_alpha"], layer.meta["ema_terms"]))
+        return -torch.log1p(-torch.pow(layer.scalars["ema_alpha"], layer.scalars["ema_terms"]))
 
     def select(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""

@@ -4,14 +4,15 @@ H2O, SnapKV, StreamingLLM, LESS's sparse policies and KeepKV's selection are eac
 and a protected set on top of this class:
 
 - **Protected**: the first ``first`` tokens (attention sinks) and the ``recent`` most recent
-  tokens (recent / observation window) under a bound of ``bound`` slots (:meth:`ScoreEvict.protected`).
+  tokens (recent / observation window) under a bound of ``bound`` slots (:meth:`ScoreEvict.protected`,
+  kept in the layer's plan: ``layer.plan.first``, ``layer.plan.recent``).
 - **Scores**: ``[batch, kv_heads, slots]`` per-slot scores in the state field ``scores``
   (:meth:`ScoreEvict.prefill_scores` at prefill, :meth:`ScoreEvict.step_scores` after each decode
   step); a method without a ``scores`` field ranks by position (oldest first).
-- **Prefill**: over the bound, keep the protected tokens and the ``bound - first - recent`` highest
-  scores between them (:func:`methods.scoring.keep_index`).
-- **Decode step**: over the bound (one slot over, right after the append), evict the lowest-scored
-  unprotected token (:func:`methods.scoring.lowest_score`): one ``[batch, kv_heads]`` victim, the
+- **Prefill**: over ``layer.plan.keep``, keep the protected tokens and the ``keep - first - recent``
+  highest scores between them (:func:`methods.seam.scoring.keep_index`).
+- **Decode step**: over ``layer.plan.bound`` (one slot over, right after the append), evict the lowest-scored
+  unprotected token (:func:`methods.seam.scoring.lowest_score`): one ``[batch, kv_heads]`` victim, the
   same shapes at every step, no host synchronisation.
 
 :meth:`ScoreEvict.prefill_keep` and :meth:`ScoreEvict.decode_victim` return the selection without
@@ -21,14 +22,15 @@ merges it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from methods.base import CompressionMethod
-from methods.layer import CompressedLayer
-from methods.scoring import keep_index, lowest_score
+from methods.seam.contract import CompressionMethod
+from methods.seam.layer import CompressedLayer
+from methods.seam.plan import LayerPlan
+from methods.seam.scoring import keep_index, lowest_score
 
 
 @dataclass
@@ -41,7 +43,7 @@ class ScoreEvict(CompressionMethod):
     state_fill: ClassVar[dict[str, float]] = {"scores": 0.0}
     uses_log_weight: ClassVar[bool] = False
 
-    def protected(self, layer: CompressedLayer, bound: int) -> tuple[int, int]:
+    def protected(self, bound: int) -> tuple[int, int]:
         """``(first, recent)``: tokens always kept under ``bound`` slots (default: none)."""
         return 0, 0
 
@@ -59,21 +61,14 @@ class ScoreEvict(CompressionMethod):
         (see ``CompressionMethod.decode_input``), or None (unchanged)."""
         return None
 
-    def prefill_bound(self, layer: CompressedLayer) -> int | None:
-        """Slots the prompt is compressed to: the method's bound, or the layer budget for a
-        prompt-only method (SnapKV: decoding then grows the layer)."""
-        bound = self.slot_bound(layer)
-        return layer.budget if bound is None else bound
-
-    def plan(self, layer: CompressedLayer) -> tuple[int | None, int, int]:
-        """``(bound, first, recent)`` of the layer, computed once per sample and kept in
-        ``layer.meta["plan"]``: decode steps do no budget arithmetic (static, host-free steps)."""
-        plan = layer.meta.get("plan")
-        if plan is None:
-            bound = self.slot_bound(layer)
-            first, recent = (0, 0) if bound is None else self.protected(layer, bound)
-            plan = layer.meta["plan"] = (bound, first, recent)
-        return plan
+    def plan(self, layer: CompressedLayer) -> LayerPlan:
+        """The contract's plan (``CompressionMethod.plan``) with the protected tokens of
+        :meth:`protected` under the prefill bound ``keep``."""
+        plan = super().plan(layer)
+        if plan.keep is None:
+            return plan
+        first, recent = self.protected(plan.keep)
+        return replace(plan, first=first, recent=recent)
 
     def ranking(self, layer: CompressedLayer) -> torch.Tensor:
         """What eviction ranks by: the ``scores`` field, or the positions (oldest evicted first)."""
@@ -88,11 +83,10 @@ class ScoreEvict(CompressionMethod):
         scores = self.prefill_scores(layer, query, scaling)
         if scores is not None:
             layer.store.write("scores", scores)
-        bound = self.prefill_bound(layer)
-        if bound is None or layer.n_slots <= bound:
+        plan = layer.plan
+        if plan.keep is None or layer.n_slots <= plan.keep:
             return None
-        first, recent = self.protected(layer, bound)
-        return keep_index(self.ranking(layer), first, bound - first - recent, recent)
+        return keep_index(self.ranking(layer), plan.first, plan.keep - plan.first - plan.recent, plan.recent)
 
     def decode_victim(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:
         """Update the scores; the slot to evict per head ``[batch, kv_heads]``, or None under the bound.
@@ -102,11 +96,11 @@ class ScoreEvict(CompressionMethod):
         scores = self.step_scores(layer, probs)
         if scores is not None:
             layer.store.write("scores", scores)
-        bound, first, recent = self.plan(layer)
-        if bound is None or layer.n_slots <= bound:
+        plan = layer.plan
+        if plan.bound is None or layer.n_slots <= plan.bound:
             return None
         pos = layer.positions
-        candidates = (pos >= first) & (pos <= layer.seen_tokens - 1 - recent)
+        candidates = (pos >= plan.first) & (pos <= layer.seen_tokens - 1 - plan.recent)
         return lowest_score(self.ranking(layer), candidates)
 
     # ------------------------------------------------------------------ hooks

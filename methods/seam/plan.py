@@ -1,0 +1,40 @@
+"""The per-layer plan (:class:`LayerPlan`): a method's budget arithmetic for one layer and one sample,
+done once, when the prompt arrives.
+
+The seam asks the layer's rule for it (``CompressionMethod.plan``) right after the prompt is appended
+and keeps it as ``layer.plan``; the layer sizes its buffers from ``plan.bound`` and the method reads
+it at prefill and at every decode step, so decode steps do no budget arithmetic (static, host-free
+steps) and nothing calls back into the method to size a buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What a method decided for one layer and one sample.
+
+    Attributes
+    ----------
+    bound : int | None
+        Slots per KV head the layer holds between decode steps; its buffers hold ``bound + 1``
+        (the slot a decode step appends before evicting). None: decoding may grow the layer
+        (FullKV, prompt-only methods).
+    keep : int | None
+        Slots the prompt is compressed to at prefill: ``bound``, or the budget for a prompt-only
+        method (SnapKV, KVMerger). None: the prompt is kept whole.
+    first, recent : int
+        Protected tokens under ``keep``: the first ``first`` tokens (attention sinks) and the
+        ``recent`` most recent ones (recent / observation window).
+    split : tuple[int, ...]
+        The method's own division of ``bound`` (ZSMerge: ``(B_p, B_c, B_r)`` of Eq. 3); empty if
+        it has none.
+    """
+
+    bound: int | None = None
+    keep: int | None = None
+    first: int = 0
+    recent: int = 0
+    split: tuple[int, ...] = ()
