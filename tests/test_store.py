@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from methods import H2O, CompressedLayer, SlotStore
+from methods import H2O, CompressedLayer, SlotStore, SnapKV, StreamingLLM
+from methods.seam.dispatch import decode_attention
 from methods.seam.store import gather_slots
+from runners.generate import greedy_generate
 
 
 def filled(n: int = 6, cap: int = 8) -> tuple[SlotStore, dict[str, torch.Tensor]]:
@@ -111,3 +114,52 @@ def test_the_layer_views_are_read_only():
         layer.state["scores"] = torch.zeros(1, 1, 6)
     with pytest.raises(AttributeError):
         layer.keys = torch.zeros(1, 1, 6, 4)
+
+
+def test_each_layer_is_planned_once_per_sample_and_sized_from_its_plan(tiny_model, monkeypatch):
+    """The plan is made once per layer and sample when the prompt arrives; buffers follow it
+    (no call back into the method while sizing) and decode steps evict down to it."""
+    calls = []
+    plan = H2O.plan
+    monkeypatch.setattr(H2O, "plan", lambda self, layer: calls.append(layer.layer_idx) or plan(self, layer))
+    ids = torch.randint(3, 128, (1, 30), generator=torch.Generator().manual_seed(0))
+    method, budget = H2O(state_rank=2), 12
+    capacities = set()
+
+    def check(cache) -> None:
+        capacities.update(layer.store.capacity - layer.plan.bound for layer in cache.layers)
+
+    res = greedy_generate(tiny_model, ids, method, budget, 6, set(), check)
+    assert sorted(calls) == [0, 1] and len(res.tokens) == 6 and capacities == {1}
+    layer = CompressedLayer(method, budget)
+    layer.update(torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16))
+    bound = layer.plan.bound
+    assert bound > budget and layer.plan.recent == method.split(bound)[1]  # Baseline+ extra slots
+    method.prefill(layer, torch.randn(1, 6, 30, 16), 0.25)
+    assert layer.n_slots == bound and layer.store.capacity == bound + 1
+
+
+def test_the_dispatch_follows_what_the_method_declares():
+    """``decode_input = "none"`` without bias: fused SDPA and nothing returned; a ``score_decay``:
+    the scores updated in place and ``probs=None``; else the group-mean probabilities."""
+    gen = torch.Generator().manual_seed(3)
+    keys, values = torch.randn(1, 2, 9, 8, generator=gen), torch.randn(1, 2, 9, 8, generator=gen)
+    query = torch.randn(1, 4, 1, 8, generator=gen)
+    outs = []
+    for method in (StreamingLLM(), H2O(), SnapKV(decode_budget=True)):
+        layer = CompressedLayer(method, 20)
+        layer.update(keys, values)
+        if "scores" in layer.store:
+            layer.store.write("scores", torch.ones(1, 2, 9))
+        out, probs = decode_attention(layer, query, 0.5)
+        outs.append(out)
+        if isinstance(method, StreamingLLM):
+            assert probs is None
+        elif isinstance(method, H2O):
+            total = layer.state["scores"].sum(-1)  # 9 ones + this step's probabilities
+            assert probs is None and torch.allclose(total, torch.full((1, 2), 10.0))
+        else:
+            assert probs.shape == (1, 2, 9) and torch.allclose(probs.sum(-1), torch.ones(1, 2))
+    sdpa = F.scaled_dot_product_attention(query, keys, values, scale=0.5, enable_gqa=True)
+    for out in outs:
+        torch.testing.assert_close(out, sdpa)
