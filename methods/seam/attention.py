@@ -100,11 +100,11 @@ def kvbench_attention(
 
 
 def _check_layer(layer, softcap: float | None, sliding_window: int | None) -> None:
-    if (softcap or None) != layer.softcap or (sliding_window or None) != layer.window:
+    if (softcap or None) != layer.softcap or (sliding_window or None) != layer.spec.window:
         raise RuntimeError(
             f"layer {layer.layer_idx}: the model attends with softcap={softcap}, "
             f"sliding_window={sliding_window}, but its config gave softcap={layer.softcap}, "
-            f"window={layer.window}"
+            f"window={layer.spec.window}"
         )
 
 

@@ -30,6 +30,10 @@ __all__ = ["CompressedLayer", "gather_slots", "slot_index"]
 class CompressedLayer(CacheLayerMixin):
     """KV state of one decoder layer.
 
+    The attributes below are what a method uses (docs/extending.md); with ``n_slots`` and
+    ``device`` they are all it needs. The rest (``update``, ``prefilled``, the byte counts,
+    transformers' cache-layer API) belongs to the seam.
+
     Attributes
     ----------
     store : SlotStore
@@ -70,10 +74,13 @@ class CompressedLayer(CacheLayerMixin):
     layer_idx, num_layers : int
         This layer's index and the model's number of decoder layers (per-layer budget schedules).
     method : CompressionMethod
-        The layer's rule: the run's method, or the sliding-window rule on a sliding layer.
+        The layer's rule (the seam's): the run's method, or the sliding-window rule on a sliding
+        layer.
 
     Parameters
     ----------
+    method, budget, spec, layer_idx, num_layers
+        As the attributes.
     max_tokens : int | None
         Tokens the run will append at most (prompt + new tokens - 1), when known: no buffer is
         ever larger (a budget above the prompt allocates nothing it cannot use).
@@ -185,11 +192,6 @@ class CompressedLayer(CacheLayerMixin):
         return self.store.n
 
     @property
-    def window(self) -> int | None:
-        """The layer's sliding window (tokens a query attends to, itself included), or None."""
-        return self.spec.window
-
-    @property
     def softcap(self) -> float | None:
         """The attention-logit soft-cap of the layer (Gemma-2), or None."""
         return self.spec.softcap
@@ -197,7 +199,8 @@ class CompressedLayer(CacheLayerMixin):
     def fullkv_tokens(self) -> int:
         """Tokens the model's own (uncompressed) cache would hold now: all seen tokens, or on a
         sliding layer the last ``window - 1`` (transformers' ``DynamicSlidingWindowLayer``)."""
-        return self.seen_tokens if self.window is None else min(self.seen_tokens, self.window - 1)
+        window = self.spec.window
+        return self.seen_tokens if window is None else min(self.seen_tokens, window - 1)
 
     def real_slots(self) -> float:
         """Mean over heads of the slots that can be attended (``log_weight > -inf``; padding excluded)."""

@@ -107,7 +107,7 @@ def prefill_step(
     """
     out = None
     if key is not None and value is not None:
-        out = prefill_attention(query, key, value, scaling, layer.window, layer.softcap)
+        out = prefill_attention(query, key, value, scaling, layer.spec.window, layer.softcap)
     layer.method.prefill(layer, query, scaling)
     layer.prefilled = True
     return out
