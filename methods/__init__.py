@@ -1,4 +1,4 @@
-"""KV-cache compression methods behind one cache seam.
+"""KV-cache compression methods behind one cache seam (``methods.seam``), one entry per method.
 
 ``METHOD_REGISTRY`` maps the command-line name to the class; importing this package registers the
 ``"kvbench"`` attention implementation with transformers.
@@ -15,6 +15,7 @@ from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
 from methods.seam.evict import ScoreEvict
 from methods.seam.layer import CompressedLayer
+from methods.seam.plan import LayerPlan
 from methods.seam.store import SlotStore
 from methods.snapkv import SnapKV
 from methods.streamingllm import StreamingLLM
@@ -34,6 +35,7 @@ __all__ = [
     "FullKV",
     "KVMerger",
     "KeepKV",
+    "LayerPlan",
     "ScoreEvict",
     "SlotStore",
     "SnapKV",
