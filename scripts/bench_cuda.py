@@ -1,4 +1,4 @@
-"""GPU targets of the compiled decode step (issue 18), on a model of any shape with random weights
+"""GPU targets of the compiled decode step, on a model of any shape with random weights
 (timings do not depend on weight values), printed and optionally saved as JSON.
 
 (a) Our FullKV decode step (``backend=compiled``) vs transformers' own ``generate`` with a static

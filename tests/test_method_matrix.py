@@ -105,7 +105,7 @@ def slot_bytes(layer) -> int:
 @pytest.mark.parametrize("budget", [10, 40, 4096])
 @pytest.mark.parametrize("preset", preset_names())
 def test_allocated_memory_never_exceeds_the_bound_plus_one_slot(tiny_model, preset, budget):
-    """Issue 17: buffers hold at most ``min(slot_bound, prompt + new)`` + the appended slot, for every
+    """Buffers hold at most ``min(slot_bound, prompt + new)`` + the appended slot, for every
     method and preset, at every step; a budget far above the prompt allocates nothing it cannot use."""
     method = build_preset(preset)
     budget = budget if method.budget_applies else None
