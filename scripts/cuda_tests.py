@@ -27,8 +27,6 @@ import os
 import pytest
 import torch
 
-from runners.generate import ModelRun
-
 DEVICE = torch.device(os.environ.get("KVBENCH_TEST_DEVICE", "cuda"))
 RANDOM_WEIGHTS = os.environ.get("KVBENCH_RANDOM_WEIGHTS")
 
@@ -41,7 +39,10 @@ def _on_device(model: torch.nn.Module) -> None:
 
 def _patch_model_run() -> None:
     """``ModelRun`` moves its model before building the cache (the compiled step's mode and the
-    cache's buffers follow the model's device) and the token ids of every call."""
+    cache's buffers follow the model's device) and the token ids of every call. Imported here, after
+    the tests' conftest (which sets ``TRITON_INTERPRET`` on a machine without CUDA)."""
+    from runners.generate import ModelRun
+
     init, prefill, step = ModelRun.__init__, ModelRun.prefill, ModelRun.step
 
     def moved_init(self, model, *args, **kwargs):

@@ -16,7 +16,7 @@ Steps (each in its own process, its failure recorded in the table and the next o
 3. ``scripts/bench_overhead.py --device cuda --backend compiled`` on random weights of SmolLM2-135M's
    configuration (``--overhead-layers`` layers): every method's decode step vs FullKV's.
 
-Packages the GPU image lacks (omegaconf, hydra-core, antlr4) come as wheels in ``.whl/``
+Packages the GPU image lacks (omegaconf, hydra-core, antlr4, platformdirs) come as wheels in ``.whl/``
 (``scripts/gpu_wheels.sh`` fills it where pip reaches PyPI) and are installed into a temporary
 folder, never over torch. Writes ``summary.md`` (the table), ``summary.json``, ``steps.log`` (every
 step's output) and the benchmarks' JSON into ``--out``. Exit status: 0 when every check and target
@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,16 +52,16 @@ SMOLLM2 = {
     "tie_word_embeddings": True, "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2,
     "pad_token_id": 2, "dtype": "float32",
 }  # fmt: skip
-PROBE = """import json, platform, importlib.util as u
+PROBE = """import json, platform
 info = {"python": platform.python_version()}
-for name in ("torch", "triton", "transformers", "omegaconf", "hydra", "xdist"):
-    spec = u.find_spec(name)
-    info[name] = None
-    if spec is not None:
-        try:
-            info[name] = getattr(__import__(name), "__version__", "present")
-        except Exception as err:
-            info[name] = f"broken: {err}"
+for name in ("torch", "triton", "transformers", "omegaconf", "hydra", "platformdirs", "xdist"):
+    try:
+        info[name] = getattr(__import__(name), "__version__", "present")
+    except ImportError:
+        info[name] = None
+    except Exception as err:
+        info[name] = None
+        info[name + " error"] = repr(err)
 import torch
 info["cuda"] = torch.cuda.is_available()
 info["gpu"] = torch.cuda.get_device_name(0) if info["cuda"] else None
@@ -416,6 +417,27 @@ def install_wheels(env: dict, work: Path) -> Row | None:
     return Row("carried wheels (.whl/)", "info", names, "-")
 
 
+def run_steps(
+    group: list[Step], args, work: Path, env: dict, end: float, begin: float, rows: list[Row], log
+) -> None:
+    """Run one group of steps (side by side), add their rows and append their output to ``log``."""
+    for step in group:
+        mode = " (dry run: collect / parse only)" if args.dry_run else ""
+        print(f"[{time.monotonic() - begin:5.0f} s] {step.name}{mode}: {shlex.join(step.argv)}", flush=True)
+    for step, outcome in zip(group, run_group(group, work, env, end, args.dry_run), strict=True):
+        new = dry_rows(step, outcome) if args.dry_run else step.rows(step, outcome)
+        rows += new
+        status = outcome.note or ("timeout" if outcome.returncode is None else f"exit {outcome.returncode}")
+        print(
+            f"[{time.monotonic() - begin:5.0f} s] {step.name}: {status}; "
+            + "; ".join(f"{r.result} {r.value}" for r in new),
+            flush=True,
+        )
+        log.write(f"\n===== {step.name}: {shlex.join(step.argv)}\n===== {status}, {outcome.seconds:.0f} s\n")
+        log.write(outcome.log.read_text(errors="replace") if outcome.log.is_file() else "(no output)\n")
+        log.flush()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (``argv``, default ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(
@@ -432,20 +454,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kvbench-gpu-check-"))
+    try:
+        return check(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def check(args: argparse.Namespace, work: Path) -> int:
+    """Every step, then the table; ``work`` holds the logs, reports and carried packages."""
     begin = time.monotonic()
     end = begin + args.budget
     out_dir = Path(args.out).resolve()
-    work = Path(tempfile.mkdtemp(prefix="kvbench-gpu-check-"))
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     rows: list[Row] = []
-    if not args.dry_run and (wheel_row := install_wheels(env, work)) is not None:
+    if (wheel_row := install_wheels(env, work)) is not None:
         rows.append(wheel_row)
     probe = subprocess.run([PY, "-c", PROBE], capture_output=True, text=True, env=env, cwd=REPO)
     if probe.returncode != 0:
-        print(
-            f"error: cannot import torch: {(probe.stderr.strip().splitlines() or ['?'])[-1]}", file=sys.stderr
-        )
+        last = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+        print(f"error: {PY} cannot import torch: {last}", file=sys.stderr)
         return 2
     info = json.loads(probe.stdout)
     if not info["cuda"] and not args.dry_run:
@@ -457,35 +486,15 @@ def main() -> int:
         return 2
     versions = ", ".join(f"{k} {info[k]}" for k in ("python", "torch", "triton", "transformers"))
     rows.insert(0, Row("device", "info", f"{info['gpu'] or 'no GPU'}; {versions}", "-"))
-    missing = [k for k in ("triton", "omegaconf", "hydra") if not info[k]]
+    missing = [k for k in ("triton", "omegaconf", "hydra", "platformdirs") if not info[k]]
     if missing:
         rows.append(Row("python packages", "FAIL", "missing: " + ", ".join(missing), "scripts/gpu_wheels.sh"))
     plan = steps(args, work, out_dir, info)
     env["KVBENCH_RANDOM_WEIGHTS"] = str(work / "smollm2-2layers.json")
     out_dir.mkdir(parents=True, exist_ok=True)
-    log = (out_dir / "steps.log").open("w")
-    for group in (plan[:3], plan[3:4], plan[4:]):
-        for step in group:
-            mode = " (dry run: collect / parse only)" if args.dry_run else ""
-            print(
-                f"[{time.monotonic() - begin:5.0f} s] {step.name}{mode}: {shlex.join(step.argv)}", flush=True
-            )
-        for step, outcome in zip(group, run_group(group, work, env, end, args.dry_run), strict=True):
-            new = dry_rows(step, outcome) if args.dry_run else step.rows(step, outcome)
-            rows += new
-            status = outcome.note or (
-                "timeout" if outcome.returncode is None else f"exit {outcome.returncode}"
-            )
-            print(
-                f"[{time.monotonic() - begin:5.0f} s] {step.name}: {status}; "
-                + "; ".join(f"{r.result} {r.value}" for r in new),
-                flush=True,
-            )
-            log.write(
-                f"\n===== {step.name}: {shlex.join(step.argv)}\n===== {status}, {outcome.seconds:.0f} s\n"
-            )
-            log.write(outcome.log.read_text(errors="replace") if outcome.log.is_file() else "(no output)\n")
-            log.flush()
+    with (out_dir / "steps.log").open("w") as log:
+        for group in (plan[:3], plan[3:4], plan[4:]):
+            run_steps(group, args, work, env, end, begin, rows, log)
     total = time.monotonic() - begin
     failed = [r for r in rows if r.result not in ("pass", "info", "dry-run")]
     rows.append(Row("total", "FAIL" if failed else "pass", f"{total:.0f} s", "< 600 s"))
