@@ -1,4 +1,4 @@
-"""GPU targets of the compiled decode step (issue 18), on a model of any shape with random weights
+"""GPU targets of the compiled decode step, on a model of any shape with random weights
 (timings do not depend on weight values), printed and optionally saved as JSON.
 
 (a) Our FullKV decode step (``backend=compiled``) vs transformers' own ``generate`` with a static
@@ -12,10 +12,14 @@
     ``--bandwidth`` (the device's peak, GB/s).
 
     python scripts/bench_cuda.py --shape llama2-7b --json results/bench/cuda.json        # on a GPU
+    python scripts/bench_cuda.py --shape llama2-7b --layers 8   # a quarter of the depth, same ratios
     python scripts/bench_cuda.py --shape tiny --device cpu --prompt 64 --new 16 --batch 2 # a dry run
 
 Each figure is the median decode step over the steps after ``--warmup``; CUDA is synchronised
-around every timed step.
+around every timed step. ``--layers`` keeps the first N decoder layers of the shape: every layer
+holds the same weights and KV share, so (a), (c) and (d) change only by the embedding and LM head's
+share, and compilation takes N/32 of the time. The JSON file is rewritten after each figure, so an
+interrupted run keeps the figures it finished.
 """
 
 from __future__ import annotations
@@ -49,11 +53,13 @@ SHAPES = {
 }  # fmt: skip
 
 
-def build_model(shape: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    """A randomly initialised Llama of ``shape`` with the ``kvbench`` attention."""
+def build_model(shape: str, dtype: torch.dtype, device: str, layers: int | None = None) -> torch.nn.Module:
+    """A randomly initialised Llama of ``shape`` (``layers`` decoder layers if given) with the
+    ``kvbench`` attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**SHAPES[shape], attn_implementation="kvbench")
+    fields = SHAPES[shape] | ({"num_hidden_layers": layers} if layers else {})
+    config = LlamaConfig(**fields, attn_implementation="kvbench")
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype)
     return model.eval()
@@ -99,11 +105,13 @@ def transformers_static(model, ids: torch.Tensor, steps: int, warmup: int, devic
     return [(long - short) / steps]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv``, default ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shape", default="llama2-7b", choices=sorted(SHAPES))
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, default=8)
@@ -114,14 +122,28 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.05, help="ZSMerge budget of (c)")
     parser.add_argument("--bandwidth", type=float, default=3350.0, help="device peak GB/s (H100 SXM: 3350)")
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+def save(out: dict, path: str | None) -> None:
+    """Write the figures so far to ``path`` (JSON), if given."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=2))
+
+
+def main() -> None:
+    args = parse_args()
     set_decode_backend("compiled")
-    model = build_model(args.shape, getattr(torch, args.dtype), args.device)
+    model = build_model(args.shape, getattr(torch, args.dtype), args.device, args.layers)
     ids = synthetic_prompts(model.config.vocab_size, args.batch, args.prompt, 0).to(args.device)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     out: dict = {"device": device_info(torch.device(args.device)), "args": vars(args)}
-    print(f"device: {out['device']}; {args.shape} ({args.dtype}), batch {args.batch}, prompt {args.prompt}")
+    layers = model.config.num_hidden_layers
+    print(
+        f"device: {out['device']}; {args.shape} ({args.dtype}, {layers} layers), batch {args.batch}, "
+        f"prompt {args.prompt}"
+    )
 
     full = statistics.median(ours(model, ids, "fullkv", None, args.steps, args.warmup))
     base = statistics.median(transformers_static(model, ids, args.steps, args.warmup, args.device))
@@ -129,6 +151,7 @@ def main() -> None:
                 "ratio": full / base, "target": 1.2}  # fmt: skip
     print(f"(a) FullKV step {1000 * full:.2f} ms vs transformers static+compile {1000 * base:.2f} ms: "
           f"{full / base:.3f}x (target <= 1.2)")  # fmt: skip
+    save(out, args.json)
 
     rates = {}
     for name in ("fullkv", "zsmerge"):
@@ -150,6 +173,7 @@ def main() -> None:
     speedup = rates["zsmerge"] / rates["fullkv"]
     print(f"(c) tokens/s over {args.prompt}+{args.new}: FullKV {rates['fullkv']:.1f}, ZSMerge@{args.budget} "
           f"{rates['zsmerge']:.1f}: {speedup:.2f}x (ZSMerge Table 1: 1.47x)")  # fmt: skip
+    save(out, args.json)
 
     achieved = (weight_bytes + kv_bytes / 2) / step_s / 1e9  # mean KV over the run: half the final
     out["d"] = {"weight_bytes": weight_bytes, "final_kv_bytes": kv_bytes,
@@ -158,10 +182,8 @@ def main() -> None:
     moved, share = (weight_bytes + kv_bytes / 2) / 1e9, 100 * achieved / args.bandwidth
     print(f"(d) FullKV step moves {moved:.2f} GB in {1000 * step_s:.2f} ms: "
           f"{achieved:.0f} GB/s of {args.bandwidth:.0f} ({share:.0f}%)")  # fmt: skip
+    save(out, args.json)
     print("(b) run: python scripts/bench_overhead.py --device cuda --backend compiled")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Decode-path benchmark of every method against FullKV (issue 7 and 18 targets), printed side by side.
+"""Decode-path benchmark of every method against FullKV (overhead and throughput targets), side by side.
 
 1. Overhead ratio: the median decode-step time of a method holding ``--slots`` B slots (a prompt of
    ``--prompt-factor`` x B tokens compressed to B), divided by FullKV's decode-step time at a context
@@ -17,6 +17,9 @@ LESS runs with untrained random kernels (its cost does not depend on their value
     python scripts/bench_overhead.py --backend compiled   # the same with compiled decode steps
     python scripts/bench_overhead.py --device cuda --json results/bench/overhead.json
     python scripts/bench_overhead.py --device cuda --random-weights path/to/config.json   # no weights
+
+The JSON file (``--json``) is rewritten after each method, so an interrupted run keeps the rows it
+finished.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ FAMILY = {
     "keepkv": "merging",
     "less": "learned state",
 }
-TARGET = {"eviction": 1.10, "merging": 1.25, "learned state": 1.5}  # issue 18: LESS <= 1.5x
+TARGET = {"eviction": 1.10, "merging": 1.25, "learned state": 1.5}  # max method / FullKV step time
 
 
 def build(name: str) -> CompressionMethod:
@@ -86,7 +89,8 @@ def interleaved(model, runs: list[tuple[CompressionMethod, int, int | None]], ar
     return [statistics.median(t) for t in times]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv``, default ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -112,8 +116,18 @@ def main() -> None:
         help="a randomly initialised model of this transformers config.json instead of the model's weights "
         "(timings do not depend on weight values; for machines without the weights)",
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+def save(out: dict, path: str | None) -> None:
+    """Write the figures so far to ``path`` (JSON), if given."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=2))
+
+
+def main() -> None:
+    args = parse_args()
     root = Path(__file__).resolve().parent.parent
     model_cfg = OmegaConf.load(root / "configs" / "model" / f"{args.model}.yaml")
     if args.dtype:
@@ -152,6 +166,7 @@ def main() -> None:
             out["overhead"][name] = {
                 "step_ms": ms, "fullkv_step_ms": full_ms, "ratio": ratio, "target": target, "family": family
             }  # fmt: skip
+            save(out, args.json)
 
     if args.skip != "throughput":
         print(f"\n2. decode tokens/s at budget {args.budget} of the prompt vs FullKV at {prompts[-1]} tokens")
@@ -171,9 +186,8 @@ def main() -> None:
                 "speedup": speedup,
                 "flat": flat,
             }
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2))
+            save(out, args.json)
+    save(out, args.json)
 
 
 if __name__ == "__main__":

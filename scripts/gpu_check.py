@@ -1,0 +1,512 @@
+"""One GPU acceptance command: the CUDA checks and the GPU benchmarks, ending with one summary table.
+
+    bash scripts/gpu_check.sh                     # on a CUDA machine; about 10 minutes at most
+    bash scripts/gpu_check.sh --out DIR --budget 540
+    bash scripts/gpu_check.sh --dry-run           # any machine: list the steps, parse their command lines
+
+Steps (each in its own process, its failure recorded in the table and the next one run):
+
+1. checks, run side by side (``scripts/cuda_tests.py`` puts the tests' models and prompts on CUDA):
+   the Triton decode kernel against the PyTorch path (``tests/test_kernels.py``), the slot bound
+   at every step on CUDA (``tests/test_method_matrix.py``, budget and allocated-memory tests) and
+   compiled steps with CUDA graphs giving eager's tokens (``tests/test_compiled.py``, on random
+   weights of the embedded model's configuration: the weights are not on a GPU machine);
+2. ``scripts/bench_cuda.py`` (Llama-2-7B shape, ``--cuda-layers`` of its layers): compiled FullKV vs
+   transformers' static cache compiled, ZSMerge tokens/s vs FullKV, achieved bandwidth;
+3. ``scripts/bench_overhead.py --device cuda --backend compiled`` on random weights of SmolLM2-135M's
+   configuration (``--overhead-layers`` layers): every method's decode step vs FullKV's.
+
+Packages the GPU image lacks (omegaconf, hydra-core, antlr4, platformdirs) come as wheels in ``.whl/``
+(``scripts/gpu_wheels.sh`` fills it where pip reaches PyPI) and are installed into a temporary
+folder, never over torch. Writes ``summary.md`` (the table), ``summary.json``, ``steps.log`` (every
+step's output) and the benchmarks' JSON into ``--out``. Exit status: 0 when every check and target
+passes, 1 otherwise, 2 (one ``error:`` line) without a CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+#: SmolLM2-135M-Instruct's configuration (the embedded model), for random weights of its shape.
+SMOLLM2 = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+    "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+    "num_key_value_heads": 3, "head_dim": 64, "hidden_act": "silu", "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
+    "tie_word_embeddings": True, "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2,
+    "pad_token_id": 2, "dtype": "float32",
+}  # fmt: skip
+PROBE = """import json, platform
+info = {"python": platform.python_version()}
+for name in ("torch", "triton", "transformers", "omegaconf", "hydra", "platformdirs", "xdist"):
+    try:
+        info[name] = getattr(__import__(name), "__version__", "present")
+    except ImportError:
+        info[name] = None
+    except Exception as err:
+        info[name] = None
+        info[name + " error"] = repr(err)
+import torch
+info["cuda"] = torch.cuda.is_available()
+info["gpu"] = torch.cuda.get_device_name(0) if info["cuda"] else None
+print(json.dumps(info))
+"""
+
+
+@dataclass
+class Row:
+    """One line of the summary table."""
+
+    check: str
+    result: str  # pass, FAIL, error, timeout, skipped, info, dry-run
+    value: str
+    target: str
+
+
+@dataclass
+class Outcome:
+    """How a step's process ended."""
+
+    returncode: int | None  # None: killed at its time limit, or never started
+    seconds: float
+    log: Path
+    note: str = ""
+
+
+@dataclass
+class Step:
+    """A command, the time it may take and how its outcome becomes table rows."""
+
+    name: str
+    title: str
+    argv: list[str]
+    max_seconds: float
+    reserve: float  # seconds kept for the steps after it
+    rows: Callable[[Step, Outcome], list[Row]]
+    dry_run: list[str]  # the command that checks this step's command line without running it
+
+
+def pytest_step(name: str, title: str, tests: list[str], work: Path, extra: list[str], **kw) -> Step:
+    """A pytest run on CUDA (``scripts/cuda_tests.py``) whose counts come from its JUnit XML."""
+    xml = work / f"{name}.xml"
+    base = [PY, "-m", "pytest", "-p", "scripts.cuda_tests", "-p", "no:cacheprovider", *tests, *extra]
+    return Step(
+        name,
+        title,
+        [*base, "-v", "-rfE", f"--junitxml={xml}"],
+        rows=lambda step, out: pytest_rows(title, xml, out),
+        dry_run=[*base, "--collect-only", "-q"],
+        **kw,
+    )
+
+
+def pytest_rows(title: str, xml: Path, out: Outcome) -> list[Row]:
+    log = out.log.read_text(errors="replace") if out.log.is_file() else ""
+    if xml.is_file():
+        suite = ET.parse(xml).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+        passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    else:  # killed before pytest wrote its report: count the verbose lines
+        count = {s: len(re.findall(rf"\b{s}\b", log)) for s in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
+        passed, n = count["PASSED"], {"failures": count["FAILED"], "errors": count["ERROR"], "skipped": 0}
+        n["skipped"] = count["SKIPPED"]
+    value = f"{passed} passed, {n['failures']} failed, {n['errors']} errors"
+    value += f", {n['skipped']} skipped" if n["skipped"] else ""
+    value += f"; {out.seconds:.0f} s"
+    ok = out.returncode == 0 and passed > 0 and not n["skipped"]
+    return [Row(title, verdict(out, ok), value, "all pass, none skipped")]
+
+
+def verdict(out: Outcome, ok: bool) -> str:
+    if out.returncode is None:
+        return "skipped" if out.note else "timeout"
+    return "pass" if ok else "FAIL"
+
+
+def load_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def bench_cuda_rows(path: Path, args) -> Callable[[Step, Outcome], list[Row]]:
+    def rows(step: Step, out: Outcome) -> list[Row]:
+        data = load_json(path)
+        missing = verdict(out, False) if out.returncode is None else "error"
+        layers = f"Llama-2-7B shape, {args.cuda_layers} layers, batch 8"
+        result = []
+        if (a := data.get("a")) is not None:
+            value = (
+                f"{a['ratio']:.3f}x ({a['ours_fullkv_ms']:.2f} vs {a['transformers_static_compiled_ms']:.2f}"
+                " ms/step)"
+            )
+            result.append(
+                Row(
+                    f"(a) compiled FullKV step vs transformers static+compile ({layers})",
+                    "pass" if a["ratio"] <= a["target"] else "FAIL",
+                    value,
+                    "<= 1.2x",
+                )
+            )
+        else:
+            result.append(
+                Row("(a) compiled FullKV step vs transformers static+compile", missing, "-", "<= 1.2x")
+            )
+        if (c := data.get("c")) is not None:
+            rate = c["tokens_per_s"]
+            value = f"{c['speedup']:.2f}x ({rate['zsmerge']:.0f} vs {rate['fullkv']:.0f} tokens/s)"
+            result.append(
+                Row(
+                    "(c) ZSMerge at 5% vs FullKV tokens/s, 2048 + 2048 tokens",
+                    "pass" if c["speedup"] >= c["paper"] else "FAIL",
+                    value,
+                    ">= 1.47x (ZSMerge Table 1)",
+                )
+            )
+        else:
+            result.append(
+                Row("(c) ZSMerge at 5% vs FullKV tokens/s", missing, "-", ">= 1.47x (ZSMerge Table 1)")
+            )
+        if (d := data.get("d")) is not None:
+            share = 100 * d["achieved_gb_s"] / d["peak_gb_s"]
+            value = f"{d['achieved_gb_s']:.0f} GB/s ({share:.0f}% of peak), {d['step_ms']:.2f} ms/step"
+            result.append(
+                Row(
+                    "(d) achieved bandwidth of a FullKV step",
+                    "info",
+                    value,
+                    f"peak {d['peak_gb_s']:.0f} GB/s",
+                )
+            )
+        else:
+            result.append(Row("(d) achieved bandwidth of a FullKV step", missing, "-", "report"))
+        return result
+
+    return rows
+
+
+def overhead_rows(path: Path, methods: list[str], layers: int) -> Callable[[Step, Outcome], list[Row]]:
+    def rows(step: Step, out: Outcome) -> list[Row]:
+        done = load_json(path).get("overhead", {})
+        missing = verdict(out, False) if out.returncode is None else "error"
+        result = []
+        for name in methods:
+            title = f"{name} decode step / FullKV's (compiled, SmolLM2 {layers} layers, B=512)"
+            if (r := done.get(name)) is None:
+                result.append(Row(title, missing, "-", "-"))
+                continue
+            target = r["target"]
+            ok = target is None or r["ratio"] <= target
+            value = f"{r['ratio']:.3f}x ({r['step_ms']:.2f} vs {r['fullkv_step_ms']:.2f} ms)"
+            result.append(Row(title, "pass" if ok else "FAIL", value, f"<= {target:.2f}x" if target else "-"))
+        return result
+
+    return rows
+
+
+def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
+    """The steps in order; ``reserve`` keeps time for the benchmarks after the checks. Writes the
+    random-weights configurations into ``work`` (``smollm2-2layers.json`` stands in for the
+    embedded model in the tests)."""
+    cfg_small, cfg_overhead = (
+        work / "smollm2-2layers.json",
+        work / f"smollm2-{args.overhead_layers}layers.json",
+    )
+    cfg_small.write_text(json.dumps(SMOLLM2 | {"num_hidden_layers": 2}, indent=2))
+    cfg_overhead.write_text(json.dumps(SMOLLM2 | {"num_hidden_layers": args.overhead_layers}, indent=2))
+    parallel = ["-n", str(args.workers)] if info.get("xdist") and args.workers > 1 else []
+    methods = "h2o,snapkv,streamingllm,zsmerge,kvmerger,keepkv,less".split(",")
+    cuda_json, overhead_json = out_dir / "bench_cuda.json", out_dir / "bench_overhead.json"
+    bench_cuda = [
+        "scripts/bench_cuda.py",
+        "--shape",
+        "llama2-7b",
+        "--layers",
+        str(args.cuda_layers),
+        "--batch",
+        "8",
+        "--prompt",
+        "2048",
+        "--new",
+        "2048",
+        "--json",
+        str(cuda_json),
+    ]
+    overhead = [
+        "scripts/bench_overhead.py",
+        "--device",
+        "cuda",
+        "--backend",
+        "compiled",
+        "--random-weights",
+        str(cfg_overhead),
+        "--skip",
+        "throughput",
+        "--steps",
+        "24",
+        "--repeats",
+        "2",
+        "--methods",
+        ",".join(methods),
+        "--json",
+        str(overhead_json),
+    ]
+    checks = dict(max_seconds=240, reserve=270)
+    return [
+        pytest_step(
+            "kernels",
+            "Triton decode kernel == PyTorch path (tests/test_kernels.py)",
+            ["tests/test_kernels.py"],
+            work,
+            [],
+            **checks,
+        ),
+        pytest_step(
+            "slot_bound",
+            "slot bound never exceeded on CUDA (tests/test_method_matrix.py)",
+            ["tests/test_method_matrix.py"],
+            work,
+            ["-k", "budget_and_memory or allocated_memory"],
+            **checks,
+        ),
+        pytest_step(
+            "compiled",
+            "compiled steps (CUDA graphs) == eager tokens (tests/test_compiled.py)",
+            ["tests/test_compiled.py"],
+            work,
+            parallel,
+            **checks,
+        ),
+        Step(
+            "bench_cuda",
+            "scripts/bench_cuda.py: targets (a), (c), (d)",
+            [PY, *bench_cuda],
+            180,
+            120,
+            bench_cuda_rows(cuda_json, args),
+            [PY, "-c", PARSE, *bench_cuda],
+        ),
+        Step(
+            "bench_overhead",
+            "scripts/bench_overhead.py: decode-step overhead, compiled",
+            [PY, *overhead],
+            600,
+            0,
+            overhead_rows(overhead_json, methods, args.overhead_layers),
+            [PY, "-c", PARSE, *overhead],
+        ),
+    ]
+
+
+#: Imports a script and parses a command line with its ``parse_args`` (the dry run of a benchmark).
+PARSE = """import importlib.util, sys
+spec = importlib.util.spec_from_file_location("step", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(module.parse_args(sys.argv[2:]))"""
+
+
+def start(argv: list[str], log: Path, env: dict) -> subprocess.Popen:
+    """``argv`` in its own session (so that a time limit ends its children too), output to ``log``."""
+    with log.open("w") as handle:
+        return subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def finish(proc: subprocess.Popen, deadline: float) -> int | None:
+    """Wait until ``proc`` ends or ``deadline``; a process still running then is ended with its
+    children (its own session) and None is returned."""
+    try:
+        return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=grace)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return None
+
+
+def run_group(group: list[Step], work: Path, env: dict, end: float, dry: bool) -> list[Outcome]:
+    """Run ``group`` side by side, each within its ``max_seconds``, all leaving their ``reserve``
+    before ``end``."""
+    now = time.monotonic()
+    limit = min(min(s.max_seconds, end - now - s.reserve) for s in group)
+    if dry:
+        limit = 300
+    if limit < 20:
+        return [Outcome(None, 0.0, work / f"{s.name}.log", "out of time") for s in group]
+    procs = [(s, start(s.dry_run if dry else s.argv, work / f"{s.name}.log", env), now) for s in group]
+    outcomes = []
+    for step, proc, t0 in procs:
+        code = finish(proc, t0 + limit)
+        outcomes.append(Outcome(code, time.monotonic() - t0, work / f"{step.name}.log"))
+    return outcomes
+
+
+def dry_rows(step: Step, out: Outcome) -> list[Row]:
+    text = out.log.read_text(errors="replace") if out.log.is_file() else ""
+    tail = text.strip().splitlines()[-1] if text.strip() else ""
+    return [
+        Row(
+            step.title,
+            "dry-run" if out.returncode == 0 else "FAIL",
+            tail[:90],
+            "command line parses",
+        )
+    ]
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| check | result | time or number | target |", "|---|---|---|---|"]
+    lines += [f"| {r.check} | {r.result} | {r.value} | {r.target} |" for r in rows]
+    return "\n".join(lines)
+
+
+def install_wheels(env: dict, work: Path) -> Row | None:
+    """Install the wheels of ``.whl/`` into a temporary folder put first on ``PYTHONPATH``."""
+    wheels = sorted((REPO / ".whl").glob("*.whl"))
+    if not wheels:
+        return None
+    site = work / "site"
+    cmd = [
+        PY,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--no-cache-dir",
+        "--upgrade",
+        "--target",
+        str(site),
+        *map(str, wheels),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    names = ", ".join(w.name.split("-")[0] + " " + w.name.split("-")[1] for w in wheels)
+    if done.returncode != 0:
+        return Row(
+            "carried wheels (.whl/)", "FAIL", (done.stderr.strip().splitlines() or ["?"])[-1][:90], "-"
+        )
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    return Row("carried wheels (.whl/)", "info", names, "-")
+
+
+def run_steps(
+    group: list[Step], args, work: Path, env: dict, end: float, begin: float, rows: list[Row], log
+) -> None:
+    """Run one group of steps (side by side), add their rows and append their output to ``log``."""
+    for step in group:
+        mode = " (dry run: collect / parse only)" if args.dry_run else ""
+        print(f"[{time.monotonic() - begin:5.0f} s] {step.name}{mode}: {shlex.join(step.argv)}", flush=True)
+    for step, outcome in zip(group, run_group(group, work, env, end, args.dry_run), strict=True):
+        new = dry_rows(step, outcome) if args.dry_run else step.rows(step, outcome)
+        rows += new
+        status = outcome.note or ("timeout" if outcome.returncode is None else f"exit {outcome.returncode}")
+        print(
+            f"[{time.monotonic() - begin:5.0f} s] {step.name}: {status}; "
+            + "; ".join(f"{r.result} {r.value}" for r in new),
+            flush=True,
+        )
+        log.write(f"\n===== {step.name}: {shlex.join(step.argv)}\n===== {status}, {outcome.seconds:.0f} s\n")
+        log.write(outcome.log.read_text(errors="replace") if outcome.log.is_file() else "(no output)\n")
+        log.flush()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv``, default ``sys.argv[1:]``)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", default="results/gpu_check", help="folder for the table, logs and JSON")
+    parser.add_argument("--budget", type=float, default=540, help="seconds for all steps together")
+    parser.add_argument("--workers", type=int, default=4, help="pytest-xdist workers for the compiled tests")
+    parser.add_argument("--cuda-layers", type=int, default=8, help="layers of the Llama-2-7B shape")
+    parser.add_argument("--overhead-layers", type=int, default=4, help="layers of the SmolLM2 shape")
+    parser.add_argument("--dry-run", action="store_true", help="list the steps and parse their command lines")
+    return parser.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kvbench-gpu-check-"))
+    try:
+        return check(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def check(args: argparse.Namespace, work: Path) -> int:
+    """Every step, then the table; ``work`` holds the logs, reports and carried packages."""
+    begin = time.monotonic()
+    end = begin + args.budget
+    out_dir = Path(args.out).resolve()
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    rows: list[Row] = []
+    if (wheel_row := install_wheels(env, work)) is not None:
+        rows.append(wheel_row)
+    probe = subprocess.run([PY, "-c", PROBE], capture_output=True, text=True, env=env, cwd=REPO)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+        print(f"error: {PY} cannot import torch: {last}", file=sys.stderr)
+        return 2
+    info = json.loads(probe.stdout)
+    if not info["cuda"] and not args.dry_run:
+        print(
+            "error: no CUDA device (torch.cuda.is_available() is False); scripts/gpu_check.sh needs a GPU "
+            "(--dry-run lists its steps on any machine)",
+            file=sys.stderr,
+        )
+        return 2
+    versions = ", ".join(f"{k} {info[k]}" for k in ("python", "torch", "triton", "transformers"))
+    rows.insert(0, Row("device", "info", f"{info['gpu'] or 'no GPU'}; {versions}", "-"))
+    missing = [k for k in ("triton", "omegaconf", "hydra", "platformdirs") if not info[k]]
+    if missing:
+        rows.append(Row("python packages", "FAIL", "missing: " + ", ".join(missing), "scripts/gpu_wheels.sh"))
+    plan = steps(args, work, out_dir, info)
+    env["KVBENCH_RANDOM_WEIGHTS"] = str(work / "smollm2-2layers.json")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "steps.log").open("w") as log:
+        for group in (plan[:3], plan[3:4], plan[4:]):
+            run_steps(group, args, work, env, end, begin, rows, log)
+    total = time.monotonic() - begin
+    failed = [r for r in rows if r.result not in ("pass", "info", "dry-run")]
+    rows.append(Row("total", "FAIL" if failed else "pass", f"{total:.0f} s", "< 600 s"))
+    text = table(rows)
+    (out_dir / "summary.md").write_text(text + "\n")
+    (out_dir / "summary.json").write_text(
+        json.dumps({"rows": [asdict(r) for r in rows], "info": info}, indent=2)
+    )
+    print(f"\nsteps' output: {out_dir / 'steps.log'}; table: {out_dir / 'summary.md'}\n")
+    print(text)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
