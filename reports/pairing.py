@@ -57,8 +57,7 @@ def sample_key(store: ResultStore, run_id: str, n: object) -> SampleKey:
     ids = sample_ids(store, run_id)
     if ids is not None:
         return ids
-    count = "?" if n is None or n != n else int(n)
-    return f"{count} samples, ids not recorded"
+    return "sample ids not recorded" if n is None or n != n else f"{int(n)} samples, ids not recorded"
 
 
 def describe(key: SampleKey) -> str:

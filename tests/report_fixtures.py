@@ -256,6 +256,26 @@ def unequal_store(root) -> ResultStore:
     return store
 
 
+def unequal_niah_runs(store: ResultStore) -> list[dict]:
+    """Needle grids of FullKV on samples a, b, c and on a, b, and ZSMerge at 10% on a, b."""
+    task = {"_target_": "tasks.infinitebench.InfiniteBench", "tasks": ["passkey"], "lengths": [1000]}
+    out = []
+    for method, budget, ids in (("fullkv", None, "abc"), ("fullkv", None, "ab"), ("zsmerge", 0.1, "ab")):
+        found = 100.0 if method == "fullkv" else 0.0
+        out.append(
+            write_run(
+                store,
+                config(method, budget, task | {"limit": len(ids)}, {"name": "quality"}),
+                method,
+                "infinitebench",
+                "2026-11-20T15:00:00+00:00",
+                metrics={"passkey": found, "passkey/len1000/depth0.5": found},
+                predictions=[{"id": i, "prediction": "x", "metrics": {"score": found}} for i in ids],
+            )
+        )
+    return out
+
+
 def full_store(root) -> ResultStore:
     """A store with every fixture: quality (plus a failed run), needle and efficiency runs."""
     store = ResultStore(root)
