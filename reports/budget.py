@@ -161,9 +161,7 @@ def draw(
             bbox_to_anchor=(1.01, 1),
             borderaxespad=0,
         )
-        low, high = style.metric_range(metric)
-        bottom, top = ax.get_ylim()
-        ax.set_ylim(max(bottom, low), min(top + 0.05 * (top - bottom), high))  # room above FullKV
+        ax.set_ylim(*style.clipped_limits(ax.get_ylim(), metric))
         if (points["mean"] >= 0).all():
             ax.set_ylim(bottom=0)
     task = points["task"].iloc[0]

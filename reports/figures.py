@@ -131,8 +131,10 @@ def lines(
         ax.set_ylabel(style.metric_label(metric))
         if log_y:
             ax.set_yscale("log")
-        elif len(part) and (part["mean"] >= 0).all():
-            ax.set_ylim(bottom=0)
+        else:
+            if len(part) and (part["mean"] >= 0).all():
+                ax.set_ylim(bottom=0)
+            ax.set_ylim(*style.clipped_limits(ax.get_ylim(), metric))
         ax.grid(alpha=0.3, which="both")
     handles, labels = axes[0][0].get_legend_handles_labels()
     axes[0][-1].legend(

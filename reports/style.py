@@ -118,6 +118,15 @@ def metric_range(metric: str | None) -> tuple[float, float]:
     return METRIC_RANGES.get(metric) or METRIC_RANGES.get(metric.split("/")[0], SCORE_RANGE)
 
 
+def clipped_limits(limits: tuple[float, float], metric: str | None) -> tuple[float, float]:
+    """Y-axis limits within the metric's range (:func:`metric_range`): 5% of room above the data
+    (a FullKV line stays visible), never more than 2% of the range past its maximum."""
+    low, high = metric_range(metric)
+    bottom, top = limits
+    ceiling = high + 0.02 * (high - low) if math.isfinite(high) else high
+    return max(bottom, low), min(top + 0.05 * (top - bottom), ceiling)
+
+
 def budget_label(unit: str | None) -> str:
     """Axis label of budgets in ``unit`` (``prompt``, ``context`` or ``slots``)."""
     return BUDGET_LABELS.get(unit or "prompt", f"KV budget ({unit})")

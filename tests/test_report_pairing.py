@@ -163,7 +163,7 @@ def test_interval_is_clipped_to_the_metric_range_and_absent_below_min_n():
 def test_budget_axis_stays_in_range_at_two_samples(store, tmp_path):
     (plot,) = budget.build(store, Filters(task="xsum"))
     (ax,) = plot.fig.axes
-    assert 0.0 <= ax.get_ylim()[0] and ax.get_ylim()[1] <= 100.0
+    assert 0.0 <= ax.get_ylim()[0] and ax.get_ylim()[1] <= 102.0  # 2% of room above the range
     assert f"No interval where n < {MIN_N} samples (smallest n = 2)" in _caption(plot.fig)
     plot.save(tmp_path / "out")
     csv = pd.read_csv(tmp_path / "out" / "budget_xsum_rouge1.csv")
@@ -179,7 +179,7 @@ def test_budget_band_is_clipped_at_the_metric_maximum(tmp_path):
         write_quality(store, f"h{b}", "h2o", b, [100.0] * 5 + [40.0])
     (plot,) = budget.build(store, Filters(task="xsum"))
     assert (plot.data["ci_high"] <= 100.0).all() and (plot.data["ci_high"] == 100.0).any()
-    assert plot.fig.axes[0].get_ylim()[1] <= 100.0
+    assert plot.fig.axes[0].get_ylim()[1] <= 102.0
 
 
 # ----------------------------------------------------------------- only FullKV is a reference
