@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
         print(f"no finished quality runs under {root}/runs", file=sys.stderr)
         return 1
     frame["budget"] = [
-        ("kept " if kept else "") + budget_text(b, u or None)  # kept: the budget is an outcome
+        f"kept {100 * b:.0f}% of {u}" if kept else budget_text(b, u or None)  # kept: an outcome
         for b, u, kept in zip(frame["budget"], frame["budget unit"], frame["budget realised"], strict=True)
     ]
     frame = frame.drop(columns=["budget unit", "budget realised"])

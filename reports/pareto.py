@@ -98,7 +98,7 @@ def _panel(ax, points: pd.DataFrame, x: str) -> None:
             capsize=2,
             label=f"{label} ({'reference, ' if is_ref else ''}n={int(group['n'].min())})",
         )
-        for _, r in group[~group["reference"]].iterrows():
+        for _, r in group[group["budget_unit"].notna()].iterrows():
             budget = f"{r['budget']}" if r["budget_unit"] == "slots" else f"{100 * r['budget']:.0f}%"
             ax.annotate(
                 f"kept {budget}" if r["budget_realised"] else budget,

@@ -134,9 +134,11 @@ def ranking(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def _budget_order(budget: str) -> tuple[int, float]:
-    if budget == OUTCOME:
-        return (2, 0.0)
-    value = float(budget)
+    """Fractions (largest first), then slot counts, then ``outcome``, then anything else."""
+    try:
+        value = float(budget)
+    except ValueError:
+        return (2 if budget == OUTCOME else 3, 0.0)
     return (0 if value <= 1 else 1, -value)
 
 
