@@ -1,9 +1,12 @@
 """``python -m reports budget``: quality against the KV budget from whatever runs the store holds.
 
 One line per method preset (its display label, colour per method), a 95% confidence band from the
-per-sample scores, FullKV (no budget) as a dashed horizontal reference with its own band, n in the
-legend. One panel per (model, budget unit): fractions of the prompt, fractions of the context
-window and absolute slot counts never share an axis.
+per-sample scores (clipped to the metric's range, none below ``MIN_N`` samples), FullKV (no
+budget) as a dashed horizontal reference with its own band, n in the legend; runs are paired on
+the same samples (:mod:`reports.pairing`). A method whose budget is an outcome (KVMerger at a
+fixed theta) is a point at the fraction of the prompt it kept, never a reference. One panel per
+(model, budget unit): fractions of the prompt, fractions of the context window and absolute slot
+counts never share an axis.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import pandas as pd
 from matplotlib import transforms
 
 from reports import style
-from reports.runs import SMALL_N, Filters, mean_interval, primary_metric, runs_frame, sample_scores
+from reports.pairing import Pairing, pair_frame
+from reports.runs import MIN_N, SMALL_N, Filters, mean_interval, primary_metric, runs_frame, sample_scores
 from runners.errors import KVBenchError
 from runners.results import ResultStore
 
@@ -23,10 +27,11 @@ DODGE_POINTS = 5.0
 
 def quality_points(
     store: ResultStore, filters: Filters, metric: str | None = None
-) -> tuple[pd.DataFrame, str]:
-    """One row per (model, label, budget) of finished quality runs: n, mean and 95% interval of
-    ``metric`` over the per-sample scores (seeds of one setting pooled; of runs with different
-    sample counts the largest is kept), with the run ids. Returns the frame and the metric.
+) -> tuple[pd.DataFrame, str, Pairing]:
+    """One row per (model, label, budget) of finished quality runs paired on the same samples
+    (:func:`reports.pairing.pair`): n, mean and 95% interval of ``metric`` over the per-sample
+    scores (seeds of one setting pooled), with the run ids. Returns the frame, the metric and
+    the pairing (the runs left out and why).
 
     Raises
     ------
@@ -46,16 +51,17 @@ def quality_points(
         raise KVBenchError(
             f"metric {metric!r} is not recorded for task {tasks[0]} (known: {', '.join(known)})"
         )
+    pairing = pair_frame(store, runs)
+    runs = runs[runs["run_id"].isin(pairing.kept)]
     runs = runs.assign(budget_key=runs["budget"].map(lambda b: "none" if b is None or b != b else repr(b)))
     rows = []
     for (model, label, _), group in runs.groupby(["model", "label", "budget_key"], sort=False):
-        group = group[group["n"] == group["n"].max()]
         scores = [s for rid in group["run_id"] for s in sample_scores(store, rid, metric)]
         if not scores:  # a run without predictions: its recorded mean, no interval
             scores_mean = float(pd.Series([m.get(metric) for m in group["metrics"]]).mean())
             mean, low, high, n = scores_mean, float("nan"), float("nan"), int(group["n"].sum())
         else:
-            (mean, low, high), n = mean_interval(scores), len(scores)
+            (mean, low, high), n = mean_interval(scores, metric), len(scores)
         first = group.iloc[0]
         rows.append(
             {
@@ -66,6 +72,8 @@ def quality_points(
                 "label": label,
                 "budget": first["budget"],
                 "budget_unit": first["budget_unit"],
+                "budget_realised": bool(first["budget_realised"]),
+                "reference": bool(first["reference"]),
                 "metric": metric,
                 "n": n,
                 "mean": mean,
@@ -78,7 +86,21 @@ def quality_points(
                 "run_ids": " ".join(group["run_id"]),
             }
         )
-    return pd.DataFrame(rows), metric
+    return pd.DataFrame(rows), metric, pairing
+
+
+def interval_note(points: pd.DataFrame, what: str = "95% t-interval of the mean") -> tuple[str, list[str]]:
+    """The caption sentence and console warnings about small samples: below
+    :data:`~reports.runs.MIN_N` no interval is drawn, below :data:`~reports.runs.SMALL_N` it is
+    unreliable; intervals are clipped to the metric's range."""
+    smallest = int(points["n"].min())
+    if smallest < MIN_N:
+        text = f"No interval where n < {MIN_N} samples (smallest n = {smallest})."
+        return text, [f"warning: n < {MIN_N} samples for some points (n = {smallest}); no interval drawn"]
+    if smallest < SMALL_N:
+        text = f"Some points have n < {SMALL_N} samples: intervals are wide and unreliable."
+        return text, [f"warning: n < {SMALL_N} samples for some points; confidence intervals are unreliable"]
+    return "", []
 
 
 def _describe(filters: Filters) -> str:
@@ -91,15 +113,21 @@ def _legend_n(ns: pd.Series) -> str:
     return f"n={low}" if low == high else f"n={low}-{high}"
 
 
-def draw(points: pd.DataFrame, metric: str, title: str | None = None) -> style.Plot:
-    """The quality-vs-budget figure of :func:`quality_points` rows (one panel per model and unit)."""
-    reference = points[points["budget_unit"].isna()]
-    compressed = points[points["budget_unit"].notna()]
+def draw(
+    points: pd.DataFrame, metric: str, title: str | None = None, pairing: Pairing | None = None
+) -> style.Plot:
+    """The quality-vs-budget figure of :func:`quality_points` rows (one panel per model and unit).
+
+    FullKV is the dashed reference; a run whose budget is an outcome (``budget_realised``) is a
+    hollow diamond at the fraction of the prompt it kept; the runs ``pairing`` left out are named in
+    the caption and the notes."""
+    reference = points[points["reference"]]
+    compressed = points[~points["reference"] & points["budget_unit"].notna()]
+    unplaced = points[~points["reference"] & points["budget_unit"].isna()]
     panels = list(dict.fromkeys(zip(compressed["model"], compressed["budget_unit"], strict=True)))
     if not panels:
         panels = [(m, None) for m in dict.fromkeys(reference["model"])]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 2.0, 4.2), squeeze=False)
-    small = int(points["n"].min()) < SMALL_N
     for ax, (model, unit) in zip(axes[0], panels, strict=True):
         part = compressed[(compressed["model"] == model) & (compressed["budget_unit"] == unit)]
         _draw_lines(ax, part)
@@ -133,23 +161,30 @@ def draw(points: pd.DataFrame, metric: str, title: str | None = None) -> style.P
             bbox_to_anchor=(1.01, 1),
             borderaxespad=0,
         )
+        ax.set_ylim(*style.clipped_limits(ax.get_ylim(), metric))
         if (points["mean"] >= 0).all():
             ax.set_ylim(bottom=0)
     task = points["task"].iloc[0]
     style.title(fig, title or f"{task}: {style.metric_label(metric)} vs KV cache budget")
+    small, notes = interval_note(points)
     note = (
-        "Lines: mean over samples; shaded: 95% t-interval of the mean from per-sample scores; "
-        "dashed: FullKV. Methods are drawn a few points apart sideways so that equal values stay visible."
+        "Lines: mean over samples; shaded: 95% t-interval of the mean from per-sample scores, clipped to "
+        "the metric's range; dashed: FullKV. Methods are drawn a few points apart sideways so that "
+        f"equal values stay visible. {small}"
     )
-    if small:
-        note += f" Some points have n < {SMALL_N} samples: intervals are wide and unreliable."
-    style.caption(fig, note)
+    if points["budget_realised"].any():
+        note += (
+            " Hollow diamonds: methods whose budget is an outcome, at the fraction of the prompt they kept."
+        )
+    notes += [
+        f"note: {r['label']} (run {r['run_ids'][:8]}) has no budget: not drawn"
+        for _, r in unplaced.iterrows()
+    ]
+    if pairing is not None:
+        note += " " + pairing.caption()
+        notes += pairing.notes()
+    style.caption(fig, note.strip())
     stem = f"budget_{task}_{metric}".replace("/", "-")
-    notes = (
-        [f"warning: n < {SMALL_N} samples for some points; confidence intervals are unreliable"]
-        if small
-        else []
-    )
     return style.Plot(fig, points, stem, notes)
 
 
@@ -168,13 +203,23 @@ def _draw_lines(ax, part: pd.DataFrame) -> None:
         color = style.method_color(method)
         line = style.LINESTYLES[(len(rank) - 1) % len(style.LINESTYLES)]
         marker = style.MARKERS[(len(rank) - 1) % len(style.MARKERS)]
+        text = f"{label} ({_legend_n(group['n'])})"
+        outcome = group["budget_realised"].all()
+        if outcome:  # the budget is where the method landed, not a setting: points, no line
+            kept = ", ".join(f"{100 * b:.0f}%" for b in group["budget"])
+            line, marker, text = (
+                "none",
+                "D",
+                f"{label} (kept {kept}: budget is an outcome, {_legend_n(group['n'])})",
+            )
         ax.plot(
             group["budget"],
             group["mean"],
             color=color,
             linestyle=line,
             marker=marker,
-            label=f"{label} ({_legend_n(group['n'])})",
+            markerfacecolor="none" if outcome else color,
+            label=text,
             transform=dodge,
             clip_on=False,  # a point at 0 on the axis stays whole
         )
@@ -194,5 +239,5 @@ def _draw_lines(ax, part: pd.DataFrame) -> None:
 
 def build(store: ResultStore, filters: Filters, metric: str | None = None) -> list[style.Plot]:
     """The ``budget`` report: one :class:`~reports.style.Plot` (see :func:`draw`)."""
-    points, metric = quality_points(store, filters, metric)
-    return [draw(points, metric)]
+    points, metric, pairing = quality_points(store, filters, metric)
+    return [draw(points, metric, pairing=pairing)]

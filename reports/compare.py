@@ -16,6 +16,7 @@ import sys
 
 import pandas as pd
 
+from reports.pairing import Pairing, describe, pair_frame
 from reports.presets import non_default_settings
 from reports.runs import Filters, records_frame
 from reports.tables import DASH, budget_text, display, missing
@@ -33,7 +34,14 @@ EFFICIENCY_COLUMNS = {  # record key: (column, decimals)
 }
 
 
-def comparison(records: list[dict], task: str | None = None) -> pd.DataFrame:
+def quality_runs(records: list[dict], task: str | None = None) -> pd.DataFrame:
+    """The finished quality runs of ``records`` (:func:`reports.runs.row` rows), of ``task`` only
+    when given."""
+    frame = records_frame(records, Filters(task=task))
+    return frame[frame["runner"].isna() | (frame["runner"] == "quality")]
+
+
+def comparison(records: list[dict], task: str | None = None, pairing: Pairing | None = None) -> pd.DataFrame:
     """Finished quality records as a table sorted by model, budget (descending; FullKV first) and
     method.
 
@@ -43,10 +51,14 @@ def comparison(records: list[dict], task: str | None = None) -> pd.DataFrame:
         Run records (docs/results.md).
     task : str | None
         Keep only this task.
+    pairing : Pairing | None
+        Keep only the runs it pairs on the same samples (:func:`reports.pairing.pair_frame` of
+        :func:`quality_runs`); None keeps every run.
     """
     by_id = {r["run_id"]: r for r in records}
-    frame = records_frame(records, Filters(task=task))
-    frame = frame[frame["runner"].isna() | (frame["runner"] == "quality")]
+    frame = quality_runs(records, task)
+    if pairing is not None:
+        frame = frame[frame["run_id"].isin(pairing.kept)]
     rows = []
     for _, run in frame.iterrows():
         rec = by_id[run["run_id"]]
@@ -59,6 +71,7 @@ def comparison(records: list[dict], task: str | None = None) -> pd.DataFrame:
             "settings": run["settings"],
             "budget": run["budget"],
             "budget unit": "" if missing(run["budget_unit"]) else run["budget_unit"],
+            "budget realised": bool(run["budget_realised"]),
             "n": run["n"],
         }
         row.update({k: round(v, 2) for k, v in run["metrics"].items()})
@@ -90,20 +103,28 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     root = args.results_dir or args.results_dir_opt or os.environ.get("KVBENCH_RESULTS_DIR", "results")
-    frame = comparison(ResultStore(root).records(), args.task)
+    store = ResultStore(root)
+    records = store.records()
+    pairing = pair_frame(store, quality_runs(records, args.task))
+    frame = comparison(records, args.task, pairing)
     if frame.empty:
         print(f"no finished quality runs under {root}/runs", file=sys.stderr)
         return 1
     frame["budget"] = [
-        budget_text(b, u or None) for b, u in zip(frame["budget"], frame["budget unit"], strict=True)
+        f"kept {100 * b:.0f}% of {u}" if kept else budget_text(b, u or None)  # kept: an outcome
+        for b, u, kept in zip(frame["budget"], frame["budget unit"], frame["budget realised"], strict=True)
     ]
-    frame = frame.drop(columns="budget unit")
+    frame = frame.drop(columns=["budget unit", "budget realised"])
     for task, part in frame.groupby("task", sort=True):
         part = part.drop(columns="task").dropna(axis=1, how="all")  # only this task's metrics
         text = display(part).replace({"": DASH})
         print(f"## {task}\n" if args.markdown else f"task: {task}")
         print(text.to_markdown(index=False) if args.markdown else text.to_string(index=False))
         print()
+    for (model, task), key in pairing.samples.items():
+        print(f"compared on the same samples: {model}, {task}: {describe(key)}")
+    for note in pairing.notes():
+        print(note)
     return 0
 
 

@@ -18,6 +18,7 @@ import sys
 
 import pandas as pd
 
+from reports.pairing import model_key
 from reports.runs import row
 from reports.tables import budget_text
 from runners.results import ResultStore
@@ -43,7 +44,7 @@ def throughput_table(records: list[dict]) -> pd.DataFrame:
     """ZSMerge Table 1 layout: ``tokens/s / latency s`` (or OOM) per shape and method."""
     rows = {}
     for r in records:
-        key = (r["config"]["model"]["name"], _device(r), _shape(r))
+        key = (model_key(r), _device(r), _shape(r))
         if r["status"] == "ok":
             eff = r["efficiency"]
             cell = f"{eff['tokens_per_s']:.1f} / {eff['latency_seconds']:.1f}"
@@ -61,7 +62,7 @@ def memory_table(records: list[dict]) -> pd.DataFrame:
     for r in records:
         eff = r.get("efficiency") or {}
         rows.append({
-            "model": r["config"]["model"]["name"], "shape": _shape(r), "method": _label(r),
+            "model": model_key(r), "shape": _shape(r), "method": _label(r),
             "decode tok/s": round(eff["decode_tokens_per_s"], 1) if eff.get("decode_tokens_per_s") else None,
             "KV MiB": round(eff["kv_bytes_end"] / 2**20, 1) if eff else None,
             "buffer MiB": round(eff["allocated_kv_bytes_end"] / 2**20, 1) if eff else None,
@@ -91,7 +92,7 @@ def error_table(records: list[dict]) -> pd.DataFrame:
     rows = {}
     for r in records:
         analysis = r.get("error_analysis") or {}
-        key = (r["config"]["model"]["name"], r["task"], _label(r))
+        key = (model_key(r), r["task"], _label(r))
         rows[key] = {
             f"budget {b}": f"{m:.3e}" for b, m in zip(analysis["budgets"], analysis["mean"], strict=True)
         }
@@ -107,7 +108,7 @@ def oom_table(records: list[dict]) -> pd.DataFrame:
         eff = r["efficiency"]
         cap = eff.get("memory_cap_bytes")
         rows.append({
-            "model": r["config"]["model"]["name"], "device": r["device"]["type"], "method": _label(r),
+            "model": model_key(r), "device": r["device"]["type"], "method": _label(r),
             "search": eff["search"], "fixed": _shape(r), "cap GiB": cap / 2**30 if cap else None,
             "threshold": eff["threshold"],
             "probes": " ".join(f"{p['value']}:{p['outcome']}" for p in eff["probes"]),

@@ -28,6 +28,7 @@ from reports import figures, style, tables
 from reports.cells import display_keys, markdown, ordered
 from reports.frame import job_frame, near_misses, not_done, report_jobs
 from reports.kinds import KINDS, Context
+from reports.pairing import Pairing, describe, model_key, pair_frame
 from runners.results import ResultStore, atomic_write_text
 
 
@@ -64,14 +65,14 @@ def build(
     if several_models and "model" not in index:
         index = ["model", *index]
     keys = ordered([*index, *(spec.get("columns") or []), "model"])
-    frame = job_frame(jobs, records, keys)
+    frame, pairing = paired(job_frame(jobs, records, keys), records, store)
     stem = Path(out_dir) / f"{experiment}_{scale}"
     models = ordered(frame["model"].map(str))
     title = f"{spec.title} ({scale}: {', '.join(models)})"
     ctx = Context(frame, spec, jobs, records, index, store, title, models)
     table, plots, extra = KINDS[spec.kind](ctx)
     distinct = frame.drop_duplicates("run_id")
-    finished = int((distinct["status"] == "ok").sum())
+    finished = int(distinct["status"].isin(["ok", UNPAIRED]).sum())
     hue = ctx.hue(index[0]) if index else figures.Hue("")
     lines = [
         f"# {title}",
@@ -88,9 +89,13 @@ def build(
     ]
     for heading, part in extra:
         lines += ["", f"## {heading}", "", markdown(display_keys(part, hue))]
-    missing = not_done(frame)
+    missing = not_done(frame[frame["status"] != UNPAIRED])
     lines += ["", "## Missing or failed runs", ""]
     lines.append(markdown(missing) if len(missing) else "none")
+    lines += ["", "## Compared samples", ""]
+    lines += [f"- {', '.join(group)}: {describe(key)}" for group, key in pairing.samples.items()] or ["none"]
+    if pairing.unpaired or pairing.no_reference:
+        lines += ["", "## Not paired", ""] + [f"- {n.removeprefix('note: ')}" for n in pairing.notes()]
     if finished < len(distinct):
         lines += _near_miss_lines(experiment, scale, overrides, near_misses(jobs, records, store))
     files = []
@@ -106,6 +111,36 @@ def build(
         tex += "\n" + tables.latex(tables.display(display_keys(part, hue)), f"{title}: {heading}")
     atomic_write_text(stem.with_suffix(".tex"), tex)
     return Report(text, table, [stem.with_suffix(".md"), stem.with_suffix(".tex"), *files], plots)
+
+
+#: The status a finished run gets in a report's frame when it was scored on other samples.
+UNPAIRED = "unpaired"
+
+
+def paired(
+    frame: pd.DataFrame, records: dict[str, dict | None], store: ResultStore
+) -> tuple[pd.DataFrame, Pairing]:
+    """The job frame with each finished run that :func:`reports.pairing.pair` leaves out marked
+    ``unpaired`` (its reason in ``error``): cells and figures then skip it, the report lists it."""
+    done = frame[frame["status"] == "ok"].drop_duplicates("run_id")
+    runs = pd.DataFrame(
+        {
+            "run_id": done["run_id"],
+            "model": [model_key(records[r]) for r in done["run_id"]],
+            "task": [records[r].get("task") for r in done["run_id"]],
+            "method": [records[r].get("method") for r in done["run_id"]],
+            "label": [records[r].get("method") for r in done["run_id"]],
+            "n": done["n_samples"],
+        }
+    )
+    pairing = pair_frame(store, runs)
+    reasons = {u.run_id: u.reason for u in pairing.unpaired}
+    left = frame["run_id"].isin(reasons)
+    frame = frame.assign(
+        status=frame["status"].where(~left, UNPAIRED),
+        error=frame["error"].where(~left, frame["run_id"].map(reasons)),
+    )
+    return frame, pairing
 
 
 def _near_miss_lines(

@@ -15,7 +15,9 @@ import numpy as np
 import pandas as pd
 
 from reports import style
+from reports.pairing import is_reference
 from reports.presets import method_of
+from reports.runs import MIN_N
 
 _CYCLE = ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown")
 
@@ -42,6 +44,11 @@ class Hue:
         if self.key == "method":
             return style.method_color(method_of(str(value)))
         return _CYCLE[order.index(value) % len(_CYCLE)]
+
+    def is_reference(self, value: object) -> bool:
+        """Whether a hue value without a budget is the reference (FullKV; any value of a hue
+        that is no method, e.g. an ablation's baseline row)."""
+        return self.key != "method" or is_reference(method_of(str(value)))
 
     def legend_title(self) -> str:
         """The legend's title."""
@@ -93,9 +100,13 @@ def lines(
             color, label = hue.color(value, order), hue.label(value)
             xs = pd.to_numeric(group["x"], errors="coerce")
             n = f"n={int(group['n'].min())}" if group["n"].notna().any() else ""
-            if xs.isna().all():
+            if xs.isna().all():  # no budget: FullKV is the reference, another method's budget an outcome
+                kind = "reference" if hue.is_reference(value) else "budget is an outcome"
                 ax.axhline(
-                    group["mean"].mean(), linestyle="--", color=color, label=f"{label} (reference, {n})"
+                    group["mean"].mean(),
+                    linestyle="--" if kind == "reference" else ":",
+                    color=color,
+                    label=f"{label} ({kind}, {n})",
                 )
                 if group["low"].notna().any():
                     ax.axhspan(group["low"].mean(), group["high"].mean(), color=color, alpha=0.08)
@@ -120,8 +131,10 @@ def lines(
         ax.set_ylabel(style.metric_label(metric))
         if log_y:
             ax.set_yscale("log")
-        elif len(part) and (part["mean"] >= 0).all():
-            ax.set_ylim(bottom=0)
+        else:
+            if len(part) and (part["mean"] >= 0).all():
+                ax.set_ylim(bottom=0)
+            ax.set_ylim(*style.clipped_limits(ax.get_ylim(), metric))
         ax.grid(alpha=0.3, which="both")
     handles, labels = axes[0][0].get_legend_handles_labels()
     axes[0][-1].legend(
@@ -138,11 +151,17 @@ def lines(
     style.caption(
         fig,
         note
-        or "Points: mean over samples; shaded: 95% t-interval over per-sample scores; dashed: reference "
-        "(FullKV); hollow markers: the paper's values.",
+        or "Points: mean over samples; shaded: 95% t-interval over per-sample scores, clipped to the "
+        f"metric's range, none where n < {MIN_N}; dashed: reference (FullKV); hollow markers: the "
+        "paper's values."
+        + (f" Smallest n = {int(points['n'].min())}." if _small(points) else ""),
     )
     data = points if paper is None or not len(paper) else pd.concat([points, paper.assign(source="paper")])
     return style.Plot(fig, data, "", [])
+
+
+def _small(points: pd.DataFrame) -> bool:
+    return bool(len(points)) and points["n"].notna().any() and int(points["n"].min()) < MIN_N
 
 
 def _paper_markers(ax, paper: pd.DataFrame, hue: Hue, order: list) -> None:

@@ -57,7 +57,7 @@ def scored_cells(ctx: Context, keys: list[str], metrics: list[str]) -> pd.DataFr
         for metric in metrics:
             scores = [v for rid in group["run_id"] for v in sample_scores(ctx.store, rid, metric)]
             if scores:
-                (mean, low, high), n = mean_interval(scores), len(scores)
+                (mean, low, high), n = mean_interval(scores, metric), len(scores)
             elif metric in group and group[metric].notna().any():
                 mean, low, high, n = float(group[metric].mean()), None, None, group["n_samples"].sum()
             else:
@@ -76,13 +76,18 @@ def scored_cells(ctx: Context, keys: list[str], metrics: list[str]) -> pd.DataFr
 
 
 def failed_hues(ctx: Context, hue: str) -> dict[str, str]:
-    """Hue values without any finished run: why (``failed: 3 of 3 runs``, ``missing``)."""
+    """Hue values without any compared run: why (``failed (3 of 3 runs)``, ``missing``, ``not
+    paired: other samples``)."""
     out = {}
     frame = ctx.frame.drop_duplicates("run_id").assign(_hue=ctx.frame[hue].map(label))
     for value, group in frame.groupby("_hue", sort=False):
         if (group["status"] == "ok").any():
             continue
-        failed = group[group["status"] != "missing"]
+        failed = group[~group["status"].isin(["missing", "unpaired"])]
+        unpaired = group[group["status"] == "unpaired"]
+        if len(unpaired):
+            out[value] = f"not paired: other samples ({len(unpaired)} of {len(group)} runs)"
+            continue
         out[value] = (
             f"failed ({len(failed)} of {len(group)} runs)" if len(failed) else f"missing ({len(group)} runs)"
         )

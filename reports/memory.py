@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reports import style
+from reports.pairing import is_reference
 from reports.runs import Filters, row
 from runners.errors import KVBenchError
 from runners.results import ResultStore
@@ -95,37 +96,49 @@ def curve_points(store: ResultStore, filters: Filters) -> pd.DataFrame:
 
 
 def draw(points: pd.DataFrame, title: str | None = None) -> style.Plot:
-    """The three panels of the ``memory`` report (FullKV dashed, one colour per method)."""
+    """The three panels of the ``memory`` report (FullKV dashed, one colour per method), one row of
+    panels per model: runs of two models are never drawn on one axis. A model without a FullKV run
+    is named in the caption and the notes."""
     devices = sorted(set(points["device"]))
     memory = " / ".join(MEMORY_NAMES.get(d, d) for d in devices)
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
-    count = points["series"].nunique()
-    for i, (series, group) in enumerate(points.groupby("series", sort=False)):
-        method = group["method"].iloc[0]
-        kwargs = {
-            "color": style.method_color(method),
-            "marker": style.MARKERS[i % len(style.MARKERS)],
-            "markersize": 4,
-            "linewidth": 1.2 + 1.6 * (count - 1 - i) / max(count - 1, 1),  # overlapping lines stay visible
-            "label": series,
-            "linestyle": "--" if method == "fullkv" else "-",
-        }
-        for ax, (column, _) in zip(axes, PANELS, strict=True):
-            ax.plot(group["context"], group[column], **kwargs)
-    for ax, (_, ylabel) in zip(axes, PANELS, strict=True):
-        ax.set_xlabel(style.metric_label("context"))
-        ax.set_ylabel(ylabel.format(memory=memory))
-        ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
-    axes[0].legend(title="method (preset) @ budget", fontsize=7, title_fontsize=7)
-    models = ", ".join(dict.fromkeys(points["model"]))
-    style.title(fig, title or f"Memory and decode throughput vs context ({models}, {', '.join(devices)})")
+    models = list(dict.fromkeys(points["model"]))
+    fig, axes = plt.subplots(len(models), 3, figsize=(14, 4.4 * len(models)), squeeze=False)
+    for row_axes, model in zip(axes, models, strict=True):
+        part = points[points["model"] == model]
+        count = part["series"].nunique()
+        for i, (series, group) in enumerate(part.groupby("series", sort=False)):
+            method = group["method"].iloc[0]
+            kwargs = {
+                "color": style.method_color(method),
+                "marker": style.MARKERS[i % len(style.MARKERS)],
+                "markersize": 4,
+                "linewidth": 1.2
+                + 1.6 * (count - 1 - i) / max(count - 1, 1),  # overlapping lines stay visible
+                "label": series,
+                "linestyle": "--" if is_reference(method) else "-",
+            }
+            for ax, (column, _) in zip(row_axes, PANELS, strict=True):
+                ax.plot(group["context"], group[column], **kwargs)
+        for ax, (_, ylabel) in zip(row_axes, PANELS, strict=True):
+            ax.set_xlabel(style.metric_label("context"))
+            ax.set_ylabel(ylabel.format(memory=memory))
+            ax.grid(alpha=0.3)
+            ax.set_ylim(bottom=0)
+            if len(models) > 1:
+                ax.set_title(model, fontsize=9)
+        row_axes[0].legend(title="method (preset) @ budget", fontsize=7, title_fontsize=7)
+    style.title(
+        fig, title or f"Memory and decode throughput vs context ({', '.join(models)}, {', '.join(devices)})"
+    )
+    alone = [m for m in models if not points[points["model"] == m]["method"].map(is_reference).any()]
+    notes = [f"note: no FullKV run of model {m} to compare with" for m in alone]
     style.caption(
         fig,
         "Points every runner.curve_every decode steps of one run (or one point per run at "
-        "prompt_len + gen_len); dashed: FullKV. KV cache: exact bytes of the kept keys and values.",
+        "prompt_len + gen_len); dashed: FullKV; one row per model. KV cache: exact bytes of the kept "
+        "keys and values." + (f" No FullKV run of {', '.join(alone)}." if alone else ""),
     )
-    return style.Plot(fig, points, "memory_vs_context", [])
+    return style.Plot(fig, points, "memory_vs_context", notes)
 
 
 def build(store: ResultStore, filters: Filters) -> list[style.Plot]:

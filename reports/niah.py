@@ -1,6 +1,7 @@
 """``python -m reports niah``: the needle-in-a-haystack heatmap, context length x needle depth, one
 panel per method preset and budget, from the ``<task>/len<L>/depth<d>`` metrics that generated
-InfiniteBench grids record (``task=niah``)."""
+InfiniteBench grids record (``task=niah``); runs are paired on the same samples
+(:mod:`reports.pairing`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from reports import style
+from reports.pairing import Pairing, pair_frame
 from reports.runs import Filters, runs_frame
 from runners.errors import KVBenchError
 from runners.results import ResultStore
@@ -19,9 +21,11 @@ from runners.results import ResultStore
 CELL = re.compile(r"^(?P<needle>[^/]+)/len(?P<length>\d+)/depth(?P<depth>[0-9.eE+-]+)$")
 
 
-def cells(store: ResultStore, filters: Filters, needle: str | None = None) -> pd.DataFrame:
-    """One row per (run, length, depth) cell: model, label, method, budget (and unit), needle
-    task, length (tokens), depth (fraction of the context), score (x100) and samples per cell.
+def cells(store: ResultStore, filters: Filters, needle: str | None = None) -> tuple[pd.DataFrame, Pairing]:
+    """One row per (run, length, depth) cell of the runs paired on the same samples
+    (:func:`reports.pairing.pair`): model, label, method, budget (and unit), needle task, length
+    (tokens), depth (fraction of the context), score (x100) and samples per cell. Returns the
+    cells and the pairing (the runs left out and why).
 
     Raises
     ------
@@ -29,6 +33,9 @@ def cells(store: ResultStore, filters: Filters, needle: str | None = None) -> pd
         When no finished run passes the filters with grid metrics (or with ``needle``'s).
     """
     runs = runs_frame(store, filters)
+    runs = runs[runs["metrics"].map(lambda ms: any(CELL.match(k) for k in ms))]
+    pairing = pair_frame(store, runs)
+    runs = runs[runs["run_id"].isin(pairing.kept)]
     rows = []
     for _, run in runs.iterrows():
         per_cell = run["task_config"].get("samples_per_cell") or 1
@@ -59,7 +66,7 @@ def cells(store: ResultStore, filters: Filters, needle: str | None = None) -> pd
         )
     frame = pd.DataFrame(rows)
     first = frame["needle"].iloc[0]
-    return frame[frame["needle"] == (needle or first)].reset_index(drop=True)
+    return frame[frame["needle"] == (needle or first)].reset_index(drop=True), pairing
 
 
 def _panel_name(label: str, budget: object, unit: str | None) -> str:
@@ -69,9 +76,10 @@ def _panel_name(label: str, budget: object, unit: str | None) -> str:
     return f"{label} @ {shown}"
 
 
-def draw(frame: pd.DataFrame) -> style.Plot:
+def draw(frame: pd.DataFrame, pairing: Pairing | None = None) -> style.Plot:
     """Heatmaps of :func:`cells` rows: one panel per (model, label, budget), FullKV first, a shared
-    0-100 colour scale, each cell annotated with its score."""
+    0-100 colour scale, each cell annotated with its score; the runs ``pairing`` left out are named
+    in the caption and the notes."""
     frame = frame.assign(panel=[_panel_name(r.label, r.budget, r.budget_unit) for r in frame.itertuples()])
     order = frame.assign(ref=frame["method"] != "fullkv", b=frame["budget"].fillna(np.inf))
     panels = list(
@@ -108,9 +116,14 @@ def draw(frame: pd.DataFrame) -> style.Plot:
     models = ", ".join(dict.fromkeys(frame["model"]))
     style.title(fig, f"Needle in a haystack ({needle}, {models}): score per context length and needle depth")
     data = frame.drop(columns="panel")
-    return style.Plot(fig, data, f"niah_{needle}", [])
+    notes = []
+    if pairing is not None:
+        fig.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))  # room for the caption
+        style.caption(fig, pairing.caption())
+        notes = pairing.notes()
+    return style.Plot(fig, data, f"niah_{needle}", notes)
 
 
 def build(store: ResultStore, filters: Filters, metric: str | None = None) -> list[style.Plot]:
     """The ``niah`` report (``metric``: the needle task, e.g. ``passkey``; default the first)."""
-    return [draw(cells(store, filters, metric))]
+    return [draw(*cells(store, filters, metric))]

@@ -4,7 +4,8 @@ setting (method preset x budget), FullKV included, from the store's quality runs
 The x axis is the record's ``kv_bytes_end_mean`` (the key/value bytes held at the end of
 generation, per sample), or with ``--memory peak`` the run's peak memory (device memory on CUDA,
 else the process's peak RSS, which includes the model). Points up and to the left are better;
-the upper-left staircase of all points is drawn as the Pareto front.
+the upper-left staircase of all points is drawn as the Pareto front. Runs are paired on the same
+samples (:mod:`reports.pairing`); each model has its own panel.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
 from reports import style
-from reports.budget import quality_points
-from reports.runs import SMALL_N, Filters
+from reports.budget import interval_note, quality_points
+from reports.pairing import Pairing
+from reports.runs import Filters
 from runners.results import ResultStore
 
 X_AXES = {  # --memory: (column, axis label)
@@ -35,32 +37,71 @@ def front(points: pd.DataFrame, x: str) -> pd.DataFrame:
     return ordered.loc[keep]
 
 
-def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
-    """Quality (mean with 95% interval bars) against memory, one colour per method."""
+def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing | None = None) -> style.Plot:
+    """Quality (mean with 95% interval bars) against memory, one colour per method, one panel per
+    model (runs of two models are never compared); the runs ``pairing`` left out are named in the
+    caption and the notes."""
     x, xlabel = X_AXES[memory]
     if memory == "peak" and (points["peak_kind"] == "process").any():
         xlabel = "peak process memory of the run (RSS, model included; MiB)"
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    models = list(dict.fromkeys(points["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(6.4 * len(models), 4.6), squeeze=False)
+    spread = points[x].max() / max(points[x].min(), 1e-9)
+    log = spread >= 10  # a log axis only where the memory spans a decade or more
+    for ax, model in zip(axes[0], models, strict=True):
+        _panel(ax, points[points["model"] == model], x)
+        if log:
+            ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+        if (points["mean"] >= 0).all():
+            ax.set_ylim(bottom=0)
+        ax.set_xlabel(xlabel + (", log scale" if log else ""))
+        ax.set_ylabel(style.metric_label(metric))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(title="method (preset)", fontsize=7, title_fontsize=7)
+        if len(models) > 1:
+            ax.set_title(model, fontsize=9)
+    task = points["task"].iloc[0]
+    against = "KV memory" if memory == "kv" else "peak memory"
+    style.title(fig, f"{task} ({', '.join(models)}): {style.metric_label(metric)} vs {against}")
+    note = "Points: mean over samples, labelled with the budget; bars: 95% t-interval; star: FullKV."
+    if points["budget_realised"].any():
+        note += (
+            " Diamonds: methods whose budget is an outcome, labelled with the fraction of the prompt kept."
+        )
+    small, notes = interval_note(points)
+    note += f" {small}" if small else ""
+    if pairing is not None:
+        note += " " + pairing.caption()
+        notes += pairing.notes()
+    style.caption(fig, note)
+    return style.Plot(fig, points, f"pareto_{task}_{metric}_{memory}".replace("/", "-"), notes)
+
+
+def _panel(ax, points: pd.DataFrame, x: str) -> None:
+    """One model's points, method lines and Pareto front."""
+    ax.margins(y=0.08)  # the star of FullKV, often the highest point, stays whole
     for rank, (label, group) in enumerate(points.groupby("label", sort=False)):
         group = group.sort_values(["budget", x])  # a method's line follows its budgets, not the x axis
-        method = group["method"].iloc[0]
-        color, is_ref = style.method_color(method), group["budget_unit"].isna().all()
+        color, is_ref = style.method_color(group["method"].iloc[0]), group["reference"].all()
+        outcome = group["budget_realised"].all()
         yerr = [(group["mean"] - group["ci_low"]).fillna(0), (group["ci_high"] - group["mean"]).fillna(0)]
         ax.errorbar(
             group[x],
             group["mean"],
             yerr=yerr,
             color=color,
-            marker="*" if is_ref else "o",
+            marker="*" if is_ref else "D" if outcome else "o",
             markersize=11 if is_ref else 5,
-            linestyle="none" if is_ref else "-",
+            linestyle="none" if is_ref or outcome else "-",
             capsize=2,
-            label=f"{label}{' (reference)' if is_ref else ''} (n={int(group['n'].min())})",
+            label=f"{label} ({'reference, ' if is_ref else ''}n={int(group['n'].min())})",
         )
         for _, r in group[group["budget_unit"].notna()].iterrows():
-            budget = f"{r['budget']}" if r["budget_unit"] == "slots" else f"{100 * r['budget']:g}%"
+            budget = f"{r['budget']}" if r["budget_unit"] == "slots" else f"{100 * r['budget']:.0f}%"
             ax.annotate(
-                budget,
+                f"kept {budget}" if r["budget_realised"] else budget,
                 (r[x], r["mean"]),
                 textcoords="offset points",
                 xytext=(5, 5 - 8 * (rank % 3)),
@@ -78,37 +119,11 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv") -> style.Plot:
         zorder=0,
         label="Pareto front",
     )
-    spread = points[x].max() / max(points[x].min(), 1e-9)
-    if spread >= 10:  # a log axis only where the memory spans a decade or more
-        ax.set_xscale("log")
-        xlabel += ", log scale"
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
-    if (points["mean"] >= 0).all():
-        ax.set_ylim(bottom=0)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(style.metric_label(metric))
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(title="method (preset)", fontsize=7, title_fontsize=7)
-    task, models = points["task"].iloc[0], ", ".join(dict.fromkeys(points["model"]))
-    against = "KV memory" if memory == "kv" else "peak memory"
-    style.title(fig, f"{task} ({models}): {style.metric_label(metric)} vs {against}")
-    note = "Points: mean over samples, labelled with the budget; bars: 95% t-interval; star: FullKV."
-    small = int(points["n"].min()) < SMALL_N
-    if small:
-        note += f" n < {SMALL_N} for some points: intervals unreliable."
-    style.caption(fig, note)
-    notes = (
-        [f"warning: n < {SMALL_N} samples for some points; confidence intervals are unreliable"]
-        if small
-        else []
-    )
-    return style.Plot(fig, points, f"pareto_{task}_{metric}_{memory}".replace("/", "-"), notes)
 
 
 def build(
     store: ResultStore, filters: Filters, metric: str | None = None, memory: str = "kv"
 ) -> list[style.Plot]:
     """The ``pareto`` report: one :class:`~reports.style.Plot` (see :func:`draw`)."""
-    points, metric = quality_points(store, filters, metric)
-    return [draw(points, metric, memory)]
+    points, metric, pairing = quality_points(store, filters, metric)
+    return [draw(points, metric, memory, pairing)]

@@ -17,11 +17,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from reports.pairing import is_reference, model_key
 from reports.presets import identify
-from reports.style import preset_label
+from reports.style import metric_range, preset_label
 from runners.results import ResultStore
 
 CONFIDENCE = 0.95
+#: Below this many samples no interval is computed or drawn (reports say so): a t-interval with
+#: one degree of freedom is wider than the metric's range.
+MIN_N = 5
 #: Below this many samples an interval is drawn but flagged as unreliable (reports say so).
 SMALL_N = 10
 
@@ -37,18 +41,26 @@ def budget_axis(budget: object, unit: str | None) -> str | None:
 
 
 def row(record: dict) -> dict:
-    """One flat row of a record for the reports (see the module docstring for the columns)."""
+    """One flat row of a record for the reports (see the module docstring for the columns).
+
+    ``reference`` is True for FullKV only. A run whose method ignores the budget (record budget
+    null, e.g. KVMerger at a fixed theta) but recorded ``prefill_kept_fraction`` gets that
+    realised fraction of the prompt as its budget, with ``budget_realised`` True."""
     cfg = record.get("config") or {}
     eff = record.get("efficiency") or {}
     method = record.get("method") or ""
     preset, settings = identify(method, cfg.get("method") or {}) if method else ("", "")
-    budget = cfg.get("budget")
+    budget, unit = cfg.get("budget"), cfg.get("budget_unit")
+    kept = eff.get("prefill_kept_fraction")
+    realised = budget is None and not is_reference(method) and kept is not None
+    if realised:  # the method ignores the budget (KVMerger at a fixed theta): placed where it landed
+        budget, unit = float(kept), "prompt"
     peak_device, peak_rss = eff.get("peak_device_bytes"), eff.get("peak_rss_bytes")
     return {
         "run_id": record["run_id"],
         "created": record.get("created"),
         "runner": (cfg.get("runner") or {}).get("name"),
-        "model": (cfg.get("model") or {}).get("name"),
+        "model": model_key(record),
         "method": method,
         "preset": preset,
         "settings": settings,
@@ -57,7 +69,9 @@ def row(record: dict) -> dict:
         "limit": (cfg.get("task") or {}).get("limit"),
         "task_config": cfg.get("task") or {},
         "budget": budget,
-        "budget_unit": budget_axis(budget, cfg.get("budget_unit")),
+        "budget_unit": budget_axis(budget, unit),
+        "budget_realised": realised,
+        "reference": is_reference(method),
         "seed": cfg.get("seed"),
         "status": record.get("status"),
         "error": record.get("error"),
@@ -130,6 +144,8 @@ def row_columns() -> list[str]:
         "task_config",
         "budget",
         "budget_unit",
+        "budget_realised",
+        "reference",
         "seed",
         "status",
         "error",
@@ -155,17 +171,19 @@ def sample_scores(store: ResultStore, run_id: str, metric: str) -> list[float]:
     return scores
 
 
-def mean_interval(scores: Sequence[float]) -> tuple[float, float, float]:
-    """Mean and the two-sided 95% Student-t confidence interval of the mean (bounds NaN for fewer
-    than 2 samples; below :data:`SMALL_N` the interval is wide and unreliable: callers warn)."""
+def mean_interval(scores: Sequence[float], metric: str | None = None) -> tuple[float, float, float]:
+    """Mean and the two-sided 95% Student-t confidence interval of the mean, clipped to the range
+    of ``metric`` (:func:`reports.style.metric_range`; task scores 0-100). The bounds are NaN below
+    :data:`MIN_N` samples (callers say so); below :data:`SMALL_N` the interval is unreliable."""
     values = np.asarray(scores, dtype=float)
     if values.size == 0:
         return math.nan, math.nan, math.nan
     mean = float(values.mean())
-    if values.size < 2:
+    if values.size < MIN_N:
         return mean, math.nan, math.nan
     half = stats.t.ppf(0.5 + CONFIDENCE / 2, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size)
-    return mean, mean - float(half), mean + float(half)
+    low, high = metric_range(metric)
+    return mean, max(mean - float(half), low), min(mean + float(half), high)
 
 
 def primary_metric(frame: pd.DataFrame) -> str | None:

@@ -6,6 +6,7 @@ Registries, not if/else chains: add a method to :data:`METHODS`, a metric to :da
 
 from __future__ import annotations
 
+import math
 import textwrap
 import zlib
 from dataclasses import dataclass
@@ -64,6 +65,18 @@ METRIC_LABELS: dict[str, str] = {
     "runner.batch": "batch size (sequences)",
 }
 
+#: Metric key -> the values it can take (an interval is clipped to them). Task metrics are scores
+#: x100 (docs/results.md): a metric not listed here takes :data:`SCORE_RANGE`.
+SCORE_RANGE = (0.0, 100.0)
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "rel_error": (0.0, math.inf),
+    "tokens_per_s": (0.0, math.inf),
+    "decode_tokens_per_s": (0.0, math.inf),
+    "kv_mib": (0.0, math.inf),
+    "memory_mib": (0.0, math.inf),
+    "peak_mib": (0.0, math.inf),
+}
+
 #: ``budget_unit`` -> axis label of the budget.
 BUDGET_LABELS: dict[str, str] = {
     "prompt": "KV budget (fraction of each prompt)",
@@ -96,6 +109,22 @@ def preset_label(method: str, preset: str | None, settings: str = "") -> str:
 def metric_label(metric: str) -> str:
     """Axis label of a metric with its unit (``passkey/len2000/depth0.5`` -> the task's label)."""
     return METRIC_LABELS.get(metric) or METRIC_LABELS.get(metric.split("/")[0], metric)
+
+
+def metric_range(metric: str | None) -> tuple[float, float]:
+    """The smallest and largest value of a metric (``passkey/len2000/depth0.5`` by its task)."""
+    if metric is None:
+        return SCORE_RANGE
+    return METRIC_RANGES.get(metric) or METRIC_RANGES.get(metric.split("/")[0], SCORE_RANGE)
+
+
+def clipped_limits(limits: tuple[float, float], metric: str | None) -> tuple[float, float]:
+    """Y-axis limits within the metric's range (:func:`metric_range`): 5% of room above the data
+    (a FullKV line stays visible), never more than 2% of the range past its maximum."""
+    low, high = metric_range(metric)
+    bottom, top = limits
+    ceiling = high + 0.02 * (high - low) if math.isfinite(high) else high
+    return max(bottom, low), min(top + 0.05 * (top - bottom), ceiling)
 
 
 def budget_label(unit: str | None) -> str:
@@ -152,5 +181,5 @@ def percent_axis(ax, values) -> None:
     """Budget fractions on a log-2 x axis, ticks at the budgets drawn, labelled in percent."""
     ticks = sorted({float(v) for v in values})
     ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, [f"{100 * t:g}%" for t in ticks])
+    ax.set_xticks(ticks, [f"{100 * t:.3g}%" for t in ticks])  # a kept fraction: 52.2%
     ax.minorticks_off()

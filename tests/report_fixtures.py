@@ -27,6 +27,14 @@ PRESETS = {
         "pool_kernel": 5,
         "order": "code",
     },
+    "kvmerger": {
+        "_target_": "methods.kvmerger.KVMerger",
+        "recent_ratio": 0.17,
+        "heavy_ratio": 0.12,
+        "theta": 0.75,
+        "exact_budget": False,
+        "chunk_size": 256,
+    },
     "snapkv": {
         "_target_": "methods.snapkv.SnapKV",
         "window_size": 32,
@@ -36,6 +44,8 @@ PRESETS = {
     },
 }
 BUDGETS = (0.05, 0.1, 0.2)
+#: Methods whose stored budget is null (``budget_applies`` False): FullKV, KVMerger at a fixed theta.
+BUDGET_IGNORED = ("fullkv", "kvmerger")
 N_SAMPLES = 12
 
 
@@ -48,7 +58,7 @@ def config(
         "method": PRESETS[method] | method_cfg,
         "task": task,
         "runner": runner,
-        "budget": None if method == "fullkv" else budget,
+        "budget": None if method in BUDGET_IGNORED else budget,
         "budget_unit": budget_unit,
         "seed": 0,
     }
@@ -195,6 +205,72 @@ def efficiency_runs(store: ResultStore) -> list[dict]:
                 curve=curve,
                 shape={"prompt_len": 128, "gen_len": 256, "batch": 1},
                 device={"type": "cpu", "name": "x86_64"},
+            )
+        )
+    return out
+
+
+#: Per-sample ROUGE-1 of the store a user builds by running FullKV twice (:func:`unequal_store`):
+#: sample id -> score. FullKV's third sample is far above the others, so a reference taken from
+#: the 3-sample run moves the comparison.
+UNEQUAL_SCORES = {
+    "fullkv": {"0": 20.0, "1": 60.0, "2": 95.0},
+    "h2o": {"0": 10.0, "1": 50.0},
+    "zsmerge": {"0": 15.0, "1": 55.0},
+    "kvmerger": {"0": 18.0, "1": 58.0},
+}
+KVMERGER_KEPT = 0.48
+
+
+def unequal_store(root) -> ResultStore:
+    """The store of a user who ran FullKV on 3 XSum samples and again on 2, then H2O and ZSMerge at
+    10% and 20% and KVMerger (fixed theta: budget null, kept 48% of the prompt) on the same 2
+    samples; predictions carry the sample ids, every per-sample score is ROUGE-1/2/L alike."""
+    store = ResultStore(root)
+    runs = [("fullkv", None, 3), ("fullkv", None, 2), ("kvmerger", None, 2)]
+    runs += [(m, b, 2) for m in ("h2o", "zsmerge") for b in (0.1, 0.2)]
+    for i, (method, budget, n) in enumerate(runs):
+        task = {"_target_": "tasks.xsum.XSum", "limit": n, "max_new_tokens": 64}
+        shift = 0.0 if budget is None else 10 * budget
+        scores = {k: v + shift for k, v in list(UNEQUAL_SCORES[method].items())[:n]}
+        per = [{k: v for k in ("rouge1", "rouge2", "rougeL")} for v in scores.values()]
+        mean = sum(scores.values()) / n
+        kept = KVMERGER_KEPT if method == "kvmerger" else (budget or 1.0)
+        write_run(
+            store,
+            config(method, budget, task, {"name": "quality"}),
+            method,
+            "xsum",
+            f"2026-11-20T14:{i:02d}:00+00:00",
+            metrics={"rouge1": mean, "rouge2": mean, "rougeL": mean},
+            efficiency={
+                "kv_bytes_end_mean": 20e6 * kept,
+                "fullkv_bytes_end_mean": 20e6,
+                "prefill_kept_fraction": kept,
+                "peak_rss_bytes": 9e8,
+            },
+            predictions=[
+                {"id": k, "prediction": "x", "metrics": m} for k, m in zip(scores, per, strict=True)
+            ],
+        )
+    return store
+
+
+def unequal_niah_runs(store: ResultStore) -> list[dict]:
+    """Needle grids of FullKV on samples a, b, c and on a, b, and ZSMerge at 10% on a, b."""
+    task = {"_target_": "tasks.infinitebench.InfiniteBench", "tasks": ["passkey"], "lengths": [1000]}
+    out = []
+    for method, budget, ids in (("fullkv", None, "abc"), ("fullkv", None, "ab"), ("zsmerge", 0.1, "ab")):
+        found = 100.0 if method == "fullkv" else 0.0
+        out.append(
+            write_run(
+                store,
+                config(method, budget, task | {"limit": len(ids)}, {"name": "quality"}),
+                method,
+                "infinitebench",
+                "2026-11-20T15:00:00+00:00",
+                metrics={"passkey": found, "passkey/len1000/depth0.5": found},
+                predictions=[{"id": i, "prediction": "x", "metrics": {"score": found}} for i in ids],
             )
         )
     return out

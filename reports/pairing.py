@@ -1,0 +1,169 @@
+"""Which stored runs a report may compare: runs of one model and task scored on the same samples.
+
+Every comparison (the ``budget``, ``pareto`` and ``niah`` figures, ``summary``, ``reports.compare``
+and the experiment tables) goes through :func:`pair`. Within each (model, task) it picks the
+sample set most of the compressed runs were scored on, keeps the runs scored on exactly those
+samples (sample ids from ``predictions.jsonl``, docs/results.md) and takes the FullKV run on the same
+samples as the reference. Every other run is returned as :class:`Unpaired` with the reason, which
+the reports print (a ``note:`` line) and write into the caption or the Markdown: a run is never
+compared on other samples, and never dropped without a word.
+
+Only FullKV is a reference: a method that ignores the budget (KVMerger at a fixed theta) is placed
+at the fraction of the prompt it kept (:func:`reports.runs.row`), never drawn or ranked as one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from runners.results import ResultStore
+
+#: Registry names of the methods that are the reference of a comparison (the uncompressed cache).
+REFERENCE_METHODS = frozenset({"fullkv"})
+#: The keys a comparison is made within: runs of other models or tasks are never compared.
+PAIR_KEYS = ("model", "task")
+
+SampleKey = frozenset | str  # the sample ids of a run, or a description where none are recorded
+
+
+def model_key(record: dict) -> str:
+    """The model a run is compared within (runs of two models are never compared): the record's
+    ``config.model.name``. The one place reports derive a run's model from its record."""
+    return str(((record.get("config") or {}).get("model") or {}).get("name") or "")
+
+
+def is_reference(method: object) -> bool:
+    """Whether runs of ``method`` (a registry name) are the reference of a comparison (FullKV)."""
+    return str(method) in REFERENCE_METHODS
+
+
+def sample_ids(store: ResultStore, run_id: str) -> frozenset[str] | None:
+    """The ids of the samples a run scored (``predictions.jsonl``'s ``id``); None without them."""
+    path = store.run_dir(run_id) / "predictions.jsonl"
+    if not path.is_file():
+        return None
+    ids = [json.loads(line).get("id") for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return frozenset(str(i) for i in ids) if ids and None not in ids else None
+
+
+def sample_key(store: ResultStore, run_id: str, n: object) -> SampleKey:
+    """What a run's samples are compared by: their ids, or where the run recorded none (older
+    records, synthetic prompts) the text ``"<n> samples, ids not recorded"``."""
+    ids = sample_ids(store, run_id)
+    if ids is not None:
+        return ids
+    return "sample ids not recorded" if n is None or n != n else f"{int(n)} samples, ids not recorded"
+
+
+def describe(key: SampleKey) -> str:
+    """A sample key for people: ``2 samples (ids 0, 1)``, ids shortened beyond six."""
+    if isinstance(key, str):
+        return key
+    ids = sorted(key, key=lambda i: (len(i), i))
+    shown = ", ".join(ids[:6]) + (", ..." if len(ids) > 6 else "")
+    return f"{len(ids)} samples (ids {shown})"
+
+
+@dataclass(frozen=True)
+class Unpaired:
+    """A run a report could not compare, and why."""
+
+    run_id: str
+    label: str
+    samples: str
+    reason: str
+
+    def note(self) -> str:
+        """One line for the console, the caption and the Markdown."""
+        return f"not paired: {self.label} (run {self.run_id[:8]}): {self.reason}"
+
+
+@dataclass
+class Pairing:
+    """The result of :func:`pair`: the run ids compared, the sample set of each (model, task)
+    group, the runs left out with reasons, and groups without a FullKV reference."""
+
+    kept: list[str] = field(default_factory=list)
+    samples: dict[tuple, SampleKey] = field(default_factory=dict)
+    unpaired: list[Unpaired] = field(default_factory=list)
+    no_reference: list[tuple] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        """Console lines: every unpaired run and every group compared without FullKV."""
+        lines = [u.note() for u in self.unpaired]
+        lines += [f"note: no FullKV run on the compared samples of {', '.join(g)}" for g in self.no_reference]
+        return [line if line.startswith("note:") else f"note: {line}" for line in lines]
+
+    def caption(self) -> str:
+        """One sentence for a caption: the samples compared, and how many runs were left out."""
+        sets = {describe(k) for k in self.samples.values()}
+        text = f"Runs paired on the same samples: {'; '.join(sorted(sets))}." if sets else ""
+        if self.unpaired:
+            runs = "; ".join(dict.fromkeys(f"{u.label} on {u.samples}" for u in self.unpaired))
+            text += f" Not paired (other samples): {runs}."
+        return text.strip()
+
+
+def pair(runs: pd.DataFrame, keys: Mapping[str, SampleKey], by: Sequence[str] = PAIR_KEYS) -> Pairing:
+    """Split runs into those a report compares and those it cannot.
+
+    Parameters
+    ----------
+    runs : pandas.DataFrame
+        One row per run with columns ``run_id``, ``method`` (registry name), ``label`` (display)
+        and the ``by`` columns (model, task).
+    keys : Mapping[str, SampleKey]
+        The sample key of each run id (:func:`sample_key`).
+    by : Sequence[str]
+        The columns whose values a comparison never mixes.
+
+    Returns
+    -------
+    Pairing
+        Per ``by`` group, the sample set of most compressed runs (ties: the most samples) and the
+        runs on it, FullKV included; every other run is unpaired with its reason. A group of only
+        FullKV runs keeps the one on the most samples.
+    """
+    out = Pairing()
+    if runs.empty:
+        return out
+    for group, part in runs.groupby(list(by), sort=False, dropna=False):
+        group = tuple(str(g) for g in (group if isinstance(group, tuple) else (group,)))
+        methods = part[~part["method"].map(is_reference)]
+        pool = methods if len(methods) else part
+        counts = Counter(keys[rid] for rid in pool["run_id"])
+        chosen = max(counts, key=lambda k: (counts[k], _size(k), describe(k)))
+        out.samples[group] = chosen
+        has_reference = False
+        for run in part.itertuples():
+            key = keys[run.run_id]
+            if key == chosen:
+                out.kept.append(run.run_id)
+                has_reference |= is_reference(run.method)
+                continue
+            why = f"scored on {describe(key)}; the compared runs of {', '.join(group)} on {describe(chosen)}"
+            shared = len(key & chosen) if not isinstance(key, str) and not isinstance(chosen, str) else 0
+            if shared:
+                why += f" ({shared} shared)"
+            out.unpaired.append(Unpaired(run.run_id, str(run.label), describe(key), why))
+        if len(methods) and not has_reference:
+            out.no_reference.append(group)
+    return out
+
+
+def _size(key: SampleKey) -> int:
+    if isinstance(key, str):
+        head = key.split(" ", 1)[0]
+        return int(head) if head.isdigit() else 0
+    return len(key)
+
+
+def pair_frame(store: ResultStore, runs: pd.DataFrame, by: Sequence[str] = PAIR_KEYS) -> Pairing:
+    """:func:`pair` with each run's sample key read from the store (``runs`` needs an ``n`` column)."""
+    keys = {r.run_id: sample_key(store, r.run_id, r.n) for r in runs.itertuples()}
+    return pair(runs, keys, by)
