@@ -19,12 +19,12 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from methods import CompressionMethod, resolve_budget
+from runners.build import build_method
 from runners.environment import peak_device_bytes, peak_rss_bytes, reset_peak_memory
 from runners.errors import KVBenchError
 from runners.models import load_model
-from runners.quality import build_method
 from runners.record import new_record, recording, run_config, stored_run
-from runners.report import print_summary
+from runners.summary_table import print_summary
 from runners.timing import TimedRun, synthetic_prompts, timed_generate
 
 

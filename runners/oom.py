@@ -102,8 +102,8 @@ def probe_shape(cfg: DictConfig, search: str, value: int) -> tuple[int, int]:
 
 def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Module | None = None) -> None:
     """One measurement shape (raises on OOM). Loads the model unless given."""
+    from runners.build import build_method
     from runners.models import load_model
-    from runners.quality import build_method
     from runners.timing import synthetic_prompts, timed_generate
 
     method = build_method(cfg)
@@ -222,8 +222,8 @@ def run_oom(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input, before any probe.
     """
-    from runners.quality import build_method
-    from runners.report import print_summary
+    from runners.build import build_method
+    from runners.summary_table import print_summary
 
     check_search(cfg)
     method = build_method(cfg)

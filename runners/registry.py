@@ -9,8 +9,8 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from kernels import set_backend
+from runners.attention_error import run_attention_error
 from runners.efficiency import run_efficiency
-from runners.error import run_error
 from runners.errors import KVBenchError
 from runners.generate import set_decode_backend
 from runners.less_train import run_train_less
@@ -20,7 +20,7 @@ from runners.record import in_multirun, record_failure
 
 RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
     "efficiency": run_efficiency,
-    "error": run_error,
+    "error": run_attention_error,
     "oom": run_oom,
     "quality": run_quality,
     "train_less": run_train_less,

@@ -232,7 +232,7 @@ def test_cpu_oom_search_on_the_embedded_model(tmp_path):
 def test_shadow_caches_measure_zero_error_at_a_covering_budget(tiny_model, name):
     """A shadow cache that keeps everything reproduces FullKV's attention output; a small budget
     does not (the error runner's measurement, ZSMerge Figure 4)."""
-    from runners.error import ShadowCaches
+    from runners.attention_error import ShadowCaches
 
     method = METHOD_REGISTRY[name]()
     shadows = ShadowCaches(method, [PROMPT + STEPS, 8], layer_specs(tiny_model))

@@ -18,10 +18,10 @@ from tqdm import tqdm
 from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
 from methods.architecture import LayerSpec, layer_specs
 from methods.step import decode_step, prefill_step
+from runners.build import build_components, load_prompts, refuse_untrained
 from runners.errors import KVBenchError
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model
-from runners.quality import build_components, load_prompts
 from runners.record import new_record, recording, run_config, stored_run
 
 
@@ -78,7 +78,7 @@ class ShadowCaches:
             self.steps[i, layer_idx] += 1
 
 
-def run_error(cfg: DictConfig) -> dict:
+def run_attention_error(cfg: DictConfig) -> dict:
     """Relative attention-output error of one method vs FullKV at each of ``runner.budgets``.
 
     Raises
@@ -86,6 +86,7 @@ def run_error(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input (budgets, method, task, data), before the model is loaded.
     """
+    refuse_untrained(cfg)
     budgets = list(cfg.runner.budgets)
     if not budgets:
         raise KVBenchError("runner.budgets is empty")
