@@ -117,10 +117,7 @@ def run_attention_error(cfg: DictConfig) -> dict:
     steps = torch.zeros_like(error_sum)
     with recording(cfg, store, record):
         for ids in tqdm(prompts, desc=f"error {method.name}", disable=not cfg.runner.progress):
-            slots = [
-                resolve_budget(b, ids.shape[1], model.config.max_position_embeddings, cfg.budget_unit)
-                for b in budgets
-            ]
+            slots = [resolve_budget(b, ids.shape[1], cfg.model.max_context, cfg.budget_unit) for b in budgets]
             shadows = ShadowCaches(method, slots, specs)
             greedy_generate(
                 model, ids, FullKV(), None, new, eos_token_ids(model, tokenizer), observer=shadows

@@ -34,7 +34,8 @@ def check_shape(cfg: DictConfig) -> None:
     Raises
     ------
     KVBenchError
-        For non-positive sizes or a prompt + generation longer than the model's context.
+        For non-positive sizes or a prompt + generation longer than the model's context
+        (``model.max_context``, filled from the model's config by ``runners.build.build_method``).
     """
     r = cfg.runner
     for key in ("prompt_len", "gen_len", "batch", "repeats"):
@@ -121,17 +122,15 @@ def run_efficiency(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input (budget, method, shape), before the model is loaded.
     """
+    method = build_method(cfg)  # fills model.max_context from the model's config
     check_shape(cfg)
-    method = build_method(cfg)
     config = run_config(cfg, method.budget_applies)
     store, rid, done = stored_run(cfg, config, print_summary)
     if done is not None:
         return done
     print(f"loading model {cfg.model.name}", flush=True)
     model = load_model(cfg.model, cfg.device)
-    budget = resolve_budget(
-        config["budget"], cfg.runner.prompt_len, model.config.max_position_embeddings, cfg.budget_unit
-    )
+    budget = resolve_budget(config["budget"], cfg.runner.prompt_len, cfg.model.max_context, cfg.budget_unit)
     r = cfg.runner
     record = new_record(
         rid, config, method.name, "synthetic", model.device,
