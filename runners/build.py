@@ -17,6 +17,7 @@ from methods import METHOD_REGISTRY, CompressionMethod, validate_budget
 from runners.errors import KVBenchError
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
+from runners.paths import RESULTS, check_writable_dir
 from tasks import TASK_REGISTRY, Task
 
 #: ``method.checkpoint`` of a method run with untrained weights (``method=less_random``): its
@@ -56,14 +57,16 @@ def check_device(device: str | None, key: str = "device") -> None:
 
 
 def check_run(cfg: DictConfig) -> None:
-    """The checks of the top-level config every runner shares: ``device`` and ``seed``.
+    """The checks of the top-level config every runner shares: ``device``, ``seed`` and the result
+    store (``paths.results_dir``).
 
     Raises
     ------
     KVBenchError
-        For a device this machine does not have (:func:`check_device`) or a seed that is not an
-        integer.
+        For a device this machine does not have (:func:`check_device`), a seed that is not an
+        integer, or a results dir that cannot be written (``runners.paths.check_writable_dir``).
     """
+    check_writable_dir(cfg.paths.results_dir, RESULTS)
     check_device(cfg.get("device"))
     seed = cfg.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int):

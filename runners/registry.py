@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from kernels import set_backend
 from runners.attention_error import run_attention_error
+from runners.build import check_run
 from runners.efficiency import run_efficiency
 from runners.errors import KVBenchError
 from runners.generate import set_decode_backend
@@ -52,6 +53,7 @@ def run_from_config(cfg: DictConfig) -> float | None:
             raise KVBenchError(str(err)) from err
         if cfg.runner.name not in RUNNER_REGISTRY:
             raise KVBenchError(f"unknown runner {cfg.runner.name!r} (known: {sorted(RUNNER_REGISTRY)})")
+        check_run(cfg)
         record = RUNNER_REGISTRY[cfg.runner.name](cfg)
     except KVBenchError as err:
         print(f"error: {err}", file=sys.stderr)
