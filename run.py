@@ -26,13 +26,8 @@ def cli() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     # Let Hydra raise instead of printing multi-line reports; real bugs keep their full traceback.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    from runners.errors import KVBenchError
-
     try:
         main()
-    except KVBenchError as err:  # found by a Hydra callback before the job (runners.paths)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
     except MissingConfigException as err:
         options = f" (available: {', '.join(err.options)})" if err.options else ""
         hint = "; any other model: model=hf model.id=<hub id or folder>" if "'model/" in str(err) else ""

@@ -20,7 +20,13 @@ from tqdm import tqdm
 
 from methods import CompressionMethod, resolve_budget
 from runners.build import build_method
-from runners.environment import peak_device_bytes, peak_rss_bytes, reset_peak_memory
+from runners.environment import (
+    peak_device_bytes,
+    peak_rss_bytes,
+    process_peak_device_bytes,
+    process_peak_rss_bytes,
+    reset_peak_memory,
+)
 from runners.errors import KVBenchError
 from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
@@ -139,6 +145,10 @@ def run_efficiency(cfg: DictConfig) -> dict:
     )  # fmt: skip
     with recording(cfg, store, record):
         efficiency, curve = measure(model, method, cfg, budget)
+        efficiency |= {  # the process: model loading and the warm-up included
+            "peak_rss_process_bytes": process_peak_rss_bytes(),
+            "peak_device_process_bytes": process_peak_device_bytes(model.device),
+        }
         record.update(
             status="ok", metrics={"tokens_per_s": efficiency["tokens_per_s"]}, efficiency=efficiency
         )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
@@ -41,14 +43,23 @@ def check_writable_dir(path: str | Path, what: str) -> None:
 
 class CheckOutputDirs(Callback):
     """Hydra callback: the result store and the run's log directory can be written, checked before
-    Hydra creates the log directory and before any job starts (a failure is one ``error:`` line)."""
+    Hydra creates the log directory and before any job starts. Hydra turns a callback's exception
+    into a warning, so a failure ends the process here: one ``error:`` line, exit code 2."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A single run: ``paths.results_dir`` and ``hydra.run.dir``."""
-        check_writable_dir(config.paths.results_dir, RESULTS)
-        check_writable_dir(config.hydra.run.dir, LOGS)
+        _check_or_exit(config, config.paths.results_dir, "run")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A sweep: ``paths.results_dir`` and ``hydra.sweep.dir``."""
-        check_writable_dir(config.paths.results_dir, RESULTS)
-        check_writable_dir(config.hydra.sweep.dir, LOGS)
+        _check_or_exit(config, config.paths.results_dir, "sweep")
+
+
+def _check_or_exit(config: DictConfig, results_dir: str, mode: str) -> None:
+    HydraConfig.instance().set_config(config)  # the log dir's ${hydra:...} interpolations
+    try:
+        check_writable_dir(results_dir, RESULTS)
+        check_writable_dir(config.hydra[mode].dir, LOGS)
+    except KVBenchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -17,7 +17,12 @@ from methods import CompressionMethod, resolve_budget
 from methods.architecture import layer_specs
 from methods.sliding import layer_protocol
 from runners.build import build_components, load_prompts, refuse_untrained
-from runners.environment import peak_device_bytes, peak_rss_bytes
+from runners.environment import (
+    peak_device_bytes,
+    peak_rss_bytes,
+    process_peak_device_bytes,
+    process_peak_rss_bytes,
+)
 from runners.errors import KVBenchError
 from runners.generate import GenerationResult, eos_token_ids, greedy_generate
 from runners.models import load_model
@@ -87,7 +92,9 @@ def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device:
         "prefill_kept_fraction": sum(sum(kept) / len(kept) for kept in kept_fractions) / n,
         "prefill_kept_fraction_per_layer": [sum(col) / n for col in zip(*kept_fractions, strict=True)],
         "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_process_bytes": process_peak_rss_bytes(),
         "peak_device_bytes": peak_device_bytes(device),
+        "peak_device_process_bytes": process_peak_device_bytes(device),
     }
 
 

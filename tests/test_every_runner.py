@@ -57,6 +57,9 @@ def test_every_runner_runs_a_saved_model_with_nothing_set_by_hand(tmp_path, data
     assert model["name"] == "tiny-saved-llama" and model["max_context"] == CONTEXT
     metric = next(iter(record["metrics"].values()))
     assert metric is not None and metric >= 0, record["metrics"]
+    if runner in ("quality", "efficiency"):  # the run's peak and the process's, loading included
+        eff = record["efficiency"]
+        assert eff["peak_rss_process_bytes"] >= (eff.get("peak_rss_bytes") or eff["peak_memory_bytes"]) > 0
 
 
 def test_missing_less_kernels_name_a_training_command_that_works(tmp_path, data_dir, saved_model):
