@@ -1,6 +1,6 @@
 """Building a run from its config: the checks every runner shares, then method, task and prompts.
 
-Order (bad input fails before anything expensive): :func:`check_run` (device, seed) ->
+Order (bad input fails before anything expensive): :func:`check_run` (results dir, device, seed) ->
 :func:`build_method` (budget, method, model config, method assets) -> :func:`build_components`
 (the task) -> :func:`load_prompts` (tokenizer, data, prompt ids). No function here loads weights.
 """

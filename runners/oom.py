@@ -202,9 +202,9 @@ def check_search(cfg: DictConfig) -> None:
         or a missing CPU cap.
     """
     r = cfg.runner
+    if str(r.device).split(":")[0] not in ("cpu", "cuda"):
+        raise KVBenchError(f"runner.device must be cpu or cuda[:N], got {r.device!r}")
     check_device(r.device, "runner.device")
-    if torch.device(r.device).type not in ("cpu", "cuda"):
-        raise KVBenchError(f"runner.device must be cpu or cuda, got {r.device!r}")
     if r.search not in SEARCHES:
         raise KVBenchError(f"runner.search must be one of {SEARCHES}, got {r.search!r}")
     if not 1 <= r.low <= r.high:

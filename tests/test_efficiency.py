@@ -178,6 +178,7 @@ def test_capped_child_reports_oom_not_a_crash():
         (["runner=efficiency", "runner.batch=0"], "runner.batch must be >= 1"),
         (["runner=oom", "runner.search=width"], "runner.search must be one of"),
         (["runner=oom", "runner.low=9", "runner.high=4"], "runner.low <= runner.high"),
+        (["runner=oom", "runner.device=auto"], "runner.device must be cpu or cuda[:N], got 'auto'"),
         (["runner=error", "runner.budgets=[]"], "runner.budgets is empty"),
         (["runner=error", "method=fullkv"], "has no error"),
     ],
