@@ -19,12 +19,18 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from methods import CompressionMethod, resolve_budget
-from runners.environment import peak_device_bytes, peak_rss_bytes, reset_peak_memory
+from runners.build import build_method
+from runners.environment import (
+    peak_device_bytes,
+    peak_rss_bytes,
+    process_peak_device_bytes,
+    process_peak_rss_bytes,
+    reset_peak_memory,
+)
 from runners.errors import KVBenchError
 from runners.models import load_model
-from runners.quality import build_method
 from runners.record import new_record, recording, run_config, stored_run
-from runners.report import print_summary
+from runners.summary_table import print_summary
 from runners.timing import TimedRun, synthetic_prompts, timed_generate
 
 
@@ -34,7 +40,8 @@ def check_shape(cfg: DictConfig) -> None:
     Raises
     ------
     KVBenchError
-        For non-positive sizes or a prompt + generation longer than the model's context.
+        For non-positive sizes or a prompt + generation longer than the model's context
+        (``model.max_context``, filled from the model's config by ``runners.build.build_method``).
     """
     r = cfg.runner
     for key in ("prompt_len", "gen_len", "batch", "repeats"):
@@ -121,17 +128,15 @@ def run_efficiency(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input (budget, method, shape), before the model is loaded.
     """
+    method = build_method(cfg)  # fills model.max_context from the model's config
     check_shape(cfg)
-    method = build_method(cfg)
     config = run_config(cfg, method.budget_applies)
     store, rid, done = stored_run(cfg, config, print_summary)
     if done is not None:
         return done
     print(f"loading model {cfg.model.name}", flush=True)
     model = load_model(cfg.model, cfg.device)
-    budget = resolve_budget(
-        config["budget"], cfg.runner.prompt_len, model.config.max_position_embeddings, cfg.budget_unit
-    )
+    budget = resolve_budget(config["budget"], cfg.runner.prompt_len, cfg.model.max_context, cfg.budget_unit)
     r = cfg.runner
     record = new_record(
         rid, config, method.name, "synthetic", model.device,
@@ -140,6 +145,10 @@ def run_efficiency(cfg: DictConfig) -> dict:
     )  # fmt: skip
     with recording(cfg, store, record):
         efficiency, curve = measure(model, method, cfg, budget)
+        efficiency |= {  # the process: model loading and the warm-up included
+            "peak_rss_process_bytes": process_peak_rss_bytes(),
+            "peak_device_process_bytes": process_peak_device_bytes(model.device),
+        }
         record.update(
             status="ok", metrics={"tokens_per_s": efficiency["tokens_per_s"]}, efficiency=efficiency
         )

@@ -72,11 +72,30 @@ def _proc_status(field: str) -> int | None:
     return None
 
 
+#: Peaks of the windows :func:`reset_peak_memory` closed (``"rss"`` or a CUDA device name ->
+#: bytes): what the process peaks add to the current window's.
+_CLOSED_PEAKS: dict[str, int] = {}
+
+
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process (bytes) since the last :func:`reset_peak_memory`
     (Linux ``VmHWM``), or since start (``ru_maxrss``) where that cannot be reset."""
     hwm = _proc_status("VmHWM")
     return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def process_peak_rss_bytes() -> int:
+    """Peak resident set size of this process since it started (bytes): model loading and earlier
+    jobs of the same process included, across every :func:`reset_peak_memory`."""
+    return max(_CLOSED_PEAKS.get("rss", 0), peak_rss_bytes())
+
+
+def process_peak_device_bytes(device: torch.device) -> int | None:
+    """CUDA ``max_memory_allocated`` of ``device`` since the process started (bytes), across every
+    :func:`reset_peak_memory`; None on CPU."""
+    if device.type != "cuda":
+        return None
+    return max(_CLOSED_PEAKS.get(str(device), 0), torch.cuda.max_memory_allocated(device))
 
 
 def rss_bytes() -> int | None:
@@ -96,10 +115,13 @@ def release_free_memory() -> None:
 
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak-memory window: CUDA peak stats, or the CPU peak RSS (writing ``5`` to
-    ``/proc/self/clear_refs`` resets ``VmHWM``; a no-op where the kernel does not allow it)."""
+    ``/proc/self/clear_refs`` resets ``VmHWM``; a no-op where the kernel does not allow it). The
+    closed window's peak is kept for :func:`process_peak_rss_bytes` / :func:`process_peak_device_bytes`."""
     if device.type == "cuda":
+        _CLOSED_PEAKS[str(device)] = process_peak_device_bytes(device)
         torch.cuda.reset_peak_memory_stats(device)
         return
+    _CLOSED_PEAKS["rss"] = process_peak_rss_bytes()
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:

@@ -102,7 +102,7 @@ class ModelRun:
     max_tokens : int | None
         Tokens the run appends at most (caps the cache's buffers; ``CompressedCache``).
     observer : callable, optional
-        Handed to the attention function as ``kvbench_observer`` (``methods.attention``).
+        Handed to the attention function as ``kvbench_observer`` (``methods.seam.attention``).
     backend : str | None
         ``eager`` or ``compiled`` decode steps (:func:`compiled_forward`); None: the configured
         one (:func:`set_decode_backend`). An observer forces eager steps (it is Python called per layer).
@@ -214,7 +214,7 @@ def greedy_generate(
         The end-of-generation ids are masked out of the first ``min_new_tokens`` tokens (the
         ``min_length = prompt + 1`` of the LongBench scripts is 1).
     observer : callable, optional
-        Handed to the attention function as ``kvbench_observer`` (``methods.attention``).
+        Handed to the attention function as ``kvbench_observer`` (``methods.seam.attention``).
 
     Returns
     -------

@@ -7,7 +7,7 @@ What the config leaves null comes from the model itself (:func:`resolve_model_co
 (from the id or file), the dtype (``auto``: the checkpoint's), the context length
 (``max_position_embeddings``) and the LongBench truncation limit. The architecture is checked
 from the config before any weights load (``methods.seam.architecture.check_supported``). Every model
-is loaded with ``attn_implementation="kvbench"`` (methods.attention), on one device or sharded
+is loaded with ``attn_implementation="kvbench"`` (methods.seam.attention), on one device or sharded
 by accelerate's ``device_map``.
 """
 
@@ -100,7 +100,7 @@ def resolve_model_config(cfg: DictConfig) -> None:
     ------
     KVBenchError
         As :func:`validate_model_config` and :func:`read_model_config`, or with the unsupported
-        feature named (``methods.architecture.check_supported``).
+        feature named (``methods.seam.architecture.check_supported``).
     """
     with open_dict(cfg):
         if not cfg.get("name"):

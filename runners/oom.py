@@ -29,6 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from methods import resolve_budget
+from runners.build import build_method, check_device
 from runners.errors import KVBenchError
 from runners.record import failure, is_oom, new_record, recording, run_config, stored_run
 
@@ -103,7 +104,6 @@ def probe_shape(cfg: DictConfig, search: str, value: int) -> tuple[int, int]:
 def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Module | None = None) -> None:
     """One measurement shape (raises on OOM). Loads the model unless given."""
     from runners.models import load_model
-    from runners.quality import build_method
     from runners.timing import synthetic_prompts, timed_generate
 
     method = build_method(cfg)
@@ -111,7 +111,7 @@ def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Modu
     budget = resolve_budget(
         None if not method.budget_applies else cfg.budget,
         prompt_len,
-        model.config.max_position_embeddings,
+        cfg.model.max_context,
         cfg.budget_unit,
     )
     steps = cfg.runner.probe_steps if cfg.runner.probe_steps is not None else cfg.runner.gen_len - 1
@@ -197,9 +197,14 @@ def check_search(cfg: DictConfig) -> None:
     Raises
     ------
     KVBenchError
-        For an unknown search, an empty range, a too-long context or a missing CPU cap.
+        For an unknown search, an empty range, a too-long context (``model.max_context``, filled
+        by ``runners.build.build_method``), a device other than CPU or an available CUDA device,
+        or a missing CPU cap.
     """
     r = cfg.runner
+    if str(r.device).split(":")[0] not in ("cpu", "cuda"):
+        raise KVBenchError(f"runner.device must be cpu or cuda[:N], got {r.device!r}")
+    check_device(r.device, "runner.device")
     if r.search not in SEARCHES:
         raise KVBenchError(f"runner.search must be one of {SEARCHES}, got {r.search!r}")
     if not 1 <= r.low <= r.high:
@@ -222,11 +227,10 @@ def run_oom(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input, before any probe.
     """
-    from runners.quality import build_method
-    from runners.report import print_summary
+    from runners.summary_table import print_summary
 
+    method = build_method(cfg)  # fills model.max_context from the model's config
     check_search(cfg)
-    method = build_method(cfg)
     config = run_config(cfg, method.budget_applies)
     store, rid, done = stored_run(cfg, config, print_summary)
     if done is not None:

@@ -1,8 +1,8 @@
 """Quality runner: greedy generation over a task's samples with one method at one budget.
 
 Order of work (bad input fails before anything expensive): validate config -> build method and
-task -> read data -> tokenize and check prompt lengths -> load model -> generate -> score ->
-record (atomic) -> loggers -> summary table.
+task (``runners.build``) -> read data -> tokenize and check prompt lengths -> load model ->
+generate -> score -> record (atomic) -> loggers -> summary table.
 """
 
 from __future__ import annotations
@@ -10,87 +10,25 @@ from __future__ import annotations
 import statistics
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget, validate_budget
+from methods import CompressionMethod, resolve_budget
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
-from runners.environment import peak_device_bytes, peak_rss_bytes
+from runners.build import build_components, load_prompts, refuse_untrained
+from runners.environment import (
+    peak_device_bytes,
+    peak_rss_bytes,
+    process_peak_device_bytes,
+    process_peak_rss_bytes,
+)
 from runners.errors import KVBenchError
 from runners.generate import GenerationResult, eos_token_ids, greedy_generate
-from runners.models import load_model, load_tokenizer, resolve_model_config
+from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
-from runners.report import print_summary
-from tasks import TASK_REGISTRY, Task
-
-
-def registered_name(target: str | None, registry: dict) -> str | None:
-    """The registry name of the class a config's ``_target_`` names, or None if it is not registered."""
-    return next((n for n, c in registry.items() if f"{c.__module__}.{c.__qualname__}" == target), None)
-
-
-def _build(node: DictConfig, group: str, registry: dict) -> object:
-    """Instantiate a method/task config, turning bad names or values into one-line errors."""
-    target = node.get("_target_", "")
-    if registered_name(target, registry) is None:
-        raise KVBenchError(f"unknown {group} target {target!r} (known {group}s: {sorted(registry)})")
-    try:
-        return instantiate(node)
-    except Exception as err:  # hydra wraps the dataclass' ValueError/TypeError
-        cause = err.__cause__ or err
-        raise KVBenchError(f"invalid {group} config: {cause}") from err
-
-
-def build_method(cfg: DictConfig) -> CompressionMethod:
-    """Validate budget, method and model config and build the method with its assets (no model).
-
-    Raises
-    ------
-    KVBenchError
-        For a bad budget, unknown method target, bad hyperparameters, bad model config, an
-        unsupported architecture or a missing method asset (LESS kernels). Fills the model
-        config's null fields from the model's own config (``runners.models.resolve_model_config``).
-    """
-    try:
-        validate_budget(cfg.budget, cfg.budget_unit)
-    except ValueError as err:
-        raise KVBenchError(str(err)) from err
-    method = _build(cfg.method, "method", METHOD_REGISTRY)
-    resolve_model_config(cfg.model)
-    try:
-        method.attach_assets(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
-    except FileNotFoundError as err:
-        raise KVBenchError(str(err)) from err
-    return method
-
-
-def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
-    """Validate the config and build the method and task (no data, no model).
-
-    Raises
-    ------
-    KVBenchError
-        As :func:`build_method`, or for an unknown task target / bad task config.
-    """
-    method = build_method(cfg)
-    return method, _build(cfg.task, "task", TASK_REGISTRY)
-
-
-def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.Tensor]]:
-    """The tokenizer, the task's samples and their encoded prompts ``[1, prompt]``.
-
-    Raises
-    ------
-    KVBenchError
-        If the task selects no samples (and as ``Task.load`` for missing data).
-    """
-    tokenizer = load_tokenizer(cfg.model)
-    samples = task.load(tokenizer)
-    if not samples:
-        raise KVBenchError(f"task {task.name} selected no samples")
-    return tokenizer, samples, [task.encode(tokenizer, s) for s in samples]
+from runners.summary_table import print_summary
+from tasks import Task
 
 
 def stop_token_ids(tokenizer, strings: tuple[str, ...]) -> set[int]:
@@ -106,7 +44,7 @@ def check_budgets(
     prompts: list,
     task: Task,
 ) -> list[int | None]:
-    """Each sample's slot budget (``methods.budget.resolve_budget``; a context fraction is of
+    """Each sample's slot budget (``methods.seam.budget.resolve_budget``; a context fraction is of
     ``model.max_context``), checked with the method (``CompressionMethod.check_budget``) before any
     model loads.
 
@@ -154,7 +92,9 @@ def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device:
         "prefill_kept_fraction": sum(sum(kept) / len(kept) for kept in kept_fractions) / n,
         "prefill_kept_fraction_per_layer": [sum(col) / n for col in zip(*kept_fractions, strict=True)],
         "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_process_bytes": process_peak_rss_bytes(),
         "peak_device_bytes": peak_device_bytes(device),
+        "peak_device_process_bytes": process_peak_device_bytes(device),
     }
 
 
@@ -166,6 +106,7 @@ def run_quality(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input, before any model is loaded (or before generation for too-long prompts).
     """
+    refuse_untrained(cfg)
     method, task = build_components(cfg)
     config = run_config(cfg, method.budget_applies)
     store, rid, done = stored_run(cfg, config, print_summary)

@@ -10,8 +10,9 @@ from omegaconf import DictConfig
 
 from kernels import set_backend
 from methods.less.train import run_train_less
+from runners.attention_error import run_attention_error
+from runners.build import check_run
 from runners.efficiency import run_efficiency
-from runners.error import run_error
 from runners.errors import KVBenchError
 from runners.generate import set_decode_backend
 from runners.oom import run_oom
@@ -20,7 +21,7 @@ from runners.record import in_multirun, record_failure
 
 RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
     "efficiency": run_efficiency,
-    "error": run_error,
+    "error": run_attention_error,
     "oom": run_oom,
     "quality": run_quality,
     "train_less": run_train_less,
@@ -52,6 +53,7 @@ def run_from_config(cfg: DictConfig) -> float | None:
             raise KVBenchError(str(err)) from err
         if cfg.runner.name not in RUNNER_REGISTRY:
             raise KVBenchError(f"unknown runner {cfg.runner.name!r} (known: {sorted(RUNNER_REGISTRY)})")
+        check_run(cfg)
         record = RUNNER_REGISTRY[cfg.runner.name](cfg)
     except KVBenchError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -112,7 +112,7 @@ def sweep_jobs(
     KVBenchError
         For an unknown experiment.
     """
-    from runners.quality import registered_name  # the methods and tasks (torch) load only here
+    from runners.build import registered_name  # the methods and tasks (torch) load only here
     from tasks import TASK_REGISTRY
 
     base, composed = composed_jobs(experiment, scale, overrides)

@@ -176,9 +176,32 @@ def check_limit(limit: int | None, max_new_tokens: int) -> None:
     Raises
     ------
     ValueError
-        If ``limit`` < 1 or ``max_new_tokens`` < 1.
+        If ``limit`` is not an integer >= 1 or null, or ``max_new_tokens`` not an integer >= 1.
     """
-    if limit is not None and limit < 1:
-        raise ValueError(f"task.limit must be >= 1 or null, got {limit}")
-    if max_new_tokens < 1:
-        raise ValueError(f"task.max_new_tokens must be >= 1, got {max_new_tokens}")
+    if limit is not None and (not _is_int(limit) or limit < 1):
+        raise ValueError(f"task.limit must be an integer >= 1 or null, got {limit!r}")
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"task.max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_template(template: str, placeholders: tuple[str, ...], key: str) -> None:
+    """Validate a prompt template filled with ``str.format`` (``task.instruction``).
+
+    Raises
+    ------
+    ValueError
+        If the template names a placeholder outside ``placeholders`` (or a positional one), or is
+        not a valid format string (a lone ``{`` or ``}``: literal braces are written ``{{``, ``}}``).
+    """
+    try:
+        template.format(**dict.fromkeys(placeholders, ""))
+    except (KeyError, IndexError, ValueError) as err:
+        allowed = ", ".join(f"{{{p}}}" for p in placeholders)
+        reason = f"unknown placeholder {{{err.args[0]}}}" if isinstance(err, KeyError) else str(err)
+        raise ValueError(
+            f"{key} {template!r}: {reason}; it may use {allowed} (literal braces are written {{{{ and }}}})"
+        ) from None

@@ -19,12 +19,18 @@ def read_jsonl(path: Path, limit: int | None = None, fields: tuple[str, ...] = (
     Raises
     ------
     KVBenchError
-        ``<file>:<line>: <what>`` for a line that is not a JSON object or lacks a field.
+        ``<file>:<line>: <what>`` for a line that is not UTF-8, not a JSON object or lacks a field.
     """
     rows = []
-    with path.open(encoding="utf-8") as fh:
+    with path.open("rb") as fh:
         numbered = ((n, line) for n, line in enumerate(fh, start=1) if line.strip())
-        for n, line in islice(numbered, limit):
+        for n, raw in islice(numbered, limit):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise KVBenchError(
+                    f"{path}:{n}: not valid UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})"
+                ) from err
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:

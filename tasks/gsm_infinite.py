@@ -127,7 +127,10 @@ class GSMInfinite(Task):
         samples = []
         for op in self.ops:
             for k in range(self.symbolic_per_op):
-                prob = gsm_symbolic.generate(op, self.symbolic_tokens, self.seed + k, count)
+                try:
+                    prob = gsm_symbolic.generate(op, self.symbolic_tokens, self.seed + k, count)
+                except ValueError as err:  # a length shorter than the problem's tree alone
+                    raise KVBenchError(f"task.symbolic_tokens={self.symbolic_tokens}: {err}") from err
                 text = SYMBOLIC_INSTRUCTION.format(problem=prob.problem, question=prob.question)
                 samples.append(
                     Sample(

@@ -173,7 +173,10 @@ class InfiniteBench(Task):
         cells = [(t, n, d) for t in self.selected for n in self.lengths for d in self.depths]
         for cell, (task, tokens, depth) in enumerate(cells):
             for k in range(self.samples_per_cell):
-                row = generate(task, tokens, depth, self.seed + 1000 * cell + k, count)
+                try:
+                    row = generate(task, tokens, depth, self.seed + 1000 * cell + k, count)
+                except ValueError as err:  # a length too short for the prompt around one needle
+                    raise KVBenchError(f"task.lengths {list(self.lengths)}: {err}") from err
                 samples.append(
                     Sample(
                         id=row.id,

@@ -165,15 +165,18 @@ class LongBench(Task):
 
     def _tables(self) -> tuple[dict[str, str], dict[str, int]]:
         folder = Path(self.tables_dir or Path(self.data_dir or ".") / "longbench").expanduser()
-        try:
-            prompts = json.loads((folder / "dataset2prompt.json").read_text(encoding="utf-8"))
-            maxlen = json.loads((folder / "dataset2maxlen.json").read_text(encoding="utf-8"))
-        except FileNotFoundError as err:
-            raise KVBenchError(
-                f"missing data: LongBench protocol table {err.filename} (THUDM/LongBench config/; "
-                "set KVBENCH_DATA_DIR or task.tables_dir)"
-            ) from err
-        return prompts, maxlen
+        tables = []
+        for name in ("dataset2prompt.json", "dataset2maxlen.json"):
+            try:
+                tables.append(json.loads((folder / name).read_text(encoding="utf-8")))
+            except FileNotFoundError as err:
+                raise KVBenchError(
+                    f"missing data: LongBench protocol table {err.filename} (THUDM/LongBench config/; "
+                    "set KVBENCH_DATA_DIR or task.tables_dir)"
+                ) from err
+            except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+                raise KVBenchError(f"{folder / name}: not a UTF-8 JSON table ({err})") from err
+        return tables[0], tables[1]
 
     def uses_chat_template(self, subset: str) -> bool:
         """Whether ``subset``'s prompt is wrapped in the chat template under this protocol."""

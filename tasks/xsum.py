@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from rouge_score import rouge_scorer
 
-from tasks.base import Sample, Task, check_chat_template, check_limit
+from tasks.base import Sample, Task, check_chat_template, check_limit, check_template
 from tasks.data import load_rows
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -77,6 +77,7 @@ class Summarization(Task):
     def __post_init__(self) -> None:
         check_limit(self.limit, self.max_new_tokens)
         check_chat_template(self.chat_template)
+        check_template(self.instruction, ("document",), "task.instruction")
         if self.protocol_name not in self.files:
             raise ValueError(
                 f"task.protocol_name must be one of {sorted(self.files)}, got {self.protocol_name!r}"

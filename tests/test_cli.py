@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 
@@ -26,24 +28,57 @@ def run_cli(tmp_path, *overrides: str, data_dir: str | None = None) -> subproces
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["method=nosuch"], "Could not find 'method/nosuch'"),
-        (["task=nosuch"], "Could not find 'task/nosuch'"),
-        (["model=nosuch"], "Could not find 'model/nosuch'"),
-        (["budget=0"], "budget must be > 0"),
-        (["budget=-3"], "budget must be > 0"),
-        (["method.alpha=7"], "alpha must be in [0, 1]"),
-        (["budget_unit=tokens"], "budget_unit must be one of"),
-    ],
-)
+def read_only_dir(tmp_path: Path) -> Path:
+    """A directory nothing can be written in: mode 0o555, or for root (whom modes do not stop)
+    sysfs, where not even root creates a file."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder if os.geteuid() != 0 else Path("/sys")
+
+
+BAD_INPUT = [
+    (["method=nosuch"], "Could not find 'method/nosuch'"),
+    (["task=nosuch"], "Could not find 'task/nosuch'"),
+    (["model=nosuch"], "Could not find 'model/nosuch'"),
+    (["budget=0"], "budget must be > 0"),
+    (["budget=-3"], "budget must be > 0"),
+    (["budget=1"], "write budget=1.0 for the whole prompt (a fraction), or an integer >= 2"),
+    (["method.alpha=7"], "alpha must be in [0, 1]"),
+    (["budget_unit=tokens"], "budget_unit must be one of"),
+    (["method=less_random"], "runner=quality scores outputs and needs trained ones (method=less)"),
+    (["runner=error", "method=less_random"], "runner=error scores outputs"),
+    (["device=tpu"], "device=tpu is not a device"),
+    (["device=cuda:abc"], "device=cuda:abc is not a device"),
+    (["seed=abc"], "seed must be an integer, got 'abc'"),
+    (["paths.results_dir={tmp}/file"], "results dir (paths.results_dir, $KVBENCH_RESULTS_DIR) {tmp}/file"),
+    (["paths.results_dir={ro}/results"], "$KVBENCH_RESULTS_DIR) {ro}/results is not writable"),
+    (["paths.log_dir={tmp}/file"], "log dir (paths.log_dir, $KVBENCH_LOG_DIR) {tmp}/file/xsum/runs/"),
+    (["paths.log_dir={ro}/logs"], "is not writable"),
+    (["task=niah", "task.lengths=[10]", "task.depths=[0.5]"], "task.lengths [10]: passkey needs at least"),
+    (["task.limit=1.5"], "task.limit must be an integer >= 1 or null, got 1.5"),
+    (["task.instruction='{{nosuch}}'"], "task.instruction '{{nosuch}}': unknown placeholder {{nosuch}}"),
+    (["task.data_dir={tmp}/data"], "{tmp}/data/xsum/test.jsonl:2: not valid UTF-8 (byte 0xff at column 16)"),
+]
+if not torch.cuda.is_available():
+    BAD_INPUT.append((["device=cuda"], "device=cuda, but CUDA is not available"))
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_INPUT, ids=[" ".join(o) for o, _ in BAD_INPUT])
 def test_bad_input_is_one_error_line_before_any_model_load(tmp_path, overrides, message):
-    proc = run_cli(tmp_path, *overrides)
-    assert proc.returncode != 0
+    """One ``error:`` line, exit code 2, no model loaded and no record; ``{tmp}`` is a folder
+    holding a plain file ``file`` and a data dir whose XSum file has invalid UTF-8 on line 2,
+    ``{ro}`` a read-only directory."""
+    (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "data" / "xsum").mkdir(parents=True)
+    row = b'{"document": "a", "summary": "b", "id": "%d"}\n'
+    (tmp_path / "data" / "xsum" / "test.jsonl").write_bytes(row % 1 + row.replace(b'"a"', b'"a\xff"') % 2)
+    where = {"tmp": tmp_path, "ro": read_only_dir(tmp_path)}
+    proc = run_cli(tmp_path, "task.limit=2", *(o.format(**where) for o in overrides))
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], proc.stderr
-    assert "loading model" not in proc.stdout
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    assert message.format(**where) in lines[0]
+    assert "loading model" not in proc.stdout and not (tmp_path / "results").exists()
 
 
 def test_missing_data_with_no_hub_access(tmp_path):

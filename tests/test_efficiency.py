@@ -178,6 +178,7 @@ def test_capped_child_reports_oom_not_a_crash():
         (["runner=efficiency", "runner.batch=0"], "runner.batch must be >= 1"),
         (["runner=oom", "runner.search=width"], "runner.search must be one of"),
         (["runner=oom", "runner.low=9", "runner.high=4"], "runner.low <= runner.high"),
+        (["runner=oom", "runner.device=auto"], "runner.device must be cpu or cuda[:N], got 'auto'"),
         (["runner=error", "runner.budgets=[]"], "runner.budgets is empty"),
         (["runner=error", "method=fullkv"], "has no error"),
     ],
@@ -232,7 +233,7 @@ def test_cpu_oom_search_on_the_embedded_model(tmp_path):
 def test_shadow_caches_measure_zero_error_at_a_covering_budget(tiny_model, name):
     """A shadow cache that keeps everything reproduces FullKV's attention output; a small budget
     does not (the error runner's measurement, ZSMerge Figure 4)."""
-    from runners.error import ShadowCaches
+    from runners.attention_error import ShadowCaches
 
     method = METHOD_REGISTRY[name]()
     shadows = ShadowCaches(method, [PROMPT + STEPS, 8], layer_specs(tiny_model))
@@ -240,3 +241,18 @@ def test_shadow_caches_measure_zero_error_at_a_covering_budget(tiny_model, name)
     assert torch.equal(shadows.steps, torch.full((2, 2), STEPS - 1.0))  # every decode step, every layer
     error = shadows.error_sum / shadows.steps
     assert error[0].max() < 1e-5 and error[1].min() > 1e-3
+
+
+def test_process_peak_keeps_what_a_run_window_leaves_out():
+    """Memory touched before a run's window (model loading) is out of the run's peak and in the
+    process peak (``runners.environment``, as quality and efficiency records report them)."""
+    from runners.environment import peak_rss_bytes, process_peak_rss_bytes, reset_peak_memory
+
+    loading = torch.ones(2**25)  # 128 MiB touched, then freed: the loading transient
+    loading.add_(1)
+    del loading
+    before = peak_rss_bytes()
+    reset_peak_memory(torch.device("cpu"))
+    run = peak_rss_bytes()
+    assert run < before - 64 * 2**20  # the window was reset
+    assert process_peak_rss_bytes() >= before

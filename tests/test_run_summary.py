@@ -1,4 +1,4 @@
-"""The table printed at the end of a run (runners/report.py): the title shows the prompt shape and
+"""The table printed at the end of a run (runners/summary_table.py): the title shows the prompt shape and
 no label, number or word is broken across lines, at a wide and at a narrow console."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import pytest
 from rich.console import Console
 
-from runners.report import summary_table
+from runners.summary_table import summary_table
 
 RECORD = {
     "run_id": "70dd256838892b96",

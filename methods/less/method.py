@@ -135,7 +135,8 @@ class LESS(CompressionMethod):
         Raises
         ------
         FileNotFoundError
-            If no finished kernel set exists; the message gives the training command.
+            If no finished kernel set exists; the message gives the training command, with
+            ``<model options>`` where the runner puts those that select this run's model.
         """
         if self.checkpoint == RANDOM:
             return
@@ -149,7 +150,7 @@ class LESS(CompressionMethod):
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"no trained LESS kernels at {path}; train them with `python run.py runner=train_less "
-                f"method=less method.policy={self.policy} model={model} budget={budget} "
+                f"method=less method.policy={self.policy} <model options> budget={budget} "
                 f"budget_unit={budget_unit}`"
             ) from None
 

@@ -10,10 +10,14 @@ BUDGET_UNITS = ("prompt", "context")
 def validate_budget(budget: float | int | None, unit: str = "prompt") -> None:
     """Check a configured budget and its unit without a prompt.
 
+    A float in ``(0, 1]`` is a fraction and an integer an absolute slot count, so ``budget=1``
+    (one slot) and ``budget=1.0`` (the whole prompt) differ by a dot: the integer 1 is refused.
+
     Raises
     ------
     ValueError
-        If ``budget`` is not positive, is a non-integral number above 1, or the unit is unknown.
+        If ``budget`` is not positive, is the integer 1 (the message names both spellings), is a
+        non-integral number above 1, or the unit is unknown.
     """
     if unit not in BUDGET_UNITS:
         raise ValueError(f"budget_unit must be one of {BUDGET_UNITS}, got {unit!r}")
@@ -23,6 +27,11 @@ def validate_budget(budget: float | int | None, unit: str = "prompt") -> None:
         raise ValueError(f"budget must be a number > 0, got {budget!r}")
     if budget <= 0:
         raise ValueError(f"budget must be > 0, got {budget}")
+    if budget == 1 and isinstance(budget, int):
+        raise ValueError(
+            "budget=1 is ambiguous: write budget=1.0 for the whole prompt (a fraction), "
+            "or an integer >= 2 for an absolute slot count"
+        )
     if isinstance(budget, float) and budget > 1 and not budget.is_integer():
         raise ValueError(f"budget {budget} is neither a fraction (<= 1.0) nor a whole slot count")
 

@@ -2,7 +2,7 @@
 
 Along FullKV's greedy decoding of real prompts (the configured task's samples), one compressed
 *shadow* cache per budget receives exactly the keys, values and queries of the FullKV run at
-every layer (``kvbench_observer`` of ``methods.attention``); at each decode step the shadow's
+every layer (``kvbench_observer`` of ``methods.seam.attention``); at each decode step the shadow's
 attention output ``o_c`` is compared with FullKV's ``o``: relative error ``||o_c - o||_F / ||o||_F``
 over heads and dimensions. Errors therefore measure the cache approximation of each layer alone
 (no propagation through later layers), which is what "merging vs eviction" is about; they are
@@ -18,10 +18,10 @@ from tqdm import tqdm
 from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
 from methods.seam.architecture import LayerSpec, layer_specs
 from methods.seam.step import decode_step, prefill_step
+from runners.build import build_components, load_prompts, refuse_untrained
 from runners.errors import KVBenchError
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model
-from runners.quality import build_components, load_prompts
 from runners.record import new_record, recording, run_config, stored_run
 
 
@@ -35,7 +35,7 @@ class ShadowCaches:
     budgets : list[int]
         Slot budgets (tokens per layer and KV head), resolved for the current prompt.
     specs : list[LayerSpec]
-        The model's decoder layers (``methods.architecture.layer_specs``).
+        The model's decoder layers (``methods.seam.architecture.layer_specs``).
 
     Attributes
     ----------
@@ -64,7 +64,7 @@ class ShadowCaches:
         out: torch.Tensor,
         scale: float,
     ) -> None:
-        """Feed one layer's call to every shadow (shapes as ``methods.attention``)."""
+        """Feed one layer's call to every shadow (shapes as ``methods.seam.attention``)."""
         reference = out.float()
         norm = reference.norm()
         for i, cache in enumerate(self.caches):
@@ -78,7 +78,7 @@ class ShadowCaches:
             self.steps[i, layer_idx] += 1
 
 
-def run_error(cfg: DictConfig) -> dict:
+def run_attention_error(cfg: DictConfig) -> dict:
     """Relative attention-output error of one method vs FullKV at each of ``runner.budgets``.
 
     Raises
@@ -86,6 +86,7 @@ def run_error(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input (budgets, method, task, data), before the model is loaded.
     """
+    refuse_untrained(cfg)
     budgets = list(cfg.runner.budgets)
     if not budgets:
         raise KVBenchError("runner.budgets is empty")
@@ -116,10 +117,7 @@ def run_error(cfg: DictConfig) -> dict:
     steps = torch.zeros_like(error_sum)
     with recording(cfg, store, record):
         for ids in tqdm(prompts, desc=f"error {method.name}", disable=not cfg.runner.progress):
-            slots = [
-                resolve_budget(b, ids.shape[1], model.config.max_position_embeddings, cfg.budget_unit)
-                for b in budgets
-            ]
+            slots = [resolve_budget(b, ids.shape[1], cfg.model.max_context, cfg.budget_unit) for b in budgets]
             shadows = ShadowCaches(method, slots, specs)
             greedy_generate(
                 model, ids, FullKV(), None, new, eos_token_ids(model, tokenizer), observer=shadows

@@ -11,6 +11,10 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _mib(value: int | None) -> float | None:
+    return value / 2**20 if value else None
+
+
 def summary_title(record: dict) -> str:
     """The table's title, one short line per group (rich wraps a title only between words, so no
     line is cut inside a name): method on task, model and budget, samples (or the efficiency
@@ -55,8 +59,11 @@ def summary_table(record: dict) -> Table:
         ),
         ("KV fraction of FullKV", eff.get("kv_fraction_of_fullkv"), ".3f"),
         ("prompt kept after prefill", eff.get("prefill_kept_fraction"), ".3f"),
-        ("peak RSS MiB", (eff.get("peak_rss_bytes") or 0) / 2**20 or None, ".0f"),
-        ("peak memory MiB (VRAM or RSS)", (eff.get("peak_memory_bytes") or 0) / 2**20 or None, ".0f"),
+        ("peak RSS MiB (run)", _mib(eff.get("peak_rss_bytes")), ".0f"),
+        ("peak memory MiB (VRAM or RSS)", _mib(eff.get("peak_memory_bytes")), ".0f"),
+        ("peak VRAM MiB (run)", _mib(eff.get("peak_device_bytes")), ".0f"),
+        ("peak RSS MiB (process, with loading)", _mib(eff.get("peak_rss_process_bytes")), ".0f"),
+        ("peak VRAM MiB (process, with loading)", _mib(eff.get("peak_device_process_bytes")), ".0f"),
         ("wall seconds", record.get("wall_seconds"), ".1f"),
     ]
     rows += [(key.removesuffix("_total").replace("_", " "), value, ",d") for key, value in eff.items()

@@ -1,0 +1,178 @@
+"""Building a run from its config: the checks every runner shares, then method, task and prompts.
+
+Order (bad input fails before anything expensive): :func:`check_run` (results dir, device, seed) ->
+:func:`build_method` (budget, method, model config, method assets) -> :func:`build_components`
+(the task) -> :func:`load_prompts` (tokenizer, data, prompt ids). No function here loads weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from methods import METHOD_REGISTRY, CompressionMethod, validate_budget
+from runners.errors import KVBenchError
+from runners.model_sources import safe_name
+from runners.models import load_tokenizer, resolve_model_config
+from runners.paths import RESULTS, check_writable_dir
+from tasks import TASK_REGISTRY, Task
+
+#: ``method.checkpoint`` of a method run with untrained weights (``method=less_random``): its
+#: speed and memory are real, its outputs are not, so runners that score outputs refuse it.
+UNTRAINED_CHECKPOINT = "random"
+#: Device types a run may name (``device=``, ``runner.device=``), besides ``auto``.
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+#: Where a model config's weights come from, as command-line options (``model=...``).
+MODEL_OPTIONS = {"hf": ("hf", "id"), "gguf": ("gguf", "path")}
+
+
+def check_device(device: str | None, key: str = "device") -> None:
+    """Check a configured device before any model loads: ``auto``, ``cpu``, ``cuda``, ``cuda:N``
+    (an index this machine has) or ``mps`` (where available).
+
+    Raises
+    ------
+    KVBenchError
+        For an unknown device string, or a device this machine does not have.
+    """
+    if device in (None, "auto"):
+        return
+    try:
+        parsed = torch.device(str(device))
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in DEVICE_TYPES:
+        raise KVBenchError(f"{key}={device} is not a device (use auto, cpu, cuda, cuda:N or mps)")
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise KVBenchError(f"{key}={device}, but CUDA is not available to this torch; use {key}=cpu")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise KVBenchError(f"{key}={device}, but this machine has {count} CUDA device(s)")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise KVBenchError(f"{key}={device}, but MPS is not available to this torch; use {key}=cpu")
+
+
+def check_run(cfg: DictConfig) -> None:
+    """The checks of the top-level config every runner shares: ``device``, ``seed`` and the result
+    store (``paths.results_dir``).
+
+    Raises
+    ------
+    KVBenchError
+        For a device this machine does not have (:func:`check_device`), a seed that is not an
+        integer, or a results dir that cannot be written (``runners.paths.check_writable_dir``).
+    """
+    check_writable_dir(cfg.paths.results_dir, RESULTS)
+    check_device(cfg.get("device"))
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise KVBenchError(f"seed must be an integer, got {seed!r}")
+
+
+def refuse_untrained(cfg: DictConfig) -> None:
+    """Runners that score a method's outputs (quality, attention error) refuse a method run with
+    untrained weights (``method.checkpoint=random``, ``method=less_random``).
+
+    Raises
+    ------
+    KVBenchError
+        If the method config names the untrained checkpoint.
+    """
+    if cfg.method.get("checkpoint") == UNTRAINED_CHECKPOINT:
+        raise KVBenchError(
+            f"method.checkpoint={UNTRAINED_CHECKPOINT} (method=less_random) has untrained kernels, for speed "
+            f"and memory (runner=efficiency, runner=oom) only; runner={cfg.runner.name} scores outputs and "
+            "needs trained ones (method=less)"
+        )
+
+
+def model_options(model: DictConfig) -> str:
+    """The command-line options that select ``model`` (a resolved model config node) again:
+    ``model=hf model.id=...`` or ``model=gguf model.path=...`` (plus ``model.name=...`` where the
+    name is not the one derived from them), else the preset's name (``model=smollm2-135m``)."""
+    if model.get("loader") not in MODEL_OPTIONS:
+        return f"model={model.get('name')}"
+    group, key = MODEL_OPTIONS[model.loader]
+    origin = str(model.get(key)).rstrip("/")
+    derived = safe_name(Path(origin).stem if group == "gguf" else origin.split("/")[-1])
+    options = f"model={group} model.{key}={model.get(key)}"
+    return options if model.get("name") in (None, derived) else f"{options} model.name={model.name}"
+
+
+def registered_name(target: str | None, registry: dict) -> str | None:
+    """The registry name of the class a config's ``_target_`` names, or None if it is not registered."""
+    return next((n for n, c in registry.items() if f"{c.__module__}.{c.__qualname__}" == target), None)
+
+
+def build_node(node: DictConfig, group: str, registry: dict) -> object:
+    """Instantiate a method or task config (``group``), turning bad names or values into one-line
+    errors.
+
+    Raises
+    ------
+    KVBenchError
+        For a ``_target_`` outside ``registry`` or a value its class refuses.
+    """
+    target = node.get("_target_", "")
+    if registered_name(target, registry) is None:
+        raise KVBenchError(f"unknown {group} target {target!r} (known {group}s: {sorted(registry)})")
+    try:
+        return instantiate(node)
+    except Exception as err:  # hydra wraps the dataclass' ValueError/TypeError
+        cause = err.__cause__ or err
+        raise KVBenchError(f"invalid {group} config: {cause}") from err
+
+
+def build_method(cfg: DictConfig) -> CompressionMethod:
+    """Validate budget, method and model config and build the method with its assets (no model).
+
+    Raises
+    ------
+    KVBenchError
+        For a bad budget, unknown method target, bad hyperparameters, bad model config, an
+        unsupported architecture or a missing method asset (LESS kernels: the message gives the
+        training command, with this run's :func:`model_options`). Fills the model config's null
+        fields from the model's own config (``runners.models.resolve_model_config``).
+    """
+    try:
+        validate_budget(cfg.budget, cfg.budget_unit)
+    except ValueError as err:
+        raise KVBenchError(str(err)) from err
+    method = build_node(cfg.method, "method", METHOD_REGISTRY)
+    resolve_model_config(cfg.model)
+    try:
+        method.attach_assets(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
+    except FileNotFoundError as err:
+        raise KVBenchError(str(err).replace("<model options>", model_options(cfg.model))) from err
+    return method
+
+
+def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
+    """Validate the config and build the method and task (no data, no model).
+
+    Raises
+    ------
+    KVBenchError
+        As :func:`build_method`, or for an unknown task target / bad task config.
+    """
+    method = build_method(cfg)
+    return method, build_node(cfg.task, "task", TASK_REGISTRY)
+
+
+def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.Tensor]]:
+    """The tokenizer, the task's samples and their encoded prompts ``[1, prompt]``.
+
+    Raises
+    ------
+    KVBenchError
+        If the task selects no samples (and as ``Task.load`` for missing or unreadable data).
+    """
+    tokenizer = load_tokenizer(cfg.model)
+    samples = task.load(tokenizer)
+    if not samples:
+        raise KVBenchError(f"task {task.name} selected no samples")
+    return tokenizer, samples, [task.encode(tokenizer, s) for s in samples]
