@@ -1,4 +1,4 @@
-"""Fault injection (issue 17): after each fault, every finished run's record and predictions are
+"""Fault injection: after each fault, every finished run's record and predictions are
 byte-identical to what the clean run wrote, the store lists exactly the finished runs, and a rerun
 completes the rest. Plus the bad-input matrix: one ``error:`` line, exit 2, no record.
 
