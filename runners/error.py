@@ -98,10 +98,10 @@ def run_error(cfg: DictConfig) -> dict:
             "runner=error compares a compressing method with FullKV; method=fullkv has no error"
         )
     config = run_config(cfg, method.budget_applies)
-    store, rid, done = stored_run(cfg, config, print_error_table)
+    tokenizer, samples, prompts = load_prompts(cfg, task)
+    store, rid, done = stored_run(cfg, config, print_error_table, samples)
     if done is not None:
         return done
-    tokenizer, samples, prompts = load_prompts(cfg, task)
     new = cfg.runner.decode_tokens
     if (longest := max(p.shape[1] for p in prompts)) + new > cfg.model.max_context:
         raise KVBenchError(

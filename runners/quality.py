@@ -168,10 +168,10 @@ def run_quality(cfg: DictConfig) -> dict:
     """
     method, task = build_components(cfg)
     config = run_config(cfg, method.budget_applies)
-    store, rid, done = stored_run(cfg, config, print_summary)
+    tokenizer, samples, prompts = load_prompts(cfg, task)
+    store, rid, done = stored_run(cfg, config, print_summary, samples)
     if done is not None:
         return done
-    tokenizer, samples, prompts = load_prompts(cfg, task)
     need, longest, new = max((p.shape[1] + task.max_new(s), p.shape[1], task.max_new(s))
                              for p, s in zip(prompts, samples, strict=True))  # fmt: skip
     if need > cfg.model.max_context:

@@ -27,7 +27,10 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 @dataclass
 class Job:
     """One sweep point: its overrides (``key=value``), composed config, the resolved config its
-    run is stored under (``runners.record.run_config``), its run id and registry names."""
+    run is stored under (``runners.record.run_config``), its run id and registry names.
+
+    ``run_id`` is the setting id (``runners.results.setting_id``; the runs of that setting are
+    stored under ``<setting id>-<inputs hash>``) until a report matches the job with its record."""
 
     overrides: list[str]
     cfg: DictConfig
