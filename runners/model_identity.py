@@ -57,7 +57,7 @@ def content_sha256(paths: Sequence[Path], cache: Path) -> str:
     except OSError as err:
         raise KVBenchError(f"cannot read {err.filename}: {err.strerror}") from err
     key = json.dumps([[name, st.st_size, st.st_mtime_ns] for name, st in stats])
-    entry = _cache_file(cache, key)
+    entry = _cache_file(cache, json.dumps([name for name, _ in stats]))  # one entry per path
     try:
         cached = json.loads(entry.read_text(encoding="utf-8"))
         if cached.get("key") == key:
