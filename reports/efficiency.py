@@ -19,8 +19,8 @@ import sys
 import pandas as pd
 
 from reports.runs import row
+from reports.store import ResultStore
 from reports.tables import budget_text
-from runners.results import ResultStore
 
 
 def _label(record: dict) -> str:

@@ -28,7 +28,7 @@ from reports import figures, style, tables
 from reports.cells import display_keys, markdown, ordered
 from reports.frame import job_frame, near_misses, not_done, report_jobs
 from reports.kinds import KINDS, Context
-from runners.results import ResultStore, atomic_write_text
+from reports.store import ResultStore, atomic_write_text
 
 
 @dataclass

@@ -16,7 +16,7 @@ from matplotlib.ticker import FuncFormatter
 from reports import style
 from reports.budget import quality_points
 from reports.runs import SMALL_N, Filters
-from runners.results import ResultStore
+from reports.store import ResultStore
 
 X_AXES = {  # --memory: (column, axis label)
     "kv": ("kv_mib", "KV cache held at the end of generation (MiB per sample)"),

@@ -3,7 +3,7 @@ budget|niah|pareto|memory|runs``): identity, method preset and display label, bu
 unit it is counted in, status, metrics, KV bytes and peak memory; per-sample scores and their
 confidence interval.
 
-Only the result store is read (``runners.results``); nothing here imports torch.
+Only the result store is read (``reports.store``); nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pandas as pd
 from scipy import stats
 
 from reports.presets import identify
+from reports.store import ResultStore
 from reports.style import preset_label
-from runners.results import ResultStore
 
 CONFIDENCE = 0.95
 #: Below this many samples an interval is drawn but flagged as unreliable (reports say so).

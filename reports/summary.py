@@ -20,7 +20,7 @@ from scipy.stats import bootstrap
 
 from reports.frame import label
 from reports.runs import SMALL_N, row
-from runners.results import ResultStore
+from reports.store import ResultStore
 
 CONFIDENCE = 0.95
 
@@ -110,7 +110,7 @@ def _budget_order(budget: str) -> tuple[int, float]:
 def render(store: ResultStore, out_dir: str | Path, n_resamples: int = 1000) -> tuple[str, Path, list[str]]:
     """Write ``summary.md`` under ``out_dir``; returns its text, its path and warnings (runs with
     fewer than :data:`~reports.runs.SMALL_N` samples, whose bootstrap intervals are unreliable)."""
-    from runners.results import atomic_write_text
+    from reports.store import atomic_write_text
 
     runs = scored_runs(store, n_resamples)
     lines = [

@@ -20,12 +20,12 @@ from tqdm import tqdm
 
 from methods import CompressionMethod, resolve_budget
 from runners.environment import peak_device_bytes, peak_rss_bytes, reset_peak_memory
-from runners.errors import KVBenchError
 from runners.models import load_model
 from runners.quality import build_method
 from runners.record import new_record, recording, run_config, stored_run
 from runners.report import print_summary
 from runners.timing import TimedRun, synthetic_prompts, timed_generate
+from tasks.errors import KVBenchError
 
 
 def check_shape(cfg: DictConfig) -> None:

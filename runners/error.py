@@ -18,11 +18,11 @@ from tqdm import tqdm
 from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
 from methods.architecture import LayerSpec, layer_specs
 from methods.step import decode_step, prefill_step
-from runners.errors import KVBenchError
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model
 from runners.quality import build_components, load_prompts
 from runners.record import new_record, recording, run_config, stored_run
+from tasks.errors import KVBenchError
 
 
 class ShadowCaches:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from runners.errors import KVBenchError
+from tasks.errors import KVBenchError
 
 #: The file a converted GGUF folder records its source in (read back by ``model=hf`` on the folder).
 SOURCE_FILE = "kvbench_source.json"
@@ -71,7 +71,7 @@ def content_sha256(paths: Sequence[Path], cache: Path) -> str:
                 digest.update(chunk)
     sha = digest.hexdigest()
     try:
-        from runners.results import atomic_write_text
+        from reports.store import atomic_write_text
 
         atomic_write_text(entry, json.dumps({"key": key, "sha256": sha}) + "\n")
     except OSError:  # a read-only cache only costs the hash next time
@@ -179,7 +179,7 @@ def read_source(folder: Path) -> dict | None:
 def write_source(folder: Path, label: str, identity: dict, origin: str) -> None:
     """Record in a converted folder the model it holds: its ``label`` (the model name runs show),
     its ``identity`` and the ``origin`` it was converted from."""
-    from runners.results import atomic_write_text
+    from reports.store import atomic_write_text
 
     text = json.dumps({"label": label, "identity": identity, "converted_from": origin}, indent=2)
     atomic_write_text(Path(folder) / SOURCE_FILE, text + "\n")

@@ -29,7 +29,6 @@ import torch
 from omegaconf import DictConfig
 from platformdirs import user_cache_dir
 
-from runners.errors import KVBenchError
 from runners.model_identity import (
     SOURCE_FILE,
     folder_sha256,
@@ -37,6 +36,7 @@ from runners.model_identity import (
     read_source,
     write_source,
 )
+from tasks.errors import KVBenchError
 
 
 def cache_dir() -> Path:

@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from methods.architecture import UnsupportedArchitectureError, check_supported, text_config
 from methods.attention import ATTN_IMPLEMENTATION
-from runners.errors import KVBenchError
 from runners.model_sources import MODEL_SOURCES, default_name, safe_name
+from tasks.errors import KVBenchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")

@@ -29,8 +29,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from methods import resolve_budget
-from runners.errors import KVBenchError
 from runners.record import failure, is_oom, new_record, recording, run_config, stored_run
+from tasks.errors import KVBenchError
 
 SEARCHES = ("batch", "context")
 OOM_EXIT = 3

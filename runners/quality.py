@@ -18,12 +18,12 @@ from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget, validate
 from methods.architecture import layer_specs
 from methods.sliding import layer_protocol
 from runners.environment import peak_device_bytes, peak_rss_bytes
-from runners.errors import KVBenchError
 from runners.generate import GenerationResult, eos_token_ids, greedy_generate
 from runners.models import load_model, load_tokenizer, resolve_model_config
 from runners.record import new_record, recording, run_config, stored_run
 from runners.report import print_summary
 from tasks import TASK_REGISTRY, Task
+from tasks.errors import KVBenchError
 
 
 def registered_name(target: str | None, registry: dict) -> str | None:

@@ -15,8 +15,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from runners.environment import device_info, git_sha, package_versions, release_free_memory, reset_peak_memory
-from runners.results import (  # noqa: F401
+from reports.store import (  # noqa: F401
     IDENTITY_RULES,
     SCHEMA_VERSION,
     ResultStore,
@@ -24,6 +23,7 @@ from runners.results import (  # noqa: F401
     run_id,
     setting_id,
 )
+from runners.environment import device_info, git_sha, package_versions, release_free_memory, reset_peak_memory
 from tasks.data import samples_fingerprint
 
 #: The inputs :func:`stored_run` identified each run of this process by (run id -> inputs), which

@@ -11,12 +11,12 @@ from omegaconf import DictConfig
 from kernels import set_backend
 from runners.efficiency import run_efficiency
 from runners.error import run_error
-from runners.errors import KVBenchError
 from runners.generate import set_decode_backend
 from runners.less_train import run_train_less
 from runners.oom import run_oom
 from runners.quality import run_quality
 from runners.record import in_multirun, record_failure
+from tasks.errors import KVBenchError
 
 RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
     "efficiency": run_efficiency,

@@ -2,7 +2,7 @@
 
 Counted from files, not from the launching process, so it holds for jobs run in other processes
 (submitit): every job of the sweep leaves its composed config in ``<sweep dir>/<job>/.hydra/config.yaml``,
-which gives its setting id (``runners.results.setting_id``); the result store says how the runs of
+which gives its setting id (``reports.store.setting_id``); the result store says how the runs of
 that setting ended.
 
 - ok / failed: the job's record was written by this sweep (its ``sweep.dir``) with status ``ok`` /
@@ -21,7 +21,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from runners.results import ResultStore
+from reports.store import ResultStore
 
 
 def job_setting_id(job_config: Path) -> str:
@@ -36,8 +36,8 @@ def job_setting_id(job_config: Path) -> str:
     """
     from hydra.utils import instantiate
 
+    from reports.store import setting_id
     from runners.record import run_config
-    from runners.results import setting_id
 
     cfg = OmegaConf.load(job_config)
     try:

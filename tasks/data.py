@@ -12,7 +12,7 @@ import json
 from itertools import islice
 from pathlib import Path
 
-from runners.errors import KVBenchError
+from tasks.errors import KVBenchError
 
 
 def read_jsonl(path: Path, limit: int | None = None, fields: tuple[str, ...] = ()) -> list[dict]:

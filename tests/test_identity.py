@@ -16,10 +16,10 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from reports.store import ResultStore, run_id, setting_id
 from runners.model_sources import MODEL_SOURCES, cache_dir, embedded_files, model_identity
 from runners.models import resolve_model_config
 from runners.record import new_record, run_config, run_inputs, stored_run
-from runners.results import ResultStore, run_id, setting_id
 from tests.conftest import REPO
 
 EMBEDDED = OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml")

@@ -1,11 +1,12 @@
-"""The result store: one directory per run with an atomically written record (docs/results.md).
+"""The result store: one directory per run with an atomically written record (docs/results.md),
+and the run identity that names the runs. Runners write it, reports read it; it imports neither.
 
 Layout under ``results_dir``::
 
     runs/<run_id>/record.json        the run record (written last, by rename: its presence
                                      means the run's files are complete)
     runs/<run_id>/predictions.jsonl  one line per sample
-    table.csv, table.parquet         all records flattened (runners.loggers.TableLogger)
+    table.csv, table.parquet         all records flattened (:func:`write_tables`)
 
 A run id is ``<setting_id>-<inputs hash>``: the setting is what the config asks for
 (:func:`setting_id`, computed from the config alone, as reports do without models or data), the
@@ -16,6 +17,7 @@ the same command on another model file or on changed data is another run, never 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import sys
@@ -239,3 +241,45 @@ class ResultStore:
             )
             moved.append((old, new))
         return moved
+
+
+def flat_summary(record: dict) -> dict:
+    """One flat row of a record: identity columns (model, method, task, runner, budget and its unit,
+    seed), status and error, provenance (git sha, created), metrics and efficiency figures."""
+    cfg = record.get("config") or {}
+    row = {
+        "run_id": record["run_id"],
+        "status": record["status"],
+        "error": record.get("error"),
+        "model": (cfg.get("model") or {}).get("name"),
+        "method": record.get("method"),
+        "task": record.get("task"),
+        "runner": (cfg.get("runner") or {}).get("name"),
+        "budget": cfg.get("budget"),
+        "budget_unit": cfg.get("budget_unit"),
+        "seed": cfg.get("seed"),
+        "n_samples": record.get("n_samples"),
+        "git_sha": record.get("git_sha"),
+        "created": record.get("created"),
+    }
+    row.update(record.get("metrics") or {})
+    row.update({k: v for k, v in (record.get("efficiency") or {}).items() if not isinstance(v, list)})
+    method_cfg = {k: v for k, v in (cfg.get("method") or {}).items() if k != "_target_"}
+    row.update({f"method.{k}": v for k, v in method_cfg.items()})
+    return row
+
+
+def write_tables(results_dir: str | Path) -> Path:
+    """Rebuild ``table.csv`` and ``table.parquet`` from every record of the store (the records are
+    the source of truth; each file is replaced atomically through a uniquely named temp file, so
+    concurrent writers never collide and a reader never sees a half-written table). Returns the
+    CSV's path."""
+    import pandas as pd
+
+    store = ResultStore(results_dir)
+    frame = pd.DataFrame([flat_summary(r) for r in store.records()])
+    atomic_write_text(store.root / "table.csv", frame.to_csv(index=False))
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    atomic_write_bytes(store.root / "table.parquet", buf.getvalue())
+    return store.root / "table.csv"
