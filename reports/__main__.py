@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from reports.runs import Filters
-from runners.errors import KVBenchError
-from runners.results import ResultStore
+from reports.store import ResultStore
+from tasks.errors import KVBenchError
 
 FIGURES = ("budget", "niah", "pareto", "memory")
 COMMANDS = (*FIGURES, "runs", "summary", "table", "reindex")
@@ -69,7 +69,7 @@ def runs_command(args, store: ResultStore, out: Path) -> int:
 
 def table_command(args, store: ResultStore, out: Path) -> int:
     """Rebuild ``table.csv`` and ``table.parquet`` from the records."""
-    from runners.loggers import write_tables
+    from reports.store import write_tables
 
     path = write_tables(store.root)
     print(f"written: {path} and {path.with_suffix('.parquet')}")

@@ -18,8 +18,8 @@ from matplotlib import transforms
 from reports import style
 from reports.pairing import Pairing, pair_frame
 from reports.runs import MIN_N, SMALL_N, Filters, mean_interval, primary_metric, runs_frame, sample_scores
-from runners.errors import KVBenchError
-from runners.results import ResultStore
+from reports.store import ResultStore
+from tasks.errors import KVBenchError
 
 #: Sideways distance between the lines of neighbouring methods (points, display only).
 DODGE_POINTS = 5.0

@@ -19,8 +19,8 @@ import pandas as pd
 from reports.pairing import Pairing, describe, pair_frame
 from reports.presets import non_default_settings
 from reports.runs import Filters, records_frame
+from reports.store import ResultStore
 from reports.tables import DASH, budget_text, display, missing
-from runners.results import ResultStore
 
 __all__ = ["comparison", "main", "non_default_settings"]
 

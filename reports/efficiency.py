@@ -20,8 +20,8 @@ import pandas as pd
 
 from reports.pairing import model_key
 from reports.runs import row
+from reports.store import ResultStore
 from reports.tables import budget_text
-from runners.results import ResultStore
 
 
 def _label(record: dict) -> str:

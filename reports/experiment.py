@@ -29,7 +29,7 @@ from reports.cells import display_keys, markdown, ordered
 from reports.frame import job_frame, near_misses, not_done, report_jobs
 from reports.kinds import KINDS, Context
 from reports.pairing import Pairing, describe, model_key, pair_frame
-from runners.results import ResultStore, atomic_write_text
+from reports.store import ResultStore, atomic_write_text
 
 
 @dataclass

@@ -1,35 +1,38 @@
 """An experiment's sweep joined with the result store: one row per sweep job, its record's numbers.
 
-Reports read only stored records (docs/results.md); the sweep (runners.sweeps) says which records
+Reports read only stored records (docs/results.md); the sweep (reports.sweep_jobs) says which records
 an experiment should have, so a run that is missing or failed is listed, not silently dropped.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from reports.presets import budget_ignored
-from runners.loggers import flat_summary
-from runners.results import ResultStore, run_config, run_id, run_identity
-from runners.sweeps import Job, composed_jobs
+from reports.store import ResultStore, flat_summary, run_config, run_identity, setting_id
+from reports.sweep_jobs import Job, composed_jobs
 
 GROUP_KEYS = ("method", "task", "model")  # config groups: a row shows the chosen option's name
 
 
 def key_value(job: Job, record: dict | None, key: str) -> object:
-    """The value of report key ``key`` for a job: a config group's chosen option (``method``,
-    ``task``, ``model``), or a field of the run's stored config (``budget`` is None where the
-    method ignores it), e.g. ``runner.batch`` or ``method.residual_ratio``."""
+    """The value of report key ``key`` for a job: the model's name (as the run recorded it, so a
+    GGUF run through ``model=gguf`` or its converted folder shows under one name), a config
+    group's chosen option (``method``, ``task``), or a field of the run's stored config
+    (``budget`` is None where the method ignores it), e.g. ``runner.batch`` or
+    ``method.residual_ratio``."""
+    if key == "model":  # the run's model name (one model, one name: not the loader chosen)
+        stored = ((record or {}).get("config") or {}).get("model") or {}
+        return stored.get("name") or job.cfg.model.name or job.choice(key)
     if key in GROUP_KEYS:
         chosen = job.choice(key)
         if chosen is not None:
             return chosen
-        if key == "model":
-            return job.cfg.model.name
         return record.get(key) if record else job.name(key)
     return OmegaConf.select(OmegaConf.create(job.config), key, default=None)
 
@@ -48,26 +51,42 @@ def report_jobs(
 ) -> tuple[DictConfig, list[Job], dict[str, dict | None]]:
     """The sweep's jobs matched with the store, without building the methods (no torch).
 
-    A job's run id depends on whether its method uses the budget (FullKV does not: its record
-    has budget null); both candidate ids are looked up and the one with a record is the job's
-    (a job with neither is missing under the id :func:`reports.presets.budget_ignored` names).
-    Returns the experiment's base config,
-    the jobs (``names`` from their records) and the records by run id."""
+    A job's record is found by its setting id (``setting_id``: the config alone; a run's id adds
+    the hash of the model and data it read), the newest finished run of that setting
+    (``ResultStore.find``; a line on stderr names a setting run on several inputs). Its setting
+    depends on whether its method uses the budget (FullKV does not: its record has budget null);
+    both candidates are looked up and the one with a record is the job's (a job with neither is
+    missing under the setting id :func:`reports.presets.budget_ignored` names). Returns the
+    experiment's base config, the jobs (``run_id`` the record's, ``names`` from their records)
+    and the records by run id."""
     base, composed = composed_jobs(experiment, scale, overrides)
-    jobs, records = [], {}
+    jobs, records, found = [], {}, {}
     for job_overrides, cfg in composed:
         configs = [run_config(cfg, True), run_config(cfg, False)]
-        found = [(config, run_id(config)) for config in configs]
-        for _, rid in found:
-            if rid not in records:
-                records[rid] = store.read(rid)
-        guess = found[1] if budget_ignored(configs[0].get("method") or {}) else found[0]
-        config, rid = next(((c, r) for c, r in found if records[r] is not None), guess)
-        record = records[rid] or {}
-        names = {"method": record.get("method"), "task": record.get("task")}
-        jobs.append(Job(job_overrides, cfg, config, rid, names))
-    used = {job.run_id for job in jobs}
-    return base, jobs, {rid: rec for rid, rec in records.items() if rid in used}
+        sids = [setting_id(config) for config in configs]
+        for sid in sids:
+            if sid not in found:
+                found[sid] = store.find(sid)
+                _note_several(store, sid, found[sid])
+        guess = 1 if budget_ignored(configs[0].get("method") or {}) else 0
+        pick = next((i for i, sid in enumerate(sids) if found[sid] is not None), guess)
+        record = found[sids[pick]]
+        rid = record["run_id"] if record else sids[pick]
+        records[rid] = record
+        names = {"method": (record or {}).get("method"), "task": (record or {}).get("task")}
+        jobs.append(Job(job_overrides, cfg, configs[pick], rid, names))
+    return base, jobs, records
+
+
+def _note_several(store: ResultStore, sid: str, chosen: dict | None) -> None:
+    """One stderr line when a setting has finished runs on several inputs (model files, data)."""
+    done = [r["run_id"] for r in store.of_setting(sid) if r.get("status") == "ok"]
+    if len(done) > 1 and chosen is not None:
+        print(
+            f"note: setting {sid} has {len(done)} finished runs on other models or data "
+            f"({', '.join(done)}); the newest, {chosen['run_id']}, is shown",
+            file=sys.stderr,
+        )
 
 
 def _flat(value: object, prefix: str = "") -> dict[str, object]:
@@ -115,7 +134,7 @@ def _override(value: object) -> str:
 def job_frame(jobs: Sequence[Job], records: dict[str, dict | None], keys: Sequence[str]) -> pd.DataFrame:
     """One row per job: ``run_id``, ``status`` (``ok``/``error``/``oom``, or ``missing`` when the
     store has no record), ``error``, ``overrides``, the report ``keys`` and the record's flat
-    metrics and efficiency figures (:func:`runners.loggers.flat_summary`). ``records`` as
+    metrics and efficiency figures (:func:`reports.store.flat_summary`). ``records`` as
     :func:`read_records`."""
     rows = []
     for job in jobs:

@@ -15,7 +15,7 @@ from reports import figures, style
 from reports.cells import ordered, paper_cells, spread_reference, wide_table, with_paper
 from reports.frame import cell_means, label
 from reports.runs import budget_axis, mean_interval, sample_scores
-from runners.results import ResultStore
+from reports.store import ResultStore
 
 
 @dataclass

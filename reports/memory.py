@@ -16,8 +16,8 @@ import pandas as pd
 from reports import style
 from reports.pairing import is_reference
 from reports.runs import Filters, row
-from runners.errors import KVBenchError
-from runners.results import ResultStore
+from reports.store import ResultStore
+from tasks.errors import KVBenchError
 
 PANELS = (  # column, axis label
     ("kv_mib", "KV cache held (MiB)"),

@@ -15,8 +15,8 @@ import pandas as pd
 from reports import style
 from reports.pairing import Pairing, pair_frame
 from reports.runs import Filters, runs_frame
-from runners.errors import KVBenchError
-from runners.results import ResultStore
+from reports.store import ResultStore
+from tasks.errors import KVBenchError
 
 CELL = re.compile(r"^(?P<needle>[^/]+)/len(?P<length>\d+)/depth(?P<depth>[0-9.eE+-]+)$")
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from runners.results import ResultStore
+from reports.store import ResultStore
 
 #: Registry names of the methods that are the reference of a comparison (the uncompressed cache).
 REFERENCE_METHODS = frozenset({"fullkv"})

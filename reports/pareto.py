@@ -18,7 +18,7 @@ from reports import style
 from reports.budget import interval_note, quality_points
 from reports.pairing import Pairing
 from reports.runs import Filters
-from runners.results import ResultStore
+from reports.store import ResultStore
 
 X_AXES = {  # --memory: (column, axis label)
     "kv": ("kv_mib", "KV cache held at the end of generation (MiB per sample)"),

@@ -3,7 +3,7 @@ budget|niah|pareto|memory|runs``): identity, method preset and display label, bu
 unit it is counted in, status, metrics, KV bytes and peak memory; per-sample scores and their
 confidence interval.
 
-Only the result store is read (``runners.results``); nothing here imports torch.
+Only the result store is read (``reports.store``); nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from scipy import stats
 
 from reports.pairing import is_reference, model_key
 from reports.presets import identify
+from reports.store import ResultStore
 from reports.style import metric_range, preset_label
-from runners.results import ResultStore
 
 CONFIDENCE = 0.95
 #: Below this many samples no interval is computed or drawn (reports say so): a t-interval with

@@ -24,7 +24,7 @@ from scipy.stats import bootstrap
 from reports.frame import label
 from reports.pairing import Pairing, describe, pair_frame
 from reports.runs import MIN_N, SMALL_N, row, row_columns
-from runners.results import ResultStore
+from reports.store import ResultStore
 
 CONFIDENCE = 0.95
 
@@ -146,7 +146,7 @@ def render(store: ResultStore, out_dir: str | Path, n_resamples: int = 1000) -> 
     """Write ``summary.md`` under ``out_dir``; returns its text, its path and warnings (runs with
     fewer than :data:`~reports.runs.SMALL_N` samples, whose bootstrap intervals are unreliable,
     and runs left out because they were scored on other samples)."""
-    from runners.results import atomic_write_text
+    from reports.store import atomic_write_text
 
     runs, pairing = scored_runs(store, n_resamples)
     lines = [

@@ -19,10 +19,10 @@ from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
 from methods.seam.architecture import LayerSpec, layer_specs
 from methods.seam.step import decode_step, prefill_step
 from runners.build import build_components, load_prompts, refuse_untrained
-from runners.errors import KVBenchError
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
+from tasks.errors import KVBenchError
 
 
 class ShadowCaches:
@@ -99,10 +99,10 @@ def run_attention_error(cfg: DictConfig) -> dict:
             "runner=error compares a compressing method with FullKV; method=fullkv has no error"
         )
     config = run_config(cfg, method.budget_applies)
-    store, rid, done = stored_run(cfg, config, print_error_table)
+    tokenizer, samples, prompts = load_prompts(cfg, task)
+    store, rid, done = stored_run(cfg, config, print_error_table, samples)
     if done is not None:
         return done
-    tokenizer, samples, prompts = load_prompts(cfg, task)
     new = cfg.runner.decode_tokens
     if (longest := max(p.shape[1] for p in prompts)) + new > cfg.model.max_context:
         raise KVBenchError(

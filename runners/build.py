@@ -14,11 +14,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from methods import METHOD_REGISTRY, CompressionMethod, validate_budget
-from runners.errors import KVBenchError
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
 from tasks import TASK_REGISTRY, Task
+from tasks.errors import KVBenchError
 
 #: ``method.checkpoint`` of a method run with untrained weights (``method=less_random``): its
 #: speed and memory are real, its outputs are not, so runners that score outputs refuse it.

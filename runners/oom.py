@@ -30,8 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from methods import resolve_budget
 from runners.build import build_method, check_device
-from runners.errors import KVBenchError
 from runners.record import failure, is_oom, new_record, recording, run_config, stored_run
+from tasks.errors import KVBenchError
 
 SEARCHES = ("batch", "context")
 OOM_EXIT = 3

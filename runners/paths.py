@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from runners.errors import KVBenchError
+from tasks.errors import KVBenchError
 
 RESULTS = "results dir (paths.results_dir, $KVBENCH_RESULTS_DIR)"
 LOGS = "log dir (paths.log_dir, $KVBENCH_LOG_DIR)"

@@ -23,12 +23,12 @@ from runners.environment import (
     process_peak_device_bytes,
     process_peak_rss_bytes,
 )
-from runners.errors import KVBenchError
 from runners.generate import GenerationResult, eos_token_ids, greedy_generate
 from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
 from runners.summary_table import print_summary
 from tasks import Task
+from tasks.errors import KVBenchError
 
 
 def stop_token_ids(tokenizer, strings: tuple[str, ...]) -> set[int]:
@@ -109,10 +109,10 @@ def run_quality(cfg: DictConfig) -> dict:
     refuse_untrained(cfg)
     method, task = build_components(cfg)
     config = run_config(cfg, method.budget_applies)
-    store, rid, done = stored_run(cfg, config, print_summary)
+    tokenizer, samples, prompts = load_prompts(cfg, task)
+    store, rid, done = stored_run(cfg, config, print_summary, samples)
     if done is not None:
         return done
-    tokenizer, samples, prompts = load_prompts(cfg, task)
     need, longest, new = max((p.shape[1] + task.max_new(s), p.shape[1], task.max_new(s))
                              for p, s in zip(prompts, samples, strict=True))  # fmt: skip
     if need > cfg.model.max_context:

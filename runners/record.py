@@ -15,8 +15,20 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from reports.store import (  # noqa: F401
+    IDENTITY_RULES,
+    SCHEMA_VERSION,
+    ResultStore,
+    run_config,
+    run_id,
+    setting_id,
+)
 from runners.environment import device_info, git_sha, package_versions, release_free_memory, reset_peak_memory
-from runners.results import IDENTITY_RULES, SCHEMA_VERSION, ResultStore, run_config, run_id  # noqa: F401
+from tasks.data import samples_fingerprint
+
+#: The inputs :func:`stored_run` identified each run of this process by (run id -> inputs), which
+#: :func:`new_record` stores in the record.
+_inputs_of_run: dict[str, dict] = {}
 
 
 def record_device(record: dict) -> torch.device:
@@ -58,10 +70,13 @@ def presets() -> dict[str, str] | None:
 
 def new_record(rid: str, config: dict, method: str, task: str, device: torch.device, **fields) -> dict:
     """A record in state ``running`` with provenance (git sha, versions, device, config
-    :func:`presets`) and ``fields``."""
+    :func:`presets`), its ``setting_id`` and ``inputs`` (as :func:`stored_run` found them for
+    ``rid``) and ``fields``."""
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": rid,
+        "setting_id": setting_id(config),
+        "inputs": _inputs_of_run.get(rid),
         "status": "running",
         "error": None,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -120,17 +135,38 @@ def failure(err: BaseException) -> dict:
     return {"status": "oom" if is_oom(err) else "error", "error": message}
 
 
+def run_inputs(cfg: DictConfig, samples: list | None = None) -> dict:
+    """What a run reads besides its config: ``model``, the identity of the weights
+    (``runners.model_sources.model_identity``), and ``data``, the fingerprint of the task's
+    samples (``tasks.data.samples_fingerprint``; null for synthetic prompts)."""
+    from runners.model_sources import model_identity
+
+    return {
+        "model": model_identity(cfg.model),
+        "data": None if samples is None else samples_fingerprint(samples),
+    }
+
+
 def stored_run(
-    cfg: DictConfig, config: dict, show: Callable[[dict], None]
+    cfg: DictConfig, config: dict, show: Callable[[dict], None], samples: list | None = None
 ) -> tuple[ResultStore, str, dict | None]:
-    """The store, the run id of ``config``, and its finished record unless ``rerun`` is set
-    (a finished run is not repeated: its record is shown with ``show`` and returned)."""
-    rid = run_id(config)
+    """The store, the run id of ``config`` on its inputs (:func:`run_inputs` of the resolved model
+    and ``samples``, the task's loaded samples; None for synthetic prompts), and its finished
+    record unless ``rerun`` is set (a finished run is not repeated: its record is shown with
+    ``show`` and returned). A finished run of the same setting on other inputs (another model
+    file, changed data) is named in one line and kept; this run gets its own id."""
+    inputs = run_inputs(cfg, samples)
+    rid = run_id(config, inputs)
+    _inputs_of_run[rid] = inputs
     store = ResultStore(cfg.paths.results_dir)
     if not cfg.rerun and (done := store.finished(rid)) is not None:
         print(f"run {rid} already finished (rerun=true to repeat); stored result:")
         show(done)
         return store, rid, done
+    others = [r["run_id"] for r in store.of_setting(setting_id(config)) if r.get("status") == "ok"]
+    if others:
+        print(f"run {rid}: the finished run(s) {', '.join(others)} of this setting read another model "
+              "or other data; they are kept and this run is stored beside them")  # fmt: skip
     return store, rid, None
 
 
@@ -177,11 +213,12 @@ def record_failure(cfg: DictConfig, err: BaseException) -> str:
     except Exception:  # the method config itself may be what is wrong
         method = None
     config = run_config(cfg, budget_applies=getattr(method, "budget_applies", True))
-    rid = run_id(config)
+    inputs = {"model": None, "data": None}  # not read: the job failed before its run began
+    rid = run_id(config, inputs)
     choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
     name = getattr(method, "name", None) or choices.get("method", "")
     task = choices.get("task", "") if config.get("task") is not None else "synthetic"
     record = new_record(rid, config, name, task, torch.device("cpu")) | failure(err)
-    record["device"] = None
+    record.update(device=None, inputs=inputs)
     finish(cfg, ResultStore(cfg.paths.results_dir), record, [])
     return rid

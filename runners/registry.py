@@ -13,11 +13,11 @@ from methods.less.train import run_train_less
 from runners.attention_error import run_attention_error
 from runners.build import check_run
 from runners.efficiency import run_efficiency
-from runners.errors import KVBenchError
 from runners.generate import set_decode_backend
 from runners.oom import run_oom
 from runners.quality import run_quality
 from runners.record import in_multirun, record_failure
+from tasks.errors import KVBenchError
 
 RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
     "efficiency": run_efficiency,

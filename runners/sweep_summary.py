@@ -2,7 +2,8 @@
 
 Counted from files, not from the launching process, so it holds for jobs run in other processes
 (submitit): every job of the sweep leaves its composed config in ``<sweep dir>/<job>/.hydra/config.yaml``,
-which gives its run id (``runners.results.run_id``); the result store says how that run ended.
+which gives its setting id (``reports.store.setting_id``); the result store says how the runs of
+that setting ended.
 
 - ok / failed: the job's record was written by this sweep (its ``sweep.dir``) with status ``ok`` /
   anything else (``error``, ``oom``, ``interrupted``); a job with no record at all (killed) is failed;
@@ -20,13 +21,13 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from runners.results import ResultStore
+from reports.store import ResultStore
 
 
-def job_run_id(job_config: Path) -> str:
-    """Run id of the job whose composed config Hydra saved at ``job_config``: the id its run is
-    stored under (``runners.record.run_config``; a method config that does not build counts as
-    compressing, as ``runners.record.record_failure`` stores it).
+def job_setting_id(job_config: Path) -> str:
+    """Setting id of the job whose composed config Hydra saved at ``job_config``: the first part of
+    the id its run is stored under (``runners.record.run_config``; a method config that does not
+    build counts as compressing, as ``runners.record.record_failure`` stores it).
 
     Raises
     ------
@@ -35,15 +36,15 @@ def job_run_id(job_config: Path) -> str:
     """
     from hydra.utils import instantiate
 
+    from reports.store import setting_id
     from runners.record import run_config
-    from runners.results import run_id
 
     cfg = OmegaConf.load(job_config)
     try:
         budget_applies = instantiate(cfg.method).budget_applies
     except Exception:  # the job failed on its method config; its record says so
         budget_applies = True
-    return run_id(run_config(cfg, budget_applies))
+    return setting_id(run_config(cfg, budget_applies))
 
 
 def _same_dir(a: str | Path, b: str | Path) -> bool:
@@ -58,7 +59,7 @@ def sweep_counts(sweep_dir: str | Path, results_dir: str | Path) -> Counter:
     counts = Counter(ok=0, failed=0, skipped=0)
     for job_config in sorted(Path(sweep_dir).glob("*/.hydra/config.yaml")):
         try:
-            rid = job_run_id(job_config)
+            runs = store.of_setting(job_setting_id(job_config))
         except Exception as err:
             print(
                 f"warning: sweep job config {job_config} not read ({type(err).__name__}: {err})",
@@ -66,11 +67,10 @@ def sweep_counts(sweep_dir: str | Path, results_dir: str | Path) -> Counter:
             )
             counts["failed"] += 1
             continue
-        record = store.read(rid)
-        sweep = (record or {}).get("sweep") or {}
-        if record is not None and sweep.get("dir") and _same_dir(sweep["dir"], sweep_dir):
-            counts["ok" if record["status"] == "ok" else "failed"] += 1
-        elif record is not None and record["status"] == "ok":
+        here = [r for r in runs if (d := (r.get("sweep") or {}).get("dir")) and _same_dir(d, sweep_dir)]
+        if here:
+            counts["ok" if any(r["status"] == "ok" for r in here) else "failed"] += 1
+        elif any(r["status"] == "ok" for r in runs):
             counts["skipped"] += 1
         else:
             counts["failed"] += 1

@@ -2,7 +2,7 @@
 
 What a run holds (README, "Weights & Biases"):
 
-- config: the record's resolved config; summary: the record's flat row (``runners.loggers.flat_summary``);
+- config: the record's resolved config; summary: the record's flat row (``reports.store.flat_summary``);
 - history: the record's curves (``runners.wandb_series.SERIES``), each under its own key prefix
   with its own x axis
   (``define_metric``): the efficiency runner's context-growth curve (``context/*`` vs
@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from runners.loggers import flat_summary
+from reports.store import flat_summary
 from runners.wandb_series import SERIES, Series, record_series, series_figure
 
 __all__ = ["SERIES", "Series", "WandbLogger", "prediction_rows", "record_series", "run_name", "series_figure"]

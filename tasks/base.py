@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from runners.errors import KVBenchError
+from tasks.errors import KVBenchError
 from tasks.truncation import middle_truncate
 
 
@@ -92,7 +92,7 @@ class Task:
 
         Raises
         ------
-        runners.errors.KVBenchError
+        tasks.errors.KVBenchError
             If the data cannot be found.
         """
         raise NotImplementedError
@@ -115,7 +115,7 @@ class Task:
 
         Raises
         ------
-        runners.errors.KVBenchError
+        tasks.errors.KVBenchError
             If the sample needs a chat template the tokenizer does not have.
         """
         messages = sample.prompt_messages

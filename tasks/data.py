@@ -6,11 +6,13 @@ The data directory is ``task.data_dir`` in the config, which defaults to ``$KVBE
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from itertools import islice
 from pathlib import Path
 
-from runners.errors import KVBenchError
+from tasks.errors import KVBenchError
 
 
 def read_jsonl(path: Path, limit: int | None = None, fields: tuple[str, ...] = ()) -> list[dict]:
@@ -98,3 +100,23 @@ def load_rows(
     if missing := [f for f in fields if f not in ds.column_names]:
         raise KVBenchError(f"hub dataset {hub_id} ({split}) has no field(s) {missing}")
     return [dict(r) for r in rows], f"hf://{hub_id}/{split}"
+
+
+def samples_fingerprint(samples: list) -> dict:
+    """The fingerprint of the data a run evaluates: SHA-256 over the canonical JSON of every
+    sample (``tasks.base.Sample``: id, prompt, references, caps, stop strings, meta), in order.
+
+    It covers exactly what reaches the model and the scorer, wherever it came from (a local file,
+    the hub, a generator): a fixed row changes it, a row beyond ``limit`` does not.
+
+    Returns
+    -------
+    dict
+        ``samples`` (count) and ``sha256`` (64 hex digits).
+    """
+    digest = hashlib.sha256()
+    for sample in samples:
+        row = dataclasses.asdict(sample) if dataclasses.is_dataclass(sample) else sample
+        digest.update(json.dumps(row, sort_keys=True, default=str, ensure_ascii=False).encode("utf-8"))
+        digest.update(b"\n")
+    return {"samples": len(samples), "sha256": digest.hexdigest()}

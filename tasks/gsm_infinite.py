@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from runners.errors import KVBenchError
 from tasks.base import Sample, Task, check_chat_template, check_limit
 from tasks.data import load_rows, read_jsonl
+from tasks.errors import KVBenchError
 from tasks.generators import gsm_symbolic
 from tasks.metrics.gsm_metrics import realistic_correct, symbolic_recall
 

@@ -15,9 +15,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from runners.errors import KVBenchError
 from tasks.base import Sample, Task, check_limit
 from tasks.data import load_rows
+from tasks.errors import KVBenchError
 from tasks.generators.infinitebench_synthetic import SYNTHETIC_TASKS, generate
 from tasks.metrics.infinitebench_metrics import SCORERS, qa_f1_max
 

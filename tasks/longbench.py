@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from runners.errors import KVBenchError
 from tasks.base import Sample, Task, check_chat_template, check_limit
 from tasks.data import load_rows, read_jsonl
+from tasks.errors import KVBenchError
 from tasks.metrics.longbench_metrics import METRICS
 
 #: ZSMerge Table 3 categories (verified against its Table 5).

@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 from torch._dynamo.utils import counters
 
 from methods import METHOD_REGISTRY, resolve_budget
+from reports.store import run_identity
 from runners.generate import ModelRun, greedy_generate
-from runners.results import run_identity
 from runners.timing import synthetic_prompts
 from tests.conftest import REPO
 

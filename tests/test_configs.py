@@ -7,10 +7,11 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from methods import METHOD_REGISTRY
-from runners.errors import KVBenchError
+from reports.sweep_jobs import experiment_names
 from runners.model_sources import MODEL_SOURCES
 from runners.models import validate_model_config
-from runners.sweeps import experiment_names, sweep_jobs
+from runners.sweeps import sweep_jobs
+from tasks.errors import KVBenchError
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"

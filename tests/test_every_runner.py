@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from runners.build import build_method, model_options
-from runners.errors import KVBenchError
 from runners.registry import RUNNER_REGISTRY
+from tasks.errors import KVBenchError
 from tests.architectures import tiny_family
 from tests.conftest import REPO
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runners.errors import KVBenchError
 from runners.model_sources import safe_name
 from runners.models import load_model, resolve_model_config, validate_model_config
+from tasks.errors import KVBenchError
 from tests.architectures import tiny_family
 from tests.conftest import REPO
 from tests.test_cli import run_cli

@@ -10,7 +10,8 @@ import numbers
 import pytest
 from omegaconf import ListConfig, OmegaConf
 
-from runners.sweeps import Job, experiment_names, sweep_jobs
+from reports.sweep_jobs import Job, experiment_names
+from runners.sweeps import sweep_jobs
 
 GROUPS = ("method", "task", "model")
 

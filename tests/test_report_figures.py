@@ -11,9 +11,9 @@ from matplotlib.collections import PolyCollection
 
 from reports import budget, memory, niah, pareto
 from reports.runs import Filters
+from reports.store import ResultStore
 from reports.tables import latex, runs_table
-from runners.errors import KVBenchError
-from runners.results import ResultStore
+from tasks.errors import KVBenchError
 from tests.report_fixtures import BUDGETS, N_SAMPLES, efficiency_runs, full_store, quality_runs
 
 

@@ -15,8 +15,8 @@ from reports.compare import main as compare_main
 from reports.experiment import build
 from reports.pairing import pair
 from reports.runs import MIN_N, Filters, mean_interval
+from reports.store import ResultStore
 from reports.summary import render
-from runners.results import ResultStore
 from runners.sweeps import sweep_jobs
 from tests.report_fixtures import (
     KVMERGER_KEPT,

@@ -3,7 +3,7 @@ command a near-miss hint prints runs as printed."""
 
 from __future__ import annotations
 
-from runners.results import ResultStore
+from reports.store import ResultStore
 from tests.test_experiment_reports import write_quality
 
 

@@ -1,6 +1,6 @@
 import json
 
-from runners.results import ResultStore, atomic_write_text, run_id
+from reports.store import ResultStore, atomic_write_text, run_id
 
 CONFIG = {
     "model": {"name": "m"},
@@ -44,7 +44,7 @@ def test_atomic_write_replaces_whole_file(tmp_path):
 
 
 def test_display_settings_do_not_change_the_run_id():
-    from runners.results import run_id
+    from reports.store import run_id
 
     base = {"model": {"name": "m"}, "method": {"alpha": 1.0}, "task": {"limit": 2}, "budget": 0.1,
             "runner": {"name": "quality", "progress": True}}  # fmt: skip
@@ -55,7 +55,7 @@ def test_display_settings_do_not_change_the_run_id():
 
 
 def test_reindex_moves_records_to_their_current_ids(tmp_path):
-    from runners.results import ResultStore, run_id
+    from reports.store import ResultStore, run_id
 
     store = ResultStore(tmp_path)
     config = {"model": {"name": "m"}, "budget": 0.1, "runner": {"name": "quality", "progress": False}}
@@ -68,7 +68,7 @@ def test_reindex_moves_records_to_their_current_ids(tmp_path):
 
 
 def test_flat_table_tells_apart_units_seeds_runners_and_failures():
-    from runners.loggers import flat_summary
+    from reports.store import flat_summary
 
     record = {
         "run_id": "r1", "status": "error", "error": "KVBenchError: x", "git_sha": "abc", "method": "h2o",
@@ -112,3 +112,39 @@ def test_a_failure_never_replaces_a_finished_record(tmp_path):
         store.write({"run_id": "a", "status": status, "error": "later"}, [])
         assert (path.read_bytes(), (path.parent / "predictions.jsonl").read_bytes()) == kept
     assert oct(path.stat().st_mode & 0o777) == oct((path.parent / "predictions.jsonl").stat().st_mode & 0o777)
+
+
+def test_a_setting_finds_its_runs_on_any_inputs(tmp_path):
+    """Reports look a run up by its setting (the config alone): a run's id adds its inputs' hash."""
+    from reports.store import setting_id
+
+    store = ResultStore(tmp_path)
+    sid = setting_id(CONFIG)
+    runs = [
+        (None, "ok"),
+        ({"model": {"sha256": "a"}, "data": None}, "ok"),
+        ({"model": {"sha256": "b"}}, "error"),
+    ]
+    for minute, (inputs, status) in enumerate(runs):
+        created = f"2026-01-01T00:0{minute}:00+00:00"
+        store.write(
+            {"run_id": run_id(CONFIG, inputs), "status": status, "config": CONFIG, "created": created}, []
+        )
+    ids = [run_id(CONFIG, inputs) for inputs, _ in runs]
+    assert ids[0] == sid and all(rid.startswith(f"{sid}-") for rid in ids[1:]) and ids[1] != ids[2]
+    assert [r["run_id"] for r in store.of_setting(sid)] == ids
+    assert store.find(sid)["run_id"] == ids[1]  # the newest finished run
+    assert store.find(setting_id({**CONFIG, "budget": 0.2})) is None
+
+
+def test_a_report_names_the_model_as_its_run_did():
+    """A run through ``model=gguf`` shows under its model's name, not the loader's."""
+    from omegaconf import OmegaConf
+
+    from reports.frame import key_value
+    from reports.sweep_jobs import Job
+
+    job = Job(["model=gguf"], OmegaConf.create({"model": {"name": None}}), {}, "r", {})
+    record = {"config": {"model": {"name": "Qwen2.5-Coder-0.5B-Instruct-Q8_0", "loader": "gguf"}}}
+    assert key_value(job, record, "model") == "Qwen2.5-Coder-0.5B-Instruct-Q8_0"
+    assert key_value(job, None, "model") == "gguf"  # not run yet: the choice is all there is

@@ -7,8 +7,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from reports.store import ResultStore, run_id
 from runners.record import run_config
-from runners.results import ResultStore, run_id
 from runners.sweep_summary import SweepSummary, summary_line, sweep_counts
 from tests.conftest import REPO
 

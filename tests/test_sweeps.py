@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runners.results import ResultStore
+from reports.store import ResultStore
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.results import ResultStore
+from reports.store import ResultStore
 from runners.wandb_logger import (
     SERIES,
     WandbLogger,

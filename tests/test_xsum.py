@@ -1,6 +1,6 @@
 import pytest
 
-from runners.errors import KVBenchError
+from tasks.errors import KVBenchError
 from tasks.xsum import XSum, rouge_f1
 
 

@@ -24,10 +24,10 @@ from methods.less.activations import stream_activations
 from methods.less.checkpoints import assemble_kernel_set, kernel_set_dir, save_layer
 from methods.less.kernels import LessKernels
 from methods.less.student import h2o_keep_mask, lambda_keep_mask, student_attention
-from runners.errors import KVBenchError
 from runners.models import load_model, load_tokenizer, resolve_model_config
 from runners.record import log_record, presets
 from tasks.data import load_rows
+from tasks.errors import KVBenchError
 
 
 def training_windows(cfg: DictConfig, tokenizer, n: int, offset_docs: int = 0) -> tuple[torch.Tensor, dict]:

@@ -1,16 +1,23 @@
-"""The result store: one directory per run with an atomically written record (docs/results.md).
+"""The result store: one directory per run with an atomically written record (docs/results.md),
+and the run identity that names the runs. Runners write it, reports read it; it imports neither.
 
 Layout under ``results_dir``::
 
     runs/<run_id>/record.json        the run record (written last, by rename: its presence
                                      means the run's files are complete)
     runs/<run_id>/predictions.jsonl  one line per sample
-    table.csv, table.parquet         all records flattened (runners.loggers.TableLogger)
+    table.csv, table.parquet         all records flattened (:func:`write_tables`)
+
+A run id is ``<setting_id>-<inputs hash>``: the setting is what the config asks for
+(:func:`setting_id`, computed from the config alone, as reports do without models or data), the
+inputs are what the run read (the model's identity and a fingerprint of the task's samples), so
+the same command on another model file or on changed data is another run, never "already finished".
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import sys
@@ -19,7 +26,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 IDENTITY_KEYS = ("model", "method", "task", "runner", "budget", "budget_unit", "seed")
 NON_IDENTITY_TASK_KEYS = ("data_dir",)
 NON_IDENTITY_RUNNER_KEYS = ("progress",)  # display only: a progress bar does not make another run
@@ -40,10 +47,31 @@ def run_identity(config: dict) -> dict:
     return identity
 
 
-def run_id(config: dict) -> str:
-    """Stable 16-hex-digit id: SHA-256 of the run identity of a resolved config."""
-    blob = json.dumps(run_identity(config), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def _digest(value: object, digits: int) -> str:
+    blob = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:digits]
+
+
+def setting_id(config: dict) -> str:
+    """Stable 16-hex-digit id of what a resolved config asks for: SHA-256 of its
+    :func:`run_identity` (no model or data read: reports compute it from configs)."""
+    return _digest(run_identity(config), 16)
+
+
+def run_id(config: dict, inputs: dict | None = None) -> str:
+    """The id a run is stored under: ``<setting_id>-<8 hex digits of SHA-256 over inputs>``.
+
+    Parameters
+    ----------
+    config : dict
+        The resolved config (:func:`run_config`).
+    inputs : dict | None
+        What the run read (``runners.record.run_inputs``: ``model`` identity, ``data``
+        fingerprint). None only for a record that does not say (schema 1): its id is the
+        setting id alone, which no new run is stored under, so such records are never replaced.
+    """
+    sid = setting_id(config)
+    return sid if inputs is None else f"{sid}-{_digest(inputs, 8)}"
 
 
 # Which parts of the config identify a run, per runner: (the task, the top-level budget). Efficiency
@@ -148,6 +176,20 @@ class ResultStore:
         path = self.run_dir(rid) / "record.json"
         return self._load(path) if path.is_file() else None
 
+    def of_setting(self, sid: str) -> list[dict]:
+        """Every readable record of setting ``sid`` (:func:`setting_id`): runs on any inputs, and
+        a schema-1 record stored under the setting id alone; oldest first (``created``)."""
+        paths = [self.run_dir(sid) / "record.json", *self.root.glob(f"runs/{sid}-*/record.json")]
+        found = [r for p in paths if p.is_file() and (r := self._load(p)) is not None]
+        return sorted(found, key=lambda r: (str(r.get("created") or ""), r["run_id"]))
+
+    def find(self, sid: str) -> dict | None:
+        """The record reports show for setting ``sid``: the newest finished (``ok``) one, else the
+        newest of any status, None if there is none (:meth:`of_setting` lists them all)."""
+        found = self.of_setting(sid)
+        done = [r for r in found if r.get("status") == "ok"]
+        return (done or found or [None])[-1]
+
     def finished(self, rid: str) -> dict | None:
         """The record of run ``rid`` if it finished with status ``ok``."""
         record = self.read(rid)
@@ -184,12 +226,12 @@ class ResultStore:
         return out
 
     def reindex(self) -> list[tuple[str, str]]:
-        """Move every record whose stored run id is not the id its config has under the current
-        :func:`run_identity` (a store written before the identity rules changed) to its current id,
-        unless a record already sits there. Returns the ``(old, new)`` ids moved."""
+        """Move every record whose stored run id is not the id its config and inputs have under the
+        current :func:`run_identity` (a store written before the identity rules changed) to its
+        current id, unless a record already sits there. Returns the ``(old, new)`` ids moved."""
         moved = []
         for record in self.records():
-            old, new = record["run_id"], run_id(record["config"])
+            old, new = record["run_id"], run_id(record["config"], record.get("inputs"))
             if old == new or self.run_dir(new).exists():
                 continue
             self.run_dir(old).rename(self.run_dir(new))
@@ -199,3 +241,45 @@ class ResultStore:
             )
             moved.append((old, new))
         return moved
+
+
+def flat_summary(record: dict) -> dict:
+    """One flat row of a record: identity columns (model, method, task, runner, budget and its unit,
+    seed), status and error, provenance (git sha, created), metrics and efficiency figures."""
+    cfg = record.get("config") or {}
+    row = {
+        "run_id": record["run_id"],
+        "status": record["status"],
+        "error": record.get("error"),
+        "model": (cfg.get("model") or {}).get("name"),
+        "method": record.get("method"),
+        "task": record.get("task"),
+        "runner": (cfg.get("runner") or {}).get("name"),
+        "budget": cfg.get("budget"),
+        "budget_unit": cfg.get("budget_unit"),
+        "seed": cfg.get("seed"),
+        "n_samples": record.get("n_samples"),
+        "git_sha": record.get("git_sha"),
+        "created": record.get("created"),
+    }
+    row.update(record.get("metrics") or {})
+    row.update({k: v for k, v in (record.get("efficiency") or {}).items() if not isinstance(v, list)})
+    method_cfg = {k: v for k, v in (cfg.get("method") or {}).items() if k != "_target_"}
+    row.update({f"method.{k}": v for k, v in method_cfg.items()})
+    return row
+
+
+def write_tables(results_dir: str | Path) -> Path:
+    """Rebuild ``table.csv`` and ``table.parquet`` from every record of the store (the records are
+    the source of truth; each file is replaced atomically through a uniquely named temp file, so
+    concurrent writers never collide and a reader never sees a half-written table). Returns the
+    CSV's path."""
+    import pandas as pd
+
+    store = ResultStore(results_dir)
+    frame = pd.DataFrame([flat_summary(r) for r in store.records()])
+    atomic_write_text(store.root / "table.csv", frame.to_csv(index=False))
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    atomic_write_bytes(store.root / "table.parquet", buf.getvalue())
+    return store.root / "table.csv"

@@ -1,0 +1,134 @@
+"""What a run is: its setting (the config) and its inputs (the model's weights, the task's data).
+
+A GGUF is known by its content (header name, quantisation, SHA-256), not its path: a copy is the
+same model and reuses its conversion, another file at the same path is another run, and the
+converted folder loaded through ``model=hf`` is the same model under the same name. Changed data
+is another run, never "already finished". No weights are loaded here.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from reports.store import ResultStore, run_id, setting_id
+from runners.model_sources import MODEL_SOURCES, cache_dir, embedded_files, model_identity
+from runners.models import resolve_model_config
+from runners.record import new_record, run_config, run_inputs, stored_run
+from tests.conftest import REPO
+
+EMBEDDED = OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml")
+
+
+def gguf_cfg(path) -> OmegaConf:
+    return OmegaConf.merge(OmegaConf.load(REPO / "configs" / "model" / "gguf.yaml"), {"path": str(path)})
+
+
+@pytest.fixture(scope="module")
+def embedded_gguf():
+    """The embedded model's GGUF file and its converted folder (converted once, or reused)."""
+    (gguf,) = embedded_files(EMBEDDED)
+    return gguf, MODEL_SOURCES["embedded_gguf"].locate(EMBEDDED)
+
+
+def test_a_copied_gguf_is_the_same_model_and_reuses_its_conversion(tmp_path, embedded_gguf):
+    gguf, folder = embedded_gguf
+    identities, names = [], []
+    for copy in ("a", "b"):
+        (tmp_path / copy).mkdir()
+        cfg = gguf_cfg(shutil.copy(gguf, tmp_path / copy / "model.gguf"))
+        resolve_model_config(cfg)
+        assert MODEL_SOURCES["gguf"].locate(cfg) == folder  # no second conversion
+        identities.append(model_identity(cfg))
+        names.append(cfg.name)
+    identity = model_identity(EMBEDDED)
+    assert not list((cache_dir() / "models").glob(f"*-{identity['sha256'][:12]}"))  # no content-keyed copy
+    assert identities == [identity, identity] and names == ["smollm2-135m", "smollm2-135m"]
+    assert identity["quantization"] == "Q4_1" and identity["name"].startswith("Smollm2 135M")
+    assert len(identity["sha256"]) == 64
+
+
+def test_another_file_at_the_same_path_is_another_run(tmp_path, embedded_gguf):
+    gguf, _ = embedded_gguf
+    path = tmp_path / "model.gguf"
+    cfg = OmegaConf.create({"model": gguf_cfg(path)})
+    config = {"model": {"name": "model", "path": str(path)}, "runner": {"name": "quality"}, "budget": 0.1}
+    ids = []
+    for byte in (None, -1):  # the original, then the same file with its last byte changed
+        data = bytearray(gguf.read_bytes())
+        if byte is not None:
+            data[byte] ^= 0xFF
+        path.write_bytes(bytes(data))
+        ids.append(run_id(config, run_inputs(cfg)))
+    assert ids[0] != ids[1] and ids[0].split("-")[0] == ids[1].split("-")[0] == setting_id(config)
+
+
+def test_the_converted_folder_through_model_hf_is_the_same_model(embedded_gguf, tmp_path):
+    gguf, folder = embedded_gguf
+    as_gguf = gguf_cfg(shutil.copy(gguf, tmp_path / "model.gguf"))
+    as_hf = OmegaConf.merge(OmegaConf.load(REPO / "configs" / "model" / "hf.yaml"), {"id": str(folder)})
+    for cfg in (as_gguf, as_hf):
+        resolve_model_config(cfg)
+    assert as_hf.name == as_gguf.name == "smollm2-135m"
+    assert model_identity(as_hf) == model_identity(as_gguf) == model_identity(EMBEDDED)
+
+
+def test_a_gguf_is_named_by_its_header_and_an_older_conversion_is_adopted(
+    tmp_path, monkeypatch, embedded_gguf
+):
+    """A GGUF no folder holds yet is named ``<general.name>-<quantization>``; the folder an earlier
+    version converted it into (keyed by path, size and mtime) is renamed to its content key."""
+    import hashlib
+
+    from runners.model_identity import read_source
+
+    gguf, folder = embedded_gguf
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    shutil.copy(gguf, path)
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    legacy = tmp_path / "cache" / "models" / f"model-{key}"
+    shutil.copytree(folder, legacy, ignore=shutil.ignore_patterns("*.safetensors", "kvbench_source.json"))
+    cfg = gguf_cfg(path)
+    resolve_model_config(cfg)
+    assert cfg.name == "Smollm2-135M-8k-Lc100K-Mix1-Ep2-Q4_1"
+    target = MODEL_SOURCES["gguf"].locate(cfg)
+    assert not legacy.exists() and target.name == f"{cfg.name}-{model_identity(cfg)['sha256'][:12]}"
+    assert read_source(target)["identity"] == model_identity(cfg) == model_identity(EMBEDDED)
+
+
+def test_changed_data_is_another_run_and_the_old_record_stays(tmp_path, data_dir):
+    """Fixing a data row gives the same command another run id (no "already finished"); a row
+    beyond ``task.limit`` changes nothing."""
+    (tmp_path / "data" / "xsum").mkdir(parents=True)
+    rows = (data_dir / "xsum" / "test.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:3]
+    data = tmp_path / "data" / "xsum" / "test.jsonl"
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(
+            config_name="config",
+            overrides=["task=xsum", "task.limit=2", f"task.data_dir={tmp_path / 'data'}",
+                       f"paths.results_dir={tmp_path / 'results'}", "logger=table"],
+        )  # fmt: skip
+    config = run_config(cfg)
+
+    def stored(text: list[str]) -> tuple[str, dict | None]:
+        data.write_text("".join(text), encoding="utf-8")
+        _, rid, done = stored_run(cfg, config, lambda record: None, instantiate(cfg.task).load())
+        return rid, done
+
+    first, done = stored(rows)
+    assert done is None
+    record = new_record(first, config, "zsmerge", "xsum", torch.device("cpu"), status="ok")
+    ResultStore(cfg.paths.results_dir).write(record, [])
+    assert record["inputs"]["data"]["samples"] == 2 and record["setting_id"] == setting_id(config)
+    assert stored(rows) == (first, record)  # the same data: already finished
+    assert stored([*rows[:2], rows[2].replace("a", "b")])[0] == first  # beyond the limit
+    fixed, done = stored([rows[0], rows[1].replace("a", "b", 1), rows[2]])
+    assert done is None and fixed != first and fixed.split("-")[0] == first.split("-")[0]
+    assert ResultStore(cfg.paths.results_dir).finished(first) == record  # the old record stays
