@@ -182,17 +182,17 @@ def test_capped_child_reports_oom_not_a_crash():
         (["runner=error", "method=fullkv"], "has no error"),
     ],
 )
-def test_bad_runner_input_is_one_error_line(tmp_path, overrides, message):
-    proc = run_cli(tmp_path, *overrides)
+def test_bad_runner_input_is_one_error_line(run_py, overrides, message):
+    proc = run_py(*overrides)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
     assert "loading model" not in proc.stdout
 
 
 @pytest.mark.integration
-def test_efficiency_runner_record_on_the_embedded_model(tmp_path):
-    proc = run_cli(
-        tmp_path, "runner=efficiency", "method=h2o", "budget=0.25", "runner.prompt_len=64",
+def test_efficiency_runner_record_on_the_embedded_model(tmp_path, run_py):
+    proc = run_py(
+        "runner=efficiency", "method=h2o", "budget=0.25", "runner.prompt_len=64",
         "runner.gen_len=9", "runner.batch=2", "runner.repeats=2", "runner.warmup_steps=2",
         "runner.curve_every=4",
     )  # fmt: skip
@@ -213,17 +213,17 @@ def test_efficiency_runner_record_on_the_embedded_model(tmp_path):
 @pytest.mark.integration
 def test_cpu_oom_search_on_the_embedded_model(tmp_path):
     """Probes in capped child processes: a batch that cannot fit is recorded as oom and the
-    bisection ends at a boundary (1 fits, 64 x 1024 tokens of FullKV cannot under 2.5 GiB)."""
+    bisection ends at a boundary (1 fits, 16 x 1024 tokens of FullKV cannot under 2.5 GiB)."""
     proc = run_cli(
         tmp_path, "runner=oom", "method=fullkv", "runner.prompt_len=1024", "runner.gen_len=2",
-        "runner.low=1", "runner.high=64", "runner.memory_cap_gb=2.5",
+        "runner.low=1", "runner.high=16", "runner.memory_cap_gb=2.5",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     record = json.loads(next((tmp_path / "results" / "runs").glob("*/record.json")).read_text())
     probes = record["efficiency"]["probes"]
-    assert probes[0]["value"] == 64 and probes[0]["outcome"] == "oom"
+    assert probes[0]["value"] == 16 and probes[0]["outcome"] == "oom"
     threshold = record["metrics"]["max_batch"]
-    assert threshold is not None and 1 <= threshold < 64
+    assert threshold is not None and 1 <= threshold < 16
     assert all(p["outcome"] == ("ok" if p["value"] <= threshold else "oom") for p in probes)
     assert (REPO / "runners" / "oom.py").is_file()
 
