@@ -213,17 +213,17 @@ def test_efficiency_runner_record_on_the_embedded_model(tmp_path, run_py):
 @pytest.mark.integration
 def test_cpu_oom_search_on_the_embedded_model(tmp_path):
     """Probes in capped child processes: a batch that cannot fit is recorded as oom and the
-    bisection ends at a boundary (1 fits, 16 x 1024 tokens of FullKV cannot under 2.5 GiB)."""
+    bisection ends at a boundary (1 fits, 64 x 1024 tokens of FullKV cannot under 2.5 GiB)."""
     proc = run_cli(
         tmp_path, "runner=oom", "method=fullkv", "runner.prompt_len=1024", "runner.gen_len=2",
-        "runner.low=1", "runner.high=16", "runner.memory_cap_gb=2.5",
+        "runner.low=1", "runner.high=64", "runner.memory_cap_gb=2.5",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     record = json.loads(next((tmp_path / "results" / "runs").glob("*/record.json")).read_text())
     probes = record["efficiency"]["probes"]
-    assert probes[0]["value"] == 16 and probes[0]["outcome"] == "oom"
+    assert probes[0]["value"] == 64 and probes[0]["outcome"] == "oom"
     threshold = record["metrics"]["max_batch"]
-    assert threshold is not None and 1 <= threshold < 16
+    assert threshold is not None and 1 <= threshold < 64
     assert all(p["outcome"] == ("ok" if p["value"] <= threshold else "oom") for p in probes)
     assert (REPO / "runners" / "oom.py").is_file()
 
