@@ -1,8 +1,12 @@
-"""Shared fixtures: a tiny random GQA Llama, the embedded model, the data directory."""
+"""Shared fixtures: a tiny random GQA Llama, the embedded model, the data directory, ``run.py`` in
+this process."""
 
 from __future__ import annotations
 
 import os
+import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -74,3 +78,43 @@ def tokenizer():
     from runners.models import load_tokenizer
 
     return load_tokenizer(OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml"))
+
+
+@pytest.fixture
+def run_py(tmp_path, monkeypatch, capsys):
+    """``python run.py logger=table runner.progress=false <overrides>`` run in this process: ``run.py``
+    executed as ``__main__`` (the same composition, validation, error lines and exit codes) without
+    a fresh interpreter's ~5 s of imports (Hydra's logging set-up is skipped). Results and logs go
+    under ``tmp_path``; the environment, ``sys.argv`` and the working directory are restored
+    afterwards. The subprocess path itself is tested in tests/test_cli.py (``run_cli``).
+
+    Returns a function ``(*overrides, data_dir=None) -> subprocess.CompletedProcess`` (returncode,
+    stdout and stderr as the command line would give them)."""
+
+    def call(*overrides: str, data_dir: str | None = None) -> subprocess.CompletedProcess:
+        env = {
+            "KVBENCH_RESULTS_DIR": str(tmp_path / "results"),
+            "KVBENCH_LOG_DIR": str(tmp_path / "logs"),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # run.py sets both: restored afterwards
+            "HYDRA_FULL_ERROR": os.environ.get("HYDRA_FULL_ERROR", "1"),
+        }
+        if data_dir is not None:
+            env["KVBENCH_DATA_DIR"] = data_dir
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        argv = ["run.py", "logger=table", "runner.progress=false", *overrides]
+        monkeypatch.setattr(sys, "argv", argv)
+        monkeypatch.chdir(REPO)
+        # Hydra's logging set-up would close pytest's own log handlers: skipped in-process.
+        for module in ("hydra.core.utils", "hydra._internal.hydra"):
+            monkeypatch.setattr(f"{module}.configure_log", lambda *args, **kwargs: None)
+        capsys.readouterr()
+        try:
+            runpy.run_path(str(REPO / "run.py"), run_name="__main__")
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    return call

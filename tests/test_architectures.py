@@ -123,14 +123,19 @@ def test_every_method_runs_within_its_slot_bound(family, name):
     assert res.kv_bytes < res.fullkv_bytes if method.compresses else res.kv_bytes == res.fullkv_bytes
 
 
-@pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_covering_budget_gives_fullkv_output(family, name):
+@pytest.fixture(scope="module")
+def fullkv_tokens(family) -> list[int]:
+    """FullKV's greedy tokens on ``prompt(4)``: what every method must give at a covering budget."""
     _, ours, _ = family
-    ids = prompt(4)
-    full = greedy_generate(ours, ids, FullKV(), None, NEW, set()).tokens
+    return greedy_generate(ours, prompt(4), FullKV(), None, NEW, set()).tokens
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_covering_budget_gives_fullkv_output(family, fullkv_tokens, name):
+    _, ours, _ = family
     method = method_for(name, ours)
     covering = PROMPT + NEW if method.budget_holds_in_decode else PROMPT
-    assert greedy_generate(ours, ids, method, covering, NEW, set()).tokens == full
+    assert greedy_generate(ours, prompt(4), method, covering, NEW, set()).tokens == fullkv_tokens
 
 
 def test_streamingllm_rerotation_matches_rope_at_cache_index_positions(family):

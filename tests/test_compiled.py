@@ -65,18 +65,25 @@ def test_compiled_decode_gives_eager_tokens_without_graph_breaks(shallow, name):
     assert counters["stats"]["unique_graphs"] <= 5
 
 
-def test_greedy_generate_follows_the_configured_backend(shallow):
+def test_greedy_generate_follows_the_configured_backend(tiny_model, monkeypatch):
+    """``greedy_generate`` decodes through :func:`compiled_forward` exactly when the configured
+    backend is ``compiled`` (that the compiled step gives eager's tokens is the test above, through
+    the same ``ModelRun``); the setting is restored and an unknown backend raises."""
+    import runners.generate
     from runners.generate import get_decode_backend, set_decode_backend
 
-    ids = synthetic_prompts(shallow.config.vocab_size, 1, 40, 1)
+    compiled: list[torch.nn.Module] = []
+    monkeypatch.setattr(runners.generate, "compiled_forward", lambda model: compiled.append(model) or model)
+    ids = synthetic_prompts(tiny_model.config.vocab_size, 1, 40, 1)
     method = METHOD_REGISTRY["h2o"]()
-    eager = greedy_generate(shallow, ids, method, 16, 8, set()).tokens
+    eager = greedy_generate(tiny_model, ids, method, 16, 8, set()).tokens
+    assert compiled == []
     set_decode_backend("compiled")
     try:
-        compiled = greedy_generate(shallow, ids, method, 16, 8, set()).tokens
+        again = greedy_generate(tiny_model, ids, method, 16, 8, set()).tokens
     finally:
         set_decode_backend("eager")
-    assert compiled == eager and get_decode_backend() == "eager"
+    assert compiled == [tiny_model] and again == eager and get_decode_backend() == "eager"
     with pytest.raises(ValueError, match="backend must be one of"):
         set_decode_backend("graph")
 

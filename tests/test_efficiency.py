@@ -183,17 +183,17 @@ def test_capped_child_reports_oom_not_a_crash():
         (["runner=error", "method=fullkv"], "has no error"),
     ],
 )
-def test_bad_runner_input_is_one_error_line(tmp_path, overrides, message):
-    proc = run_cli(tmp_path, *overrides)
+def test_bad_runner_input_is_one_error_line(run_py, overrides, message):
+    proc = run_py(*overrides)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
     assert "loading model" not in proc.stdout
 
 
 @pytest.mark.integration
-def test_efficiency_runner_record_on_the_embedded_model(tmp_path):
-    proc = run_cli(
-        tmp_path, "runner=efficiency", "method=h2o", "budget=0.25", "runner.prompt_len=64",
+def test_efficiency_runner_record_on_the_embedded_model(tmp_path, run_py):
+    proc = run_py(
+        "runner=efficiency", "method=h2o", "budget=0.25", "runner.prompt_len=64",
         "runner.gen_len=9", "runner.batch=2", "runner.repeats=2", "runner.warmup_steps=2",
         "runner.curve_every=4",
     )  # fmt: skip

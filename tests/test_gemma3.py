@@ -57,9 +57,11 @@ def test_fullkv_equals_generate_past_the_window(gemma3, data_dir):
     assert ids.shape[1] == 800
     set_attn(model, "eager")
     try:
-        with torch.no_grad():
-            expected = model.generate(ids, max_new_tokens=24, do_sample=False)[0, 800:].tolist()
-            reference = model(ids).logits[0, -1]
+        with torch.no_grad():  # the model's own tokens, and its raw logits at the prompt's last position
+            out = model.generate(
+                ids, max_new_tokens=24, do_sample=False, output_logits=True, return_dict_in_generate=True
+            )
+        expected, reference = out.sequences[0, 800:].tolist(), out.logits[0][0]
     finally:
         set_attn(model, "kvbench")
     ours = greedy_generate(model, ids, FullKV(), None, 24, eos_token_ids(model, tokenizer))

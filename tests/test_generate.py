@@ -123,9 +123,9 @@ def test_embedded_model_fullkv_matches_generate_on_real_article(embedded, data_d
     assert small.kv_bytes < 0.1 * small.fullkv_bytes
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("name", sorted(set(METHOD_REGISTRY) - {"fullkv"}))
-def test_every_method_on_the_embedded_model(embedded, data_dir, name):
+@pytest.fixture(scope="module")
+def article_fullkv(embedded, data_dir):
+    """``(ids, eos, FullKV's 16 tokens)`` on the second XSum article: the reference of every method."""
     model, tokenizer = embedded
     row = json.loads((data_dir / "xsum" / "test.jsonl").read_text().splitlines()[1])
     messages = [
@@ -135,7 +135,14 @@ def test_every_method_on_the_embedded_model(embedded, data_dir, name):
         messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     ids, eos = enc["input_ids"], eos_token_ids(model, tokenizer)
-    full = greedy_generate(model, ids, FullKV(), None, 16, eos)
+    return ids, eos, greedy_generate(model, ids, FullKV(), None, 16, eos)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", sorted(set(METHOD_REGISTRY) - {"fullkv"}))
+def test_every_method_on_the_embedded_model(embedded, article_fullkv, name):
+    model, _ = embedded
+    ids, eos, full = article_fullkv
     # fixed-theta KVMerger ignores the budget (its ratio is an outcome): test the budgeted mode here
     kwargs = {"kvmerger": {"exact_budget": True}, "less": {"kernels": untrained_less_kernels(model)}}
     method = METHOD_REGISTRY[name](**kwargs.get(name, {}))

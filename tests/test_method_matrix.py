@@ -64,13 +64,17 @@ def test_budget_and_memory_at_every_step(tiny_model, name, kwargs, budget):
         assert res.kv_bytes < res.fullkv_bytes  # memory was really released
 
 
+@pytest.fixture(scope="module")
+def fullkv_tokens(tiny_model) -> list[int]:
+    """FullKV's greedy tokens on ``prompt(1)``: what every method must give at a covering budget."""
+    return greedy_generate(tiny_model, prompt(1), FullKV(), None, NEW, set()).tokens
+
+
 @pytest.mark.parametrize(("name", "kwargs", "budget"), CASES)
-def test_covering_budget_gives_fullkv_output(tiny_model, name, kwargs, budget):
-    ids = prompt(1)
-    full = greedy_generate(tiny_model, ids, FullKV(), None, NEW, set()).tokens
+def test_covering_budget_gives_fullkv_output(tiny_model, fullkv_tokens, name, kwargs, budget):
     covering = PROMPT + NEW if METHOD_REGISTRY[name](**kwargs).budget_holds_in_decode else PROMPT
-    out = greedy_generate(tiny_model, ids, METHOD_REGISTRY[name](**kwargs), covering, NEW, set()).tokens
-    assert out == full
+    out = greedy_generate(tiny_model, prompt(1), METHOD_REGISTRY[name](**kwargs), covering, NEW, set()).tokens
+    assert out == fullkv_tokens
 
 
 @pytest.mark.parametrize(("name", "kwargs", "budget"), CASES)

@@ -83,9 +83,9 @@ def test_device_map_places_the_model_and_its_cache(hf_folder):
         assert len(res.tokens) == 4
 
 
-def test_cli_runs_a_saved_folder_through_model_hf(tmp_path, hf_folder, data_dir):
-    proc = run_cli(
-        tmp_path, "model=hf", f"model.id={hf_folder}", "method=h2o", "budget=0.2", "task=xsum",
+def test_cli_runs_a_saved_folder_through_model_hf(tmp_path, run_py, hf_folder, data_dir):
+    proc = run_py(
+        "model=hf", f"model.id={hf_folder}", "method=h2o", "budget=0.2", "task=xsum",
         "task.limit=1", "task.max_new_tokens=4", data_dir=str(data_dir),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -102,8 +102,8 @@ def test_cli_runs_a_saved_folder_through_model_hf(tmp_path, hf_folder, data_dir)
     )  # kv_heads x head_dim x K,V x fp32
 
 
-def test_cli_unknown_model_key_is_one_error_line(tmp_path):
-    line = one_error_line(run_cli(tmp_path, "+model.attn_implementation=eager"))
+def test_cli_unknown_model_key_is_one_error_line(run_py):
+    line = one_error_line(run_py("+model.attn_implementation=eager"))
     assert "unknown model key(s) ['attn_implementation']" in line
 
 

@@ -54,36 +54,29 @@ def record_mtimes(tmp_path: Path) -> dict[str, int]:
     return {p.parent.name: p.stat().st_mtime_ns for p in paths}
 
 
-def test_two_by_two_multirun_writes_four_records_and_a_rerun_writes_none(tmp_path, data_dir):
-    sweep = ("method=h2o,zsmerge", "budget=0.1,0.2")
+def test_a_grid_writes_one_record_per_job_keeps_going_past_a_failure_and_a_rerun_skips_finished_runs(
+    tmp_path, data_dir
+):
+    # alpha=-1 fails validation (ZSMerge Eq. 8 needs alpha in [0, 1]); its jobs are the first two.
+    sweep = ("method=zsmerge", "method.alpha=-1,0.5", "budget=0.1,0.2")
     first = multirun(tmp_path, data_dir, *sweep)
     assert first.returncode == 0, first.stderr[-3000:]
     recs = records(tmp_path)
-    assert len(recs) == 4 and {r["status"] for r in recs.values()} == {"ok"}
-    assert {(r["method"], r["config"]["budget"]) for r in recs.values()} == {
-        ("h2o", 0.1), ("h2o", 0.2), ("zsmerge", 0.1), ("zsmerge", 0.2)
+    assert {(r["config"]["method"]["alpha"], r["config"]["budget"], r["status"]) for r in recs.values()} == {
+        (-1, 0.1, "error"), (-1, 0.2, "error"), (0.5, 0.1, "ok"), (0.5, 0.2, "ok")
     }  # fmt: skip
+    for r in recs.values():
+        assert "alpha" in r["error"] if r["status"] == "error" else r["metrics"]["rouge1"] >= 0
     sweeps = {r["sweep"]["dir"] for r in recs.values()}
     assert len(sweeps) == 1 and sorted(r["sweep"]["job_num"] for r in recs.values()) == [0, 1, 2, 3]
-    before = record_mtimes(tmp_path)
+    assert summary(first) == "2 ok / 2 failed / 0 skipped"
+    before = {rid: mtime for rid, mtime in record_mtimes(tmp_path).items() if recs[rid]["status"] == "ok"}
+    # A failed run is attempted again on the next sweep; only finished runs are skipped, never rewritten.
     second = multirun(tmp_path, data_dir, *sweep)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert record_mtimes(tmp_path) == before  # no record rewritten
-    assert second.stdout.count("already finished") == 4
-
-
-def test_a_failing_job_is_recorded_and_the_others_finish(tmp_path, data_dir):
-    # alpha=-1 fails validation (ZSMerge Eq. 8 needs alpha in [0, 1]); it is the first job.
-    result = multirun(tmp_path, data_dir, "method=zsmerge", "method.alpha=-1,0.5")
-    assert result.returncode == 0, result.stderr[-3000:]
-    recs = sorted(records(tmp_path).values(), key=lambda r: r["config"]["method"]["alpha"])
-    assert [r["status"] for r in recs] == ["error", "ok"]
-    assert "alpha" in recs[0]["error"] and recs[1]["metrics"]["rouge1"] >= 0
-    assert summary(result) == "1 ok / 1 failed / 0 skipped"
-    # A failed run is attempted again on the next sweep (only finished runs are skipped).
-    again = multirun(tmp_path, data_dir, "method=zsmerge", "method.alpha=-1,0.5")
-    assert again.stdout.count("already finished") == 1 and "recorded as run" in again.stderr
-    assert summary(again) == "0 ok / 1 failed / 1 skipped"
+    assert {rid: record_mtimes(tmp_path)[rid] for rid in before} == before
+    assert second.stdout.count("already finished") == 2 and "recorded as run" in second.stderr
+    assert summary(second) == "0 ok / 2 failed / 2 skipped"
 
 
 def test_killing_a_sweep_between_jobs_leaves_readable_records_and_it_resumes(tmp_path, data_dir):
