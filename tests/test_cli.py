@@ -65,16 +65,17 @@ if not torch.cuda.is_available():
 
 
 @pytest.mark.parametrize(("overrides", "message"), BAD_INPUT, ids=[" ".join(o) for o, _ in BAD_INPUT])
-def test_bad_input_is_one_error_line_before_any_model_load(tmp_path, overrides, message):
+def test_bad_input_is_one_error_line_before_any_model_load(tmp_path, run_py, overrides, message):
     """One ``error:`` line, exit code 2, no model loaded and no record; ``{tmp}`` is a folder
     holding a plain file ``file`` and a data dir whose XSum file has invalid UTF-8 on line 2,
-    ``{ro}`` a read-only directory."""
+    ``{ro}`` a read-only directory. Run in-process (``run_py``); the command line's own process is
+    exercised by the other tests of this file."""
     (tmp_path / "file").write_text("not a directory")
     (tmp_path / "data" / "xsum").mkdir(parents=True)
     row = b'{"document": "a", "summary": "b", "id": "%d"}\n'
     (tmp_path / "data" / "xsum" / "test.jsonl").write_bytes(row % 1 + row.replace(b'"a"', b'"a\xff"') % 2)
     where = {"tmp": tmp_path, "ro": read_only_dir(tmp_path)}
-    proc = run_cli(tmp_path, "task.limit=2", *(o.format(**where) for o in overrides))
+    proc = run_py("task.limit=2", *(o.format(**where) for o in overrides))
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
     assert message.format(**where) in lines[0]
