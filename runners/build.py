@@ -7,6 +7,7 @@ Order (bad input fails before anything expensive): :func:`check_run` (results di
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import torch
@@ -104,8 +105,19 @@ def model_options(model: DictConfig) -> str:
 
 
 def registered_name(target: str | None, registry: dict) -> str | None:
-    """The registry name of the class a config's ``_target_`` names, or None if it is not registered."""
-    return next((n for n, c in registry.items() if f"{c.__module__}.{c.__qualname__}" == target), None)
+    """The registry name of the class a config's ``_target_`` names, or None if it is not registered.
+
+    The target is resolved, not compared as text: a class may be named through the package that
+    exports it (``methods.keepkv.KeepKV``) rather than the module defining it
+    (``methods.keepkv.method``)."""
+    if not target:
+        return None
+    module, _, name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return next((n for n, c in registry.items() if c is cls), None)
 
 
 def build_node(node: DictConfig, group: str, registry: dict) -> object:

@@ -8,6 +8,7 @@ from hydra.utils import instantiate
 
 from methods import METHOD_REGISTRY
 from reports.sweep_jobs import experiment_names
+from runners.build import registered_name
 from runners.model_sources import MODEL_SOURCES
 from runners.models import validate_model_config
 from runners.sweeps import sweep_jobs
@@ -78,6 +79,8 @@ def test_method_configs_build_registered_methods(option):
     method = instantiate(cfg.method)
     assert METHOD_REGISTRY[method.name] is type(method)
     assert option.startswith(method.name)
+    # the runners' check of a target: a class exported by a subpackage (methods.keepkv.KeepKV) counts
+    assert registered_name(cfg.method._target_, METHOD_REGISTRY) == method.name
 
 
 @pytest.mark.parametrize("option", options("model"))
