@@ -7,8 +7,11 @@
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
+from methods.keydiff import KeyDiff
+from methods.knorm import KNorm
 from methods.kvmerger import KVMerger
 from methods.less import LESS
+from methods.random import Random
 from methods.seam import attention  # noqa: F401  (registers the attention implementation)
 from methods.seam.budget import resolve_budget, validate_budget
 from methods.seam.cache import CompressedCache
@@ -19,23 +22,42 @@ from methods.seam.plan import LayerPlan
 from methods.seam.store import SlotStore
 from methods.snapkv import SnapKV
 from methods.streamingllm import StreamingLLM
+from methods.tova import TOVA
 from methods.zsmerge import ZSMerge
 
 METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
-    cls.name: cls for cls in (FullKV, H2O, KeepKV, KVMerger, LESS, SnapKV, StreamingLLM, ZSMerge)
+    cls.name: cls
+    for cls in (
+        FullKV,
+        H2O,
+        KeepKV,
+        KeyDiff,
+        KNorm,
+        KVMerger,
+        LESS,
+        Random,
+        SnapKV,
+        StreamingLLM,
+        TOVA,
+        ZSMerge,
+    )
 }
 
 __all__ = [
     "H2O",
     "LESS",
     "METHOD_REGISTRY",
+    "TOVA",
     "CompressedCache",
     "CompressedLayer",
     "CompressionMethod",
     "FullKV",
+    "KNorm",
     "KVMerger",
     "KeepKV",
+    "KeyDiff",
     "LayerPlan",
+    "Random",
     "ScoreEvict",
     "SlotStore",
     "SnapKV",

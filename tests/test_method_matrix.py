@@ -26,6 +26,10 @@ SETTINGS = {
     # LESS needs trained kernels: random ones with a non-zero state here (tests/test_less.py)
     "less": ({"kernels": tiny_kernels()}, {"policy": "lambda", "kernels": tiny_kernels()}),
     "kvmerger": ({"exact_budget": True}, {"exact_budget": True, "recent_ratio": 0.08, "heavy_ratio": 0.02}),
+    "tova": ({}, {"recent": 2}),
+    "knorm": ({}, {}),
+    "keydiff": ({}, {}),
+    "random": ({}, {"seed": 3}),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")

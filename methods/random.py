@@ -1,0 +1,53 @@
+"""Random eviction: the floor every leaderboard shows (kvpress's ``RandomPress``, seeded).
+
+Each token gets a fixed uniform score in ``[0, 1)`` from an integer hash of (seed, layer, KV head,
+position), so the kept set is a uniformly random subset, reproducible, with no random-generator state
+(a compiled decode step stays one graph). A score-then-evict rule (``methods.seam.evict``): nothing
+protected (as kvpress), at prefill and at every decode step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from methods.seam.evict import ScoreEvict
+from methods.seam.layer import CompressedLayer
+
+MASK = 0xFFFFFFFF
+
+
+def hashed_uniform(positions: torch.Tensor, seed: int, layer_idx: int) -> torch.Tensor:
+    """Uniform ``[0, 1)`` float32 per slot, a 32-bit integer hash (two xor-shift-multiply rounds) of
+    ``positions`` ``[batch, kv_heads, slots]`` int64, the KV head, the layer and the seed."""
+    head = torch.arange(positions.shape[1], device=positions.device).view(1, -1, 1)
+    x = (positions * 0x9E3779B1 + head * 0x85EBCA77 + layer_idx * 0xC2B2AE3D + seed * 0x27D4EB2F) & MASK
+    for _ in range(2):
+        x = (((x ^ (x >> 16)) & MASK) * 0x45D9F3B) & MASK
+    return ((x ^ (x >> 16)) & MASK).float() / 2.0**32
+
+
+@dataclass
+class Random(ScoreEvict):
+    """Random: per KV head, keep a seeded uniformly random subset of the tokens.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of the scores (the same seed keeps the same tokens).
+    """
+
+    name: ClassVar[str] = "random"
+    decode_input: ClassVar[str] = "none"
+
+    seed: int = 0
+
+    def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        """The prompt tokens' hashed scores."""
+        return hashed_uniform(layer.positions, self.seed, layer.layer_idx)
+
+    def step_scores(self, layer: CompressedLayer, probs: None) -> torch.Tensor:
+        """Every slot's hashed score (fixed per token)."""
+        return hashed_uniform(layer.positions, self.seed, layer.layer_idx)

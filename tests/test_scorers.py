@@ -1,0 +1,131 @@
+"""TOVA, KNorm, KeyDiff and Random against references written here from each paper's rule.
+
+A spy records what each layer holds when the method acts (keys by position, the step's query); a
+reference keeps its own token set per (layer, KV head) with the rule written from the paper and must
+keep the same positions as the method at prefill and after every decode step, with the budget never
+exceeded. One tiny GQA Llama (6 query heads on 2 KV heads), one prompt, two budgets per method.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from methods import METHOD_REGISTRY
+from methods.random import hashed_uniform
+from runners.generate import greedy_generate
+from tests.test_method_matrix import NEW, prompt
+
+
+def spied(cls: type, records: dict) -> type:
+    """``cls`` recording, per layer, ``(kind, positions, keys, query, scaling)`` before each action
+    (the decode step's query from its attention) and the positions after it."""
+
+    class Spy(cls):
+        def prefill(self, layer, query, scaling):
+            records.setdefault(layer.layer_idx, []).append(
+                ["prefill", layer.positions.clone(), layer.keys.clone(), query[:, :, -1].clone(), scaling]
+            )
+            super().prefill(layer, query, scaling)
+            records[layer.layer_idx][-1].append(layer.positions.clone())
+
+        def decode_attention(self, layer, query, scaling):
+            records[layer.layer_idx].append(
+                ["step", layer.positions.clone(), layer.keys.clone(), query[:, :, -1].clone(), scaling]
+            )
+            return super().decode_attention(layer, query, scaling)
+
+        def decode_step(self, layer, probs):
+            super().decode_step(layer, probs)
+            records[layer.layer_idx][-1].append(layer.positions.clone())
+
+    return Spy
+
+
+def paper_scores(name: str, kwargs: dict, kept: list[list[int]], keys: dict, query, scaling, layer_idx: int):
+    """Each paper's score per KV head for the positions in ``kept[h]``: ``list[dict[pos, score]]``."""
+    heads = len(kept)
+    if name == "knorm":  # Devoto et al. 2024: low ||k|| is important
+        return [{p: -keys[h][p].norm().item() for p in kept[h]} for h in range(heads)]
+    if name == "keydiff":  # Park et al. 2025: -cos(k, mean of unit keys of the cache)
+        out = []
+        for h in range(heads):
+            anchor = torch.stack([keys[h][p] / keys[h][p].norm() for p in kept[h]]).mean(0)
+            out.append({p: -torch.cosine_similarity(keys[h][p], anchor, dim=0).item() for p in kept[h]})
+        return out
+    if name == "random":  # one fixed seeded uniform score per token
+        out = []
+        for h in range(heads):
+            pos = torch.tensor(kept[h]).view(1, 1, -1).expand(1, heads, -1)
+            u = hashed_uniform(pos, kwargs.get("seed", 0), layer_idx)[0, h].tolist()
+            out.append(dict(zip(kept[h], u, strict=True)))
+        return out
+    # TOVA (Oren et al. 2024): the current query's attention, averaged over all query heads
+    assert all(sorted(k) == sorted(kept[0]) for k in kept)  # every head holds the same tokens
+    group = query.shape[0] // heads
+    probs = [
+        torch.softmax(torch.stack([keys[q // group][p] for p in kept[0]]) @ query[q] * scaling, dim=0)
+        for q in range(query.shape[0])
+    ]
+    mean = torch.stack(probs).mean(0).tolist()
+    return [dict(zip(kept[0], mean, strict=True)) for _ in range(heads)]
+
+
+def protected_recent(name: str, kwargs: dict, budget: int) -> int:
+    """Newest tokens never evicted: TOVA the newest one (kvpress) plus ``recent``; the others none."""
+    return min(max(kwargs.get("recent", 0), 1), budget) if name == "tova" else 0
+
+
+CASES = [
+    pytest.param(name, kwargs, budget, id=f"{name}-{budget}")
+    for name, kwargs in (
+        ("tova", {}),
+        ("tova", {"recent": 3}),
+        ("knorm", {}),
+        ("keydiff", {}),
+        ("random", {"seed": 5}),
+    )
+    for budget in (9, 30)
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs", "budget"), CASES)
+def test_kept_positions_match_the_papers_rule(tiny_model, name, kwargs, budget):
+    records: dict[int, list] = {}
+    sizes = []
+    method = spied(METHOD_REGISTRY[name], records)(**kwargs)
+    greedy_generate(tiny_model, prompt(4), method, budget, NEW, set(), lambda c: sizes.append(max(c.n_slots)))
+    assert len(sizes) == NEW and max(sizes) <= budget
+    recent = protected_recent(name, kwargs, budget)
+    for layer_idx, events in records.items():
+        assert [e[0] for e in events][:2] == ["prefill", "step"] and len(events) >= NEW
+        keys: list[dict[int, torch.Tensor]] = [{} for _ in range(events[0][2].shape[1])]
+        kept: list[list[int]] = [[] for _ in keys]
+        for kind, positions, k, query, scaling, after in events:
+            for h in range(len(keys)):  # what the layer holds now that the reference has not seen
+                for slot, p in enumerate(positions[0, h].tolist()):
+                    keys[h].setdefault(p, k[0, h, slot].float())
+                    if p not in kept[h] and (kind == "prefill" or p == max(positions[0, h].tolist())):
+                        kept[h].append(p)
+            scores = paper_scores(name, kwargs, kept, keys, query[0].float(), scaling, layer_idx)
+            for h in range(len(keys)):
+                newest = sorted(kept[h])[len(kept[h]) - recent :] if recent else []
+                rest = sorted((p for p in kept[h] if p not in newest), key=lambda p: scores[h][p])
+                if kind == "prefill" and len(kept[h]) > budget:
+                    kept[h] = newest + rest[len(rest) - (budget - len(newest)) :]
+                elif kind == "step" and len(kept[h]) > budget:
+                    kept[h].remove(rest[0])
+                assert sorted(after[0, h].tolist()) == sorted(kept[h]), (kind, layer_idx, h)
+
+
+def test_random_scores_are_uniform_and_seeded():
+    pos = torch.arange(4096).view(1, 1, -1).expand(1, 2, -1)
+    u = hashed_uniform(pos, 0, 0)
+    assert 0 <= u.min() and u.max() < 1
+    assert math.isclose(u.mean().item(), 0.5, abs_tol=0.02)
+    assert math.isclose(u.var().item(), 1 / 12, abs_tol=0.005)
+    assert not torch.equal(u[0, 0], u[0, 1])  # heads differ
+    assert not torch.equal(u, hashed_uniform(pos, 1, 0)) and not torch.equal(u, hashed_uniform(pos, 0, 1))
+    assert torch.equal(u, hashed_uniform(pos, 0, 0))
