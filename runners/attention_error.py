@@ -109,14 +109,14 @@ def run_attention_error(cfg: DictConfig) -> dict:
             f"a prompt of {longest} tokens + {new} decode tokens exceeds {cfg.model.name}'s context"
         )
     model = load_model(cfg.model, cfg.device)
-    record = new_record(rid, config, method.name, task.name, model.device, data_source=task.source,
+    record = new_record(rid, config, method.label, task.name, model.device, data_source=task.source,
                         n_samples=len(samples), budgets=budgets)  # fmt: skip
     specs = layer_specs(model)
     layers = len(specs)
     error_sum = torch.zeros((len(budgets), layers), dtype=torch.float64)
     steps = torch.zeros_like(error_sum)
     with recording(cfg, store, record):
-        for ids in tqdm(prompts, desc=f"error {method.name}", disable=not cfg.runner.progress):
+        for ids in tqdm(prompts, desc=f"error {method.label}", disable=not cfg.runner.progress):
             slots = [resolve_budget(b, ids.shape[1], cfg.model.max_context, cfg.budget_unit) for b in budgets]
             shadows = ShadowCaches(method, slots, specs)
             greedy_generate(

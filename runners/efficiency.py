@@ -100,7 +100,7 @@ def measure(
     warmup = min(r.warmup_steps, r.gen_len - 1)
     total = (1 + warmup if r.warmup_steps else 0) + r.repeats * r.gen_len
     runs, peaks = [], []
-    with tqdm(total=total, desc=f"{method.name} prefill+decode", unit="step", disable=not r.progress) as bar:
+    with tqdm(total=total, desc=f"{method.label} prefill+decode", unit="step", disable=not r.progress) as bar:
 
         def advance(*_) -> None:  # a forward hook's return value would replace the model's output
             bar.update()
@@ -139,7 +139,7 @@ def run_efficiency(cfg: DictConfig) -> dict:
     budget = resolve_budget(config["budget"], cfg.runner.prompt_len, cfg.model.max_context, cfg.budget_unit)
     r = cfg.runner
     record = new_record(
-        rid, config, method.name, "synthetic", model.device,
+        rid, config, method.label, "synthetic", model.device,
         shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch": r.batch},
         budget_slots=budget, n_samples=r.batch,
     )  # fmt: skip

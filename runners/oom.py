@@ -256,13 +256,13 @@ def run_oom(cfg: DictConfig) -> dict:
             else cuda_probe(cfg, model, batch, prompt)
         )
         print(
-            f"{method.name}: {r.search}={n} -> {probe.outcome} ({probe.seconds:.1f} s) {probe.detail}",
+            f"{method.label}: {r.search}={n} -> {probe.outcome} ({probe.seconds:.1f} s) {probe.detail}",
             flush=True,
         )
         return probe
 
     record = new_record(
-        rid, config, method.name, "synthetic", device,
+        rid, config, method.label, "synthetic", device,
         shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch": r.batch}, n_samples=0,
     )  # fmt: skip
     with recording(cfg, store, record):  # an OOM inside a probe is an outcome, never raised here
@@ -279,7 +279,7 @@ def run_oom(cfg: DictConfig) -> dict:
                 "probes": [asdict(p) for p in probes],
             },
         )
-    print(f"{method.name}: largest {r.search} that fits = {threshold}")
+    print(f"{method.label}: largest {r.search} that fits = {threshold}")
     return record
 
 

@@ -127,7 +127,7 @@ def run_quality(cfg: DictConfig) -> dict:
     record = new_record(
         rid,
         config,
-        method.name,
+        method.label,
         task.name,
         model.device,
         data_source=task.source,
@@ -138,7 +138,7 @@ def run_quality(cfg: DictConfig) -> dict:
     predictions: list[dict] = []
     with recording(cfg, store, record, predictions, lambda: record.update(samples_done=len(results))):
         for sample, ids in tqdm(
-            list(zip(samples, prompts, strict=True)), desc=f"{method.name}", disable=not cfg.runner.progress
+            list(zip(samples, prompts, strict=True)), desc=f"{method.label}", disable=not cfg.runner.progress
         ):
             budget = budgets[len(results)]
             res = greedy_generate(

@@ -42,6 +42,6 @@ def sweep_jobs(
         method = instantiate(cfg.method)
         config = run_config(cfg, method.budget_applies)
         task_target = (config.get("task") or {}).get("_target_")
-        names = {"method": method.name, "task": registered_name(task_target, TASK_REGISTRY)}
+        names = {"method": method.label, "task": registered_name(task_target, TASK_REGISTRY)}
         jobs.append(Job(job_overrides, cfg, config, run_id(config), names))
     return base, jobs

@@ -61,6 +61,12 @@ class CompressionMethod:
     counters: ClassVar[tuple[str, ...]] = ()
 
     @property
+    def label(self) -> str:
+        """The method's name in records and reports: ``name`` for a method that stands alone; a
+        wrapper names what it wraps (an allocator over a scorer: ``adakv_snapkv``)."""
+        return self.name
+
+    @property
     def budget_applies(self) -> bool:
         """Whether the configured budget drives this method (False: FullKV, or KVMerger with a fixed
         ``theta``, whose kept ratio is an outcome); runners record the budget as None otherwise."""
