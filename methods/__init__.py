@@ -4,13 +4,17 @@
 ``"kvbench"`` attention implementation with transformers.
 """
 
+from methods.adakv import AdaKV
+from methods.duo_attention import DuoAttention
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
 from methods.keydiff import KeyDiff
 from methods.knorm import KNorm
 from methods.kvmerger import KVMerger
+from methods.layer_ratios import LayerRatios
 from methods.less import LESS
+from methods.pyramidkv import PyramidKV
 from methods.random import Random
 from methods.seam import attention  # noqa: F401  (registers the attention implementation)
 from methods.seam.budget import resolve_budget, validate_budget
@@ -28,13 +32,17 @@ from methods.zsmerge import ZSMerge
 METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
     cls.name: cls
     for cls in (
+        AdaKV,
+        DuoAttention,
         FullKV,
         H2O,
         KeepKV,
         KeyDiff,
         KNorm,
         KVMerger,
+        LayerRatios,
         LESS,
+        PyramidKV,
         Random,
         SnapKV,
         StreamingLLM,
@@ -48,15 +56,19 @@ __all__ = [
     "LESS",
     "METHOD_REGISTRY",
     "TOVA",
+    "AdaKV",
     "CompressedCache",
     "CompressedLayer",
     "CompressionMethod",
+    "DuoAttention",
     "FullKV",
     "KNorm",
     "KVMerger",
     "KeepKV",
     "KeyDiff",
     "LayerPlan",
+    "LayerRatios",
+    "PyramidKV",
     "Random",
     "ScoreEvict",
     "SlotStore",

@@ -15,8 +15,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from methods import METHOD_REGISTRY, CompressionMethod, validate_budget
+from methods.seam.architecture import text_config
 from runners.model_sources import safe_name
-from runners.models import load_tokenizer, resolve_model_config
+from runners.models import load_tokenizer, read_model_config, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
 from tasks import TASK_REGISTRY, Task
 from tasks.errors import KVBenchError
@@ -156,6 +157,10 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
         raise KVBenchError(str(err)) from err
     method = build_node(cfg.method, "method", METHOD_REGISTRY)
     resolve_model_config(cfg.model)
+    try:
+        method.check_model(text_config(read_model_config(cfg.model)))
+    except ValueError as err:
+        raise KVBenchError(f"method {method.label}: {err}") from err
     try:
         method.attach_assets(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
     except FileNotFoundError as err:

@@ -21,7 +21,18 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 
-KWARGS = {"less": {"checkpoint": "random"}, "kvmerger": {"exact_budget": True}}
+KWARGS = {
+    "adakv": {"scorer": METHOD_REGISTRY["snapkv"](window_size=8)},
+    "duo_attention": {
+        "pattern": str(REPO / "tests" / "data" / "duo_pattern_2x3.tsv"),
+        "sink_size": 4,
+        "recent_size": 28,
+    },
+    "kvmerger": {"exact_budget": True},
+    "layer_ratios": {"scorer": METHOD_REGISTRY["snapkv"](window_size=8), "ratios": [2, 1]},
+    "less": {"checkpoint": "random"},
+    "pyramidkv": {"scorer": METHOD_REGISTRY["snapkv"](window_size=8), "beta": 4},
+}
 PROMPTS, NEW, BUDGET = (300, 260), 24, 0.2
 
 

@@ -87,8 +87,16 @@ class CompressedCache(Cache):
 
     @property
     def n_slots(self) -> list[int]:
-        """Slots per layer (same for every head of a layer)."""
+        """Slots per layer (same for every head of a layer; ragged heads: the longest head's)."""
         return [layer.n_slots for layer in self.layers]
+
+    def head_spread(self) -> list[tuple[int, float, int]]:
+        """Per layer ``(min, mean, max)`` of the slots held by its KV heads (batch included)."""
+        out = []
+        for layer in self.layers:
+            slots = layer.head_slots().float()
+            out.append((int(slots.min()), round(float(slots.mean()), 2), int(slots.max())))
+        return out
 
     def kv_bytes(self) -> int:
         """Bytes of keys and values over all layers (exact, from tensor storage)."""
@@ -109,16 +117,9 @@ class CompressedCache(Cache):
 
     def bytes_per_token(self) -> int:
         """Key+value bytes one token occupies over all layers (batch included)."""
-        return sum(_token_bytes(layer) for layer in self.layers)
+        return sum(layer.token_bytes() for layer in self.layers)
 
     def fullkv_bytes(self) -> int:
         """Key+value bytes the model's own uncompressed cache would hold for the tokens seen so far
         (sliding-window layers hold at most ``window - 1`` tokens)."""
-        return sum(layer.fullkv_tokens() * _token_bytes(layer) for layer in self.layers)
-
-
-def _token_bytes(layer: CompressedLayer) -> int:
-    if layer.keys is None:
-        return 0
-    b, h, _, d = layer.keys.shape
-    return b * h * (d + layer.values.shape[-1]) * layer.keys.element_size()
+        return sum(layer.fullkv_tokens() * layer.token_bytes() for layer in self.layers)

@@ -114,6 +114,17 @@ class CompressionMethod:
             With a one-line message saying how to produce the missing asset.
         """
 
+    def check_model(self, config) -> None:
+        """Check that the method fits the model before it loads (``config``: the model's text config,
+        ``num_hidden_layers``, ``num_key_value_heads``, ...); no-op by default (DuoAttention checks
+        its head pattern's shape).
+
+        Raises
+        ------
+        ValueError
+            With the method's reason.
+        """
+
     def decode_attention(
         self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import decode_attention as kernel_attention
+from kernels.ragged_decode import ragged_decode_attention
 from methods.seam.layer import CompressedLayer
 
 
@@ -40,8 +41,12 @@ def decode_attention(
         Output ``[batch, q_heads, 1, head_dim]`` and what the rule's ``decode_step`` receives:
         ``[batch, kv_heads, slots]`` float32 group-mean probabilities (with the bias) for
         ``"probs"``, ``[batch, kv_heads, group, slots]`` float32 scaled logits (without the bias)
-        for ``"logits"``; None for ``"none"`` or when the score update was fused.
+        for ``"logits"``; None for ``"none"`` or when the score update was fused. On a layer with
+        ragged heads (``layer.ragged``) the probabilities are ``[total slots]`` float32 over its
+        packed buffer (``kernels.ragged_decode``); logits and fused updates are not offered there.
     """
+    if layer.ragged is not None:
+        return _ragged(layer, query, scaling)
     rule = layer.method
     needs = rule.decode_input
     keys, values = layer.keys, layer.values
@@ -61,3 +66,26 @@ def decode_attention(
         softcap=layer.softcap,
     )
     return out, None if needs == "none" or fused is not None else scores
+
+
+def _ragged(
+    layer: CompressedLayer, query: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Decode attention over a layer whose heads hold different slot counts (packed segments)."""
+    r = layer.ragged
+    b, hq, _, d = query.shape
+    h = r.shape[1]
+    out, probs = ragged_decode_attention(
+        query.reshape(b * h, hq // h, d),
+        r.buffers["keys"],
+        r.buffers["values"],
+        r.offsets,
+        r.lengths,
+        r.segment,
+        r.valid(),
+        None,
+        scaling,
+        layer.softcap,
+        return_probs=layer.method.decode_input == "probs",
+    )
+    return out.reshape(b, hq, 1, -1), probs

@@ -19,6 +19,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from methods.seam.architecture import LayerSpec
 from methods.seam.plan import LayerPlan
+from methods.seam.ragged import RaggedStore
 from methods.seam.store import SlotStore, StateView, gather_slots, slot_index
 
 if TYPE_CHECKING:
@@ -59,6 +60,10 @@ class CompressedLayer(CacheLayerMixin):
         counters (those named in ``CompressionMethod.counters`` are summed into the run record),
         ZSMerge's residual-slot count, KeepKV's EMA constants; device tensors stay on the device
         (no host synchronisation per step).
+    ragged : RaggedStore | None
+        Set when a head-adaptive allocator gave the layer's heads different slot counts
+        (:meth:`make_ragged`; ``methods.seam.ragged``): the slots then live there, packed, and the
+        uniform views above are None.
     aux : dict[str, torch.Tensor]
         Fixed-size per-head state that stands in for evicted tokens (LESS: ``H``
         ``[batch, kv_heads, R, head_dim]`` and ``z`` ``[batch, kv_heads, R]``); counted in
@@ -110,6 +115,9 @@ class CompressedLayer(CacheLayerMixin):
         self.plan: LayerPlan | None = None
         self.scalars: dict[str, torch.Tensor | int] = {}
         self.aux: dict[str, torch.Tensor] = {}
+        self.ragged: RaggedStore | None = None
+        self._segments: list[tuple[int, int]] = []  # ragged: (kept at prefill, bound or -1) per head
+        self._appended = 0  # ragged: tokens appended since the heads became ragged
 
     # ------------------------------------------------------------------ read-only views of the store
     @property
@@ -151,6 +159,13 @@ class CompressedLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[2]
+        if self.ragged is not None:  # heads of different lengths: the attention reads the packed store
+            if new != 1:
+                raise NotImplementedError("a ragged layer takes one token per decode step")
+            self.ragged.append(key_states, value_states, self.seen_tokens)
+            self.seen_tokens += 1
+            self._appended += 1
+            return key_states, value_states
         positions = torch.arange(self.seen_tokens, self.seen_tokens + new, device=key_states.device)
         self.store.append(key_states, value_states, positions)
         self.seen_tokens += new
@@ -170,7 +185,8 @@ class CompressedLayer(CacheLayerMixin):
         if bound is not None and needed <= bound + 1:
             return max(bound + 1 if most is None else min(bound + 1, most), needed)
         if most is not None and needed <= most:
-            return most
+            # the slots held now (``needed`` includes one to append) plus the tokens still to come
+            return max(needed, needed - 1 + most - self.seen_tokens)
         return needed + needed // 4 + 64
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -185,10 +201,44 @@ class CompressedLayer(CacheLayerMixin):
         """-1: no fixed maximum (the budget is enforced by the method, not by a static buffer)."""
         return -1
 
+    # ------------------------------------------------------------------ ragged heads
+    def make_ragged(self, keep: torch.Tensor, bounds: torch.Tensor | None = None) -> None:
+        """Keep a different number of slots in every head: the slots ``keep`` ``[batch, kv_heads,
+        slots]`` (bool) selects move into a :class:`~methods.seam.ragged.RaggedStore` sized for them
+        plus what each head may still receive: the run's remaining tokens for a head that keeps
+        what it receives, or up to its bound plus one slot for a head with a bound (``bounds``
+        ``[batch, kv_heads]`` int64, -1: no bound; default: no head has one; such a head evicts
+        after each append). The uniform buffers are released; method state is not carried over.
+
+        Raises
+        ------
+        ValueError
+            If a head keeps nothing.
+        """
+        most = self._max_tokens
+        room = max(0, most - self.seen_tokens) if most is not None else 0
+        fields = {name: self.store.view(name) for name in ("keys", "values", "positions")}
+        self.ragged = RaggedStore.from_mask(fields, keep, room, bounds)
+        counts = keep.sum(-1).reshape(-1).tolist()
+        caps = self.ragged.bounds.tolist()
+        self._segments = list(zip(counts, caps, strict=True))  # host copy: n_slots without a sync
+        self._appended = 0
+        self.store.buffers, self.store.n = {}, 0
+
+    def head_slots(self) -> torch.Tensor:
+        """``[batch, kv_heads]`` int64 slots held by every head (all equal unless ragged)."""
+        if self.ragged is not None:
+            return self.ragged.head_slots()
+        b, h = self.keys.shape[:2] if self.keys is not None else (1, 1)
+        return torch.full((b, h), self.n_slots, dtype=torch.long)
+
     # ------------------------------------------------------------------ seam helpers
     @property
     def n_slots(self) -> int:
-        """Number of slots currently held per KV head."""
+        """Number of slots currently held per KV head (ragged heads: the longest head's)."""
+        if self.ragged is not None:
+            grown = self._appended
+            return max(c + grown if b < 0 else max(c, min(b, c + grown)) for c, b in self._segments)
         return self.store.n
 
     @property
@@ -204,20 +254,42 @@ class CompressedLayer(CacheLayerMixin):
 
     def real_slots(self) -> float:
         """Mean over heads of the slots that can be attended (``log_weight > -inf``; padding excluded)."""
+        if self.ragged is not None:
+            return float(self.ragged.lengths.float().mean())
         if self.log_weight is None:
             return 0.0
         return float(torch.isfinite(self.log_weight).sum(dim=-1).float().mean())
 
+    def token_bytes(self) -> int:
+        """Key+value bytes one token occupies in this layer over the batch and every KV head."""
+        if self.ragged is not None:
+            (b, h), bufs = self.ragged.shape, self.ragged.buffers
+            k, v = bufs["keys"], bufs["values"]
+        elif self.keys is not None:
+            (b, h), k, v = self.keys.shape[:2], self.keys, self.values
+        else:
+            return 0
+        return b * h * (k.shape[-1] + v.shape[-1]) * k.element_size()
+
     def kv_bytes(self) -> int:
         """Bytes of the held keys and values (slots x kv_heads x head_dim x 2 x dtype size x batch),
-        plus the ``aux`` state that stands in for evicted tokens: exact, from the slot count."""
+        plus the ``aux`` state that stands in for evicted tokens: exact, from the slot count (ragged
+        heads: the sum over heads of their slots)."""
+        if self.ragged is not None:
+            return self.ragged.kv_bytes() + sum(t.numel() * t.element_size() for t in self.aux.values())
         if self.keys is None:
             return 0
         tensors = [self.keys, self.values, *self.aux.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def state_bytes(self) -> int:
-        """Bytes of log_weight, positions and method state of the held slots (the method's overhead)."""
+        """Bytes of log_weight, positions and method state of the held slots (the method's overhead;
+        ragged heads: positions and the per-segment index tensors)."""
+        if self.ragged is not None:
+            r = self.ragged
+            return int(r.lengths.sum()) * r.buffers["positions"].element_size() + sum(
+                t.numel() * t.element_size() for t in (r.offsets, r.capacity, r.lengths)
+            )
         if self.keys is None:
             return 0
         tensors = [self.log_weight, self.positions, *self.state.values()]
@@ -226,4 +298,5 @@ class CompressedLayer(CacheLayerMixin):
     def allocated_bytes(self) -> int:
         """Bytes of the storage behind every slot tensor and ``aux`` (capacity included): what the
         layer really occupies; at most one slot more than the budget for a compressing method."""
-        return self.store.allocated_bytes() + sum(t.untyped_storage().nbytes() for t in self.aux.values())
+        held = self.ragged if self.ragged is not None else self.store
+        return held.allocated_bytes() + sum(t.untyped_storage().nbytes() for t in self.aux.values())

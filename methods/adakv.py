@@ -1,0 +1,112 @@
+"""AdaKV (Feng et al. 2024, "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation"):
+head-adaptive budgets, freed for real.
+
+Algorithm 1: a layer's budget is ``heads x B``; instead of the top ``B`` of each head, the layer keeps
+the top ``heads x B`` scores across all its heads, so heads whose attention is concentrated give slots
+to heads whose attention is spread. A safeguard (Sec. 4.3, kvpress's ``alpha_safeguard``) first
+reserves each head's top ``alpha x B`` tokens; the scorer's protected tokens (SnapKV's observation
+window) are kept in every head. Allocation happens once, at prefill (the paper and kvpress): every
+head then holds its own slot count in packed buffers (``methods.seam.ragged``) and decoding appends
+to every head. kvpress simulates this by masking (no memory saved); here the layer holds exactly the
+sum of its heads' slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from methods.seam.layer import CompressedLayer
+from methods.seam.plan import LayerPlan
+from methods.seam.wrap import ScorerWrapper
+
+
+def adakv_keep(scores: torch.Tensor, keep: int, first: int, recent: int, alpha: float) -> torch.Tensor:
+    """AdaKV's selection: which tokens each head keeps.
+
+    Parameters
+    ----------
+    scores : torch.Tensor
+        ``[batch, kv_heads, prompt]`` scorer scores (higher: keep).
+    keep : int
+        Slots per head of a uniform layer ``B``; the layer keeps ``kv_heads x B``.
+    first, recent : int
+        Protected tokens kept by every head (attention sinks, observation window).
+    alpha : float
+        Safeguard: each head first reserves its top ``floor(alpha x B)`` unprotected tokens.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, kv_heads, prompt]`` bool, ``kv_heads x B`` true per batch row.
+    """
+    b, h, n = scores.shape
+    pos = torch.arange(n, device=scores.device)
+    protected = (pos < first) | (pos >= n - recent)
+    s = scores.float().masked_fill(protected, float("-inf"))
+    top = torch.finfo(torch.float32).max
+    safe = min(int(keep * alpha), keep - first - recent)
+    if safe > 0:
+        s = s.scatter(-1, s.topk(safe, dim=-1).indices, top)
+    s = s.masked_fill(protected, top)
+    chosen = s.reshape(b, h * n).topk(h * keep, dim=-1).indices
+    mask = torch.zeros(b, h * n, dtype=torch.bool, device=scores.device)
+    return mask.scatter_(1, chosen, True).view(b, h, n)
+
+
+@dataclass
+class AdaKV(ScorerWrapper):
+    """AdaKV over a scorer (SnapKV in the paper; any score-then-evict scorer here).
+
+    Parameters
+    ----------
+    scorer : ScoreEvict
+        Scores every prompt token of every head (compared across the heads of a layer).
+    alpha_safeguard : float
+        Fraction of the uniform per-head budget each head is guaranteed (paper, kvpress: 0.2).
+
+    Raises
+    ------
+    ValueError
+        For ``alpha_safeguard`` outside ``[0, 1]`` or a scorer that ranks no tokens.
+    """
+
+    name: ClassVar[str] = "adakv"
+
+    alpha_safeguard: float = 0.2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.alpha_safeguard <= 1.0:
+            raise ValueError(f"alpha_safeguard must be in [0, 1], got {self.alpha_safeguard}")
+
+    @property
+    def decode_input(self) -> str:
+        """Nothing: allocation is done at prefill."""
+        return "none"
+
+    @property
+    def budget_holds_in_decode(self) -> bool:
+        """False: decoding appends to every head (the paper compresses the prompt)."""
+        return False
+
+    def plan(self, layer: CompressedLayer) -> LayerPlan:
+        """The scorer's plan with no decode bound."""
+        plan = self.scorer.plan(layer)
+        return LayerPlan(keep=plan.keep, first=plan.first, recent=plan.recent, split=plan.split)
+
+    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
+        """Score the prompt; keep the top ``heads x B`` across heads (:func:`adakv_keep`) in ragged heads."""
+        plan = layer.plan
+        if plan.keep is None or layer.n_slots <= plan.keep:
+            return
+        scores = self.scorer.prefill_scores(layer, query, scaling)
+        if scores is None:  # the scorer ranks by position: every head keeps the same tokens
+            self.scorer.prefill(layer, query, scaling)
+            return
+        layer.make_ragged(adakv_keep(scores, plan.keep, plan.first, plan.recent, self.alpha_safeguard))
+
+    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
+        """Nothing: decoding appends."""

@@ -1,0 +1,92 @@
+"""PyramidKV (Cai et al. 2024, "PyramidKV: Dynamic KV Cache Compression based on Pyramidal
+Information Funneling"): layer budgets that decrease linearly with depth, SnapKV's scores within
+each layer.
+
+Sec. 3.3: lower layers attend broadly and get more slots, upper layers fewer; the budgets form an
+arithmetic sequence whose mean is the run's budget. As the official code (KVCache-Factory
+``PyramidKVCluster``) and kvpress's ``PyramidKVPress`` compute it: besides the protected tokens
+(SnapKV's observation window) a layer selects ``max - l (max - min) / (L - 1)`` tokens, with
+``min = r / beta``, ``max = 2 r - min`` for the ``r = budget - window`` tokens a uniform layer selects
+(``max`` capped at the prompt, ``min`` raised to keep the mean). The rounding is spread so the
+layers' budgets add up to exactly ``L x budget``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from methods.seam.layer import CompressedLayer
+from methods.seam.wrap import LayerBudgets, spread_evenly
+
+
+def pyramid_budgets(budget: int, protected: int, prompt: int, layers: int, beta: float) -> list[int]:
+    """Per-layer slot budgets of PyramidKV (module docstring).
+
+    Parameters
+    ----------
+    budget : int
+        The run's slots per (layer, KV head).
+    protected : int
+        Tokens every layer keeps besides its selection (the observation window and sinks).
+    prompt : int
+        Prompt length (tokens).
+    layers : int
+        Decoder layers ``L``.
+    beta : float
+        Pyramid steepness (>= 1): the top layer selects ``1 / beta`` of a uniform layer's share.
+
+    Returns
+    -------
+    list[int]
+        ``L`` budgets, non-increasing with depth, summing to ``L x budget`` (all ``budget`` when
+        the prompt fits, a single layer, or no token is left to select).
+    """
+    r = budget - protected
+    if layers == 1 or r <= 0 or budget >= prompt:
+        return [budget] * layers
+    low = r / beta
+    high = 2 * r - low
+    if high > prompt - protected:
+        high = prompt - protected
+        low = 2 * r - high
+    step = (high - low) / (layers - 1)
+    return [protected + n for n in spread_evenly([high - i * step for i in range(layers)])]
+
+
+@dataclass
+class PyramidKV(LayerBudgets):
+    """PyramidKV's linear layer budgets over a scorer (SnapKV in the paper and the preset).
+
+    Parameters
+    ----------
+    scorer : ScoreEvict
+        Ranks the tokens within a layer.
+    beta : float
+        Pyramid steepness (paper and kvpress: 20).
+
+    Raises
+    ------
+    ValueError
+        For ``beta`` < 1 or a scorer that ranks no tokens.
+    """
+
+    name: ClassVar[str] = "pyramidkv"
+
+    beta: float = 20.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.beta < 1:
+            raise ValueError(f"beta must be >= 1, got {self.beta}")
+
+    @property
+    def label(self) -> str:
+        """``pyramidkv`` with SnapKV (the paper's method), ``pyramidkv_<scorer>`` otherwise."""
+        return self.name if self.scorer.label == "snapkv" else super().label
+
+    def layer_budget(self, layer: CompressedLayer, budget: int) -> int:
+        """This layer's entry of :func:`pyramid_budgets` (protected: the scorer's under ``budget``)."""
+        protected = sum(self.scorer.protected(budget))
+        schedule = pyramid_budgets(budget, protected, layer.n_slots, layer.num_layers, self.beta)
+        return schedule[layer.layer_idx]

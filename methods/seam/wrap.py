@@ -1,0 +1,156 @@
+"""Budget allocators that compose with any scorer (:class:`ScorerWrapper`).
+
+An allocator decides *how many* slots each layer or KV head keeps; the wrapped scorer (any
+score-then-evict method, ``methods.seam.evict.ScoreEvict``: SnapKV, TOVA, KNorm, ...) decides
+*which*. The wrapper is the scorer in every respect (its state, decode input, protected tokens,
+scores, prefill and decode steps) except the part the allocator overrides: the layer's plan
+(PyramidKV, per-layer ratios) or the prefill selection (AdaKV's top-k across heads). Records name
+it ``<allocator>_<scorer>`` (``adakv_snapkv``, kvpress's names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from methods.seam.evict import ScoreEvict
+from methods.seam.layer import CompressedLayer
+from methods.seam.plan import LayerPlan
+
+
+@dataclass
+class ScorerWrapper(ScoreEvict):
+    """A score-then-evict scorer under an allocator (module docstring).
+
+    Parameters
+    ----------
+    scorer : ScoreEvict
+        The wrapped scorer (a nested ``_target_`` in the method config).
+
+    Raises
+    ------
+    ValueError
+        If ``scorer`` is not a score-then-evict method (it ranks no tokens).
+    """
+
+    name: ClassVar[str] = "wrapper"
+
+    scorer: ScoreEvict
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scorer, ScoreEvict):
+            raise ValueError(
+                f"{self.name} needs a score-then-evict scorer (snapkv, tova, knorm, ...), "
+                f"got {type(self.scorer).__name__}"
+            )
+
+    # ------------------------------------------------------------------ the scorer's declarations
+    @property
+    def label(self) -> str:
+        """``<allocator>_<scorer>`` (``adakv_snapkv``)."""
+        return f"{self.name}_{self.scorer.label}"
+
+    @property
+    def state_fill(self) -> dict[str, float]:  # type: ignore[override]
+        return self.scorer.state_fill
+
+    @property
+    def decode_input(self) -> str:  # type: ignore[override]
+        return self.scorer.decode_input
+
+    @property
+    def score_decay(self) -> float | None:  # type: ignore[override]
+        return self.scorer.score_decay
+
+    @property
+    def uses_log_weight(self) -> bool:  # type: ignore[override]
+        return self.scorer.uses_log_weight
+
+    @property
+    def counters(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.scorer.counters
+
+    @property
+    def compresses(self) -> bool:  # type: ignore[override]
+        return self.scorer.compresses
+
+    @property
+    def budget_applies(self) -> bool:
+        return self.scorer.budget_applies
+
+    @property
+    def budget_holds_in_decode(self) -> bool:
+        return self.scorer.budget_holds_in_decode
+
+    # ------------------------------------------------------------------ the scorer's rule
+    def protected(self, bound: int) -> tuple[int, int]:
+        return self.scorer.protected(bound)
+
+    def prefill_scores(
+        self, layer: CompressedLayer, query: torch.Tensor, scaling: float
+    ) -> torch.Tensor | None:
+        return self.scorer.prefill_scores(layer, query, scaling)
+
+    def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:
+        return self.scorer.step_scores(layer, probs)
+
+    def ranking(self, layer: CompressedLayer) -> torch.Tensor:
+        return self.scorer.ranking(layer)
+
+    def check_budget(self, budget: int, tokens: int) -> None:
+        self.scorer.check_budget(budget, tokens)
+
+    def attach_assets(
+        self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str
+    ) -> None:
+        self.scorer.attach_assets(checkpoints_dir, model, budget, budget_unit)
+
+    def check_model(self, config) -> None:
+        self.scorer.check_model(config)
+
+    def plan(self, layer: CompressedLayer) -> LayerPlan:
+        return self.scorer.plan(layer)
+
+    def decode_attention(
+        self, layer: CompressedLayer, query: torch.Tensor, scaling: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.scorer.decode_attention(layer, query, scaling)
+
+    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
+        self.scorer.prefill(layer, query, scaling)
+
+    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
+        self.scorer.decode_step(layer, probs)
+
+
+@dataclass
+class LayerBudgets(ScorerWrapper):
+    """An allocator that gives each layer its own budget (the same for every head of the layer);
+    subclasses define :meth:`layer_budget`. The scorer then plans and compresses the layer as if
+    the run's budget were that layer's."""
+
+    name: ClassVar[str] = "layer_budgets"
+
+    def layer_budget(self, layer: CompressedLayer, budget: int) -> int:
+        """Slots per KV head of ``layer`` for a run budget of ``budget`` slots (``layer.n_slots``:
+        the prompt's length)."""
+        raise NotImplementedError
+
+    def plan(self, layer: CompressedLayer) -> LayerPlan:
+        """The scorer's plan under this layer's budget (:meth:`layer_budget`)."""
+        if layer.budget is not None and self.compresses:
+            layer.budget = self.layer_budget(layer, layer.budget)
+        return self.scorer.plan(layer)
+
+
+def spread_evenly(values: list[float]) -> list[int]:
+    """Integers whose running sums are the rounded running sums of ``values`` (each within 1 of its
+    value; the total is the rounded total): a schedule's layer budgets that add up exactly."""
+    out, total, given = [], 0.0, 0
+    for v in values:
+        total += v
+        out.append(round(total) - given)
+        given += out[-1]
+    return out
