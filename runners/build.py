@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from methods import METHOD_REGISTRY, CompressionMethod, validate_budget
 from methods.seam.architecture import text_config
@@ -128,11 +128,16 @@ def build_node(node: DictConfig, group: str, registry: dict) -> object:
     Raises
     ------
     KVBenchError
-        For a ``_target_`` outside ``registry`` or a value its class refuses.
+        For a ``_target_`` outside ``registry``, a mandatory value left unset (``???``) or a value
+        its class refuses.
     """
     target = node.get("_target_", "")
     if registered_name(target, registry) is None:
         raise KVBenchError(f"unknown {group} target {target!r} (known {group}s: {sorted(registry)})")
+    missing = sorted(OmegaConf.missing_keys(node))
+    if missing:
+        names = ", ".join(f"{group}.{key}" for key in missing)
+        raise KVBenchError(f"{names} must be set (the {group} config leaves it ???)")
     try:
         return instantiate(node)
     except Exception as err:  # hydra wraps the dataclass' ValueError/TypeError

@@ -59,6 +59,14 @@ BAD_INPUT = [
     (["task.limit=1.5"], "task.limit must be an integer >= 1 or null, got 1.5"),
     (["task.instruction='{{nosuch}}'"], "task.instruction '{{nosuch}}': unknown placeholder {{nosuch}}"),
     (["task.data_dir={tmp}/data"], "{tmp}/data/xsum/test.jsonl:2: not valid UTF-8 (byte 0xff at column 16)"),
+    (["method=duo_attention"], "method.pattern must be set"),
+    (["method=duo_attention", "method.pattern={tmp}/file"], "is not a tab-separated table of gates"),
+    (
+        ["method=duo_attention", "method.pattern=tests/data/duo_pattern_2x2.tsv"],
+        "the pattern is (2, 2) (layers, KV heads); the model has (30, 3)",
+    ),
+    (["method=layer_ratios", "method.ratios=[1,2]"], "ratios has 2 entries; the model has 30 layers"),
+    (["method=adakv_snapkv", "method.alpha_safeguard=2"], "alpha_safeguard must be in [0, 1], got 2"),
 ]
 if not torch.cuda.is_available():
     BAD_INPUT.append((["device=cuda"], "device=cuda, but CUDA is not available"))

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from methods import METHOD_REGISTRY, FullKV
+from methods import METHOD_REGISTRY, TOVA, FullKV, KNorm, SnapKV
 from runners.generate import greedy_generate
 from tests.conftest import REPO
 from tests.test_less import tiny_kernels
 
 PROMPT, NEW = 64, 16
 BYTES_PER_SLOT = 2 * 2 * 16 * 4  # kv_heads x head_dim x (K, V) x fp32, one layer
+PATTERN = str(REPO / "tests" / "data" / "duo_pattern_2x2.tsv")  # DuoAttention's gates, 2 layers x 2 heads
 
 SETTINGS = {
     "fullkv": ({}, {}),
@@ -30,6 +31,17 @@ SETTINGS = {
     "knorm": ({}, {}),
     "keydiff": ({}, {}),
     "random": ({}, {"seed": 3}),
+    # allocators over a scorer (the uniform ones and a decode-time one)
+    "adakv": ({"scorer": SnapKV(window_size=4)}, {"scorer": TOVA(), "alpha_safeguard": 0.5}),
+    "pyramidkv": ({"scorer": SnapKV(window_size=4)}, {"scorer": KNorm(), "beta": 2}),
+    "layer_ratios": (
+        {"scorer": SnapKV(window_size=4), "ratios": [1, 1]},
+        {"scorer": TOVA(), "ratios": [3, 1]},
+    ),
+    "duo_attention": (
+        {"pattern": PATTERN, "sink_size": 4, "recent_size": 20},
+        {"pattern": PATTERN, "sink_size": 2, "recent_size": 6, "sparsity": 0.75},
+    ),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")
@@ -53,12 +65,14 @@ def test_budget_and_memory_at_every_step(tiny_model, name, kwargs, budget):
 
     def check(cache) -> None:
         steps.append(cache.n_slots)
-        allowed = PROMPT + len(steps) - 1
-        if method.compresses:
-            allowed = budget if method.budget_holds_in_decode else budget + len(steps) - 1
-        assert max(cache.n_slots) <= allowed
+        for layer in cache.layers:  # the layer's own budget (layer allocators), mean over its heads
+            allowed = PROMPT + len(steps) - 1
+            if method.budget_applies:
+                allowed = layer.budget + (0 if method.budget_holds_in_decode else len(steps) - 1)
+            assert layer.head_slots().float().mean() <= allowed
         state = sum(t.nbytes for layer in cache.layers for t in layer.aux.values())  # LESS's H, z
-        assert cache.kv_bytes() == sum(cache.n_slots) * BYTES_PER_SLOT + state
+        held = sum(int(layer.head_slots().sum()) for layer in cache.layers)  # over every head
+        assert cache.kv_bytes() == held * BYTES_PER_SLOT // 2 + state
 
     res = greedy_generate(
         tiny_model, prompt(0), method, budget if method.compresses else None, NEW, set(), check
@@ -76,7 +90,13 @@ def fullkv_tokens(tiny_model) -> list[int]:
 
 @pytest.mark.parametrize(("name", "kwargs", "budget"), CASES)
 def test_covering_budget_gives_fullkv_output(tiny_model, fullkv_tokens, name, kwargs, budget):
-    covering = PROMPT + NEW if METHOD_REGISTRY[name](**kwargs).budget_holds_in_decode else PROMPT
+    method = METHOD_REGISTRY[name](**kwargs)
+    if not method.budget_applies:
+        pytest.skip("the budget does not drive it (DuoAttention: tests/test_allocators.py, sparsity 0)")
+    covering = PROMPT + NEW if method.budget_holds_in_decode else PROMPT
+    ratios = kwargs.get("ratios")
+    if ratios:  # every layer's share must cover the prompt
+        covering = -(-covering * sum(ratios) // (len(ratios) * min(ratios)))
     out = greedy_generate(tiny_model, prompt(1), METHOD_REGISTRY[name](**kwargs), covering, NEW, set()).tokens
     assert out == fullkv_tokens
 
@@ -102,6 +122,11 @@ def build_preset(name: str):
         cfg = compose(config_name="config", overrides=[f"method={name}"])
     if cfg.method.get("checkpoint", "") is None:  # trained LESS kernels: random ones of this geometry
         cfg.method.checkpoint = "random"
+    from omegaconf import OmegaConf
+
+    for key, value in (("pattern", PATTERN), ("ratios", [2, 1])):  # what a user must give
+        if key in cfg.method.keys() and OmegaConf.is_missing(cfg.method, key):
+            cfg.method[key] = value
     return instantiate(cfg.method)
 
 
@@ -113,16 +138,26 @@ def slot_bytes(layer) -> int:
 @pytest.mark.parametrize("budget", [10, 40, 4096])
 @pytest.mark.parametrize("preset", preset_names())
 def test_allocated_memory_never_exceeds_the_bound_plus_one_slot(tiny_model, preset, budget):
-    """Buffers hold at most ``min(plan.bound, prompt + new)`` + the appended slot, for every
-    method and preset, at every step; a budget far above the prompt allocates nothing it cannot use."""
+    """Buffers hold at most ``min(plan.bound + 1, prompt + new)`` slots (the bound plus the appended
+    slot), and an unbounded layer what it holds plus the tokens still to come (a prompt-only method
+    frees what it evicted), for every method and preset, at every step; ragged heads their own slots
+    plus what each may still receive; a budget far above the prompt allocates nothing it cannot use."""
     method = build_preset(preset)
     budget = budget if method.budget_applies else None
     seen = PROMPT + NEW - 1  # tokens ever appended
 
     def check(cache) -> None:
         for layer in cache.layers:
+            to_come = seen - layer.seen_tokens
+            if layer.ragged is not None:  # the heads' own slots and what each may still receive
+                r = layer.ragged
+                room = torch.where(r.grows, r.lengths + to_come, r.bounds + 1).sum()
+                index = 2 * r.segment.nbytes + 3 * r.offsets.nbytes
+                assert layer.allocated_bytes() <= room * sum(t[:1].nbytes for t in r.buffers.values()) + index
+                continue
             bound = layer.plan.bound
-            slots = seen if bound is None else min(bound + 1, seen)
+            # an unbounded layer: what it holds plus the tokens still to come (no more)
+            slots = min(seen, layer.n_slots + to_come) if bound is None else min(bound + 1, seen)
             aux = sum(t.untyped_storage().nbytes() for t in layer.aux.values())
             assert layer.allocated_bytes() <= slots * slot_bytes(layer) + aux, (
                 layer.layer_idx,
