@@ -51,18 +51,19 @@ def make(lengths, group, head_dim, dtype=torch.float32, tail=3, bias=True, seed=
 
 
 def naive(query, keys, values, offsets, lengths, log_weight, scaling, softcap):
-    """A softmax over each segment's valid slots, one segment at a time, in float64."""
+    """A softmax over each segment's valid slots, one segment at a time, in float64 on the CPU."""
+    query, keys, values = (t.cpu().double() for t in (query, keys, values))
     out = torch.zeros(query.shape, dtype=torch.float64)
     probs = torch.zeros(keys.shape[0], dtype=torch.float64)
     for s in range(query.shape[0]):
         rows = slice(int(offsets[s]), int(offsets[s] + lengths[s]))
-        logits = query[s].double() @ keys[rows].double().T * scaling  # [group, length]
+        logits = query[s] @ keys[rows].T * scaling  # [group, length]
         if softcap is not None:
             logits = softcap * torch.tanh(logits / softcap)
         if log_weight is not None:
-            logits = logits + log_weight[rows].double()
+            logits = logits + log_weight[rows].cpu().double()
         p = torch.softmax(logits, dim=-1)
-        out[s] = p @ values[rows].double()
+        out[s] = p @ values[rows]
         probs[rows] = p.mean(0)
     return out, probs
 
@@ -72,7 +73,7 @@ def naive(query, keys, values, offsets, lengths, log_weight, scaling, softcap):
 def test_pytorch_path_equals_a_per_segment_softmax(bias, softcap):
     q, k, v, offsets, lengths, segment, valid, lw = make(LENGTHS, 3, 16, bias=bias)
     out, probs = ragged_decode_attention_torch(q, k, v, offsets, lengths, segment, valid, lw, 0.25, softcap)
-    ref_out, ref_probs = naive(q.cpu(), k.cpu(), v.cpu(), offsets, lengths, lw, 0.25, softcap)
+    ref_out, ref_probs = naive(q, k, v, offsets, lengths, lw, 0.25, softcap)
     assert out.shape == q.shape and out.dtype == q.dtype and probs.dtype == torch.float32
     torch.testing.assert_close(out.cpu().double(), ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(probs.cpu().double(), ref_probs, atol=1e-5, rtol=1e-5)
