@@ -6,10 +6,10 @@ of which the first ``lengths[s]`` slots are valid. One query group (the query he
 KV head, GQA/MQA) attends to its own segment only.
 
 :func:`ragged_decode_attention_torch` is the specification and the CPU path: segment-wise softmax
-with ``scatter_reduce_``/``index_add_``, so a step allocates ``O(total slots x group)`` and nothing
-proportional to ``heads x max slots``. :func:`ragged_decode_attention` runs the Triton kernel
-(``kernels.triton_ragged``, per-segment lengths) where :func:`kernels.decode_attention.uses_triton`
-says so.
+with ``scatter_reduce_``/``index_add_``, so a step allocates one ``[total slots, group, head_dim]``
+buffer and ``O(total slots x group)`` besides, nothing proportional to ``heads x max slots``.
+:func:`ragged_decode_attention` runs the Triton kernel (``kernels.triton_ragged``, per-segment
+lengths) where :func:`kernels.decode_attention.uses_triton` says so.
 """
 
 from __future__ import annotations
@@ -62,11 +62,13 @@ def ragged_decode_attention_torch(
         Output ``[segments, group, head_dim]`` in the query's dtype, and ``[slots]`` float32
         group-mean probabilities (0 at invalid slots), or None.
     """
-    n_seg, group, _ = query.shape
-    q = query.float().index_select(0, segment)  # [slots, group, head_dim]
-    logits = torch.bmm(q, keys.float().unsqueeze(-1)).squeeze(-1).mul_(scaling)  # [slots, group]
+    n_seg, group, head_dim = query.shape
+    # One [slots, group, head_dim] float32 buffer: the scaled query gathered to each slot, multiplied
+    # by the slot's key in place (logits = its sum over head_dim), then reused for p * v.
+    buf = (query.float() * scaling).index_select(0, segment)
+    logits = buf.mul_(keys.unsqueeze(1)).sum(-1)  # [slots, group]
     if softcap is not None:
-        logits = torch.tanh(logits / softcap).mul_(softcap)
+        logits.div_(softcap).tanh_().mul_(softcap)
     if log_weight is not None:
         logits.add_(log_weight.unsqueeze(-1))
     logits.masked_fill_(~valid.unsqueeze(-1), float("-inf"))
@@ -74,10 +76,11 @@ def ragged_decode_attention_torch(
     peak = logits.new_full((n_seg, group), float("-inf")).scatter_reduce_(0, index, logits, "amax")
     probs = logits.sub_(peak.index_select(0, segment)).exp_()  # exp(-inf) = 0 at invalid slots
     total = probs.new_zeros((n_seg, group)).index_add_(0, segment, probs)
-    probs.div_(total.index_select(0, segment))
-    out = query.new_zeros((n_seg, group, values.shape[-1]), dtype=torch.float32)
-    out.index_add_(0, segment, probs.unsqueeze(-1) * values.float().unsqueeze(1))
-    return out.to(query.dtype), probs.mean(-1) if return_probs else None
+    torch.mul(probs.unsqueeze(-1), values.unsqueeze(1), out=buf)
+    out = buf.new_zeros((n_seg, group, head_dim)).index_add_(0, segment, buf).div_(total.unsqueeze(-1))
+    if not return_probs:
+        return out.to(query.dtype), None
+    return out.to(query.dtype), probs.div_(total.index_select(0, segment)).mean(-1)
 
 
 def ragged_decode_attention(

@@ -7,13 +7,17 @@
 Steps (each in its own process, its failure recorded in the table and the next one run):
 
 1. checks, run side by side (``scripts/cuda_tests.py`` puts the tests' models and prompts on CUDA):
-   the Triton decode kernel against the PyTorch path (``tests/test_kernels.py``), the slot bound
+   the Triton decode kernels against the PyTorch paths (``tests/test_kernels.py``, uniform heads;
+   ``tests/test_ragged_kernel.py``, ragged heads), the slot bound
    at every step on CUDA (``tests/test_method_matrix.py``, budget and allocated-memory tests) and
    compiled steps with CUDA graphs giving eager's tokens (``tests/test_compiled.py``, on random
    weights of the embedded model's configuration: the weights are not on a GPU machine);
 2. ``scripts/bench_cuda.py`` (Llama-2-7B shape, ``--cuda-layers`` of its layers): compiled FullKV vs
    transformers' static cache compiled, ZSMerge tokens/s vs FullKV, achieved bandwidth;
-3. ``scripts/bench_overhead.py --device cuda --backend compiled`` on random weights of SmolLM2-135M's
+3. ``scripts/bench_ragged.py --device cuda`` (Llama-3-8B shape: 8 KV heads, group 4, head_dim 128,
+   4096 slots per head, batch 8, bf16): decode attention over ragged heads vs uniform heads at equal
+   total slots, the Triton kernels and the PyTorch paths;
+4. ``scripts/bench_overhead.py --device cuda --backend compiled`` on random weights of SmolLM2-135M's
    configuration (``--overhead-layers`` layers): every method's decode step vs FullKV's.
 
 Packages the GPU image lacks (omegaconf, hydra-core, antlr4, platformdirs) come as wheels in ``.whl/``
@@ -222,6 +226,23 @@ def overhead_rows(path: Path, methods: list[str], layers: int) -> Callable[[Step
     return rows
 
 
+def ragged_rows(path: Path, title: str) -> Callable[[Step, Outcome], list[Row]]:
+    def rows(step: Step, out: Outcome) -> list[Row]:
+        row = (load_json(path).get("rows") or [{}])[0] if out.returncode == 0 else {}
+        missing = verdict(out, False) if out.returncode is None else "error"
+        result = []
+        for name, label in (("triton", "Triton kernel"), ("torch", "PyTorch path")):
+            check = f"ragged / uniform heads, {label}, equal total slots ({title})"
+            if (ratio := row.get(f"{name}_ratio")) is None:
+                result.append(Row(check, missing, "-", "report"))
+                continue
+            value = f"{ratio:.2f}x ({row[f'{name}_ragged_ms']:.3f} vs {row[f'{name}_uniform_ms']:.3f} ms)"
+            result.append(Row(check, "info", value, "report"))
+        return result
+
+    return rows
+
+
 def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
     """The steps in order; ``reserve`` keeps time for the benchmarks after the checks. Writes the
     random-weights configurations into ``work`` (``smollm2-2layers.json`` stands in for the
@@ -235,6 +256,9 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
     parallel = ["-n", str(args.workers)] if info.get("xdist") and args.workers > 1 else []
     methods = "h2o,snapkv,streamingllm,zsmerge,kvmerger,keepkv,less".split(",")
     cuda_json, overhead_json = out_dir / "bench_cuda.json", out_dir / "bench_overhead.json"
+    ragged_json = out_dir / "bench_ragged.json"
+    ragged = ["scripts/bench_ragged.py", "--device", "cuda", "--shape", "llama3-8b", "--slots", "4096"]
+    ragged += ["--batch", "8", "--dtype", "bfloat16", "--repeats", "100", "--json", str(ragged_json)]
     bench_cuda = [
         "scripts/bench_cuda.py",
         "--shape",
@@ -273,8 +297,8 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
     return [
         pytest_step(
             "kernels",
-            "Triton decode kernel == PyTorch path (tests/test_kernels.py)",
-            ["tests/test_kernels.py"],
+            "Triton decode kernels == PyTorch paths (tests/test_kernels.py, tests/test_ragged_kernel.py)",
+            ["tests/test_kernels.py", "tests/test_ragged_kernel.py"],
             work,
             [],
             **checks,
@@ -303,6 +327,15 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
             120,
             bench_cuda_rows(cuda_json, args),
             [PY, "-c", PARSE, *bench_cuda],
+        ),
+        Step(
+            "bench_ragged",
+            "scripts/bench_ragged.py: ragged vs uniform heads",
+            [PY, *ragged],
+            60,
+            90,
+            ragged_rows(ragged_json, "Llama-3-8B shape, 4096 slots/head, batch 8, bf16"),
+            [PY, "-c", PARSE, *ragged],
         ),
         Step(
             "bench_overhead",
@@ -493,7 +526,7 @@ def check(args: argparse.Namespace, work: Path) -> int:
     env["KVBENCH_RANDOM_WEIGHTS"] = str(work / "smollm2-2layers.json")
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "steps.log").open("w") as log:
-        for group in (plan[:3], plan[3:4], plan[4:]):
+        for group in (plan[:3], plan[3:4], plan[4:5], plan[5:]):
             run_steps(group, args, work, env, end, begin, rows, log)
     total = time.monotonic() - begin
     failed = [r for r in rows if r.result not in ("pass", "info", "dry-run")]
