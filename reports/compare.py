@@ -28,8 +28,11 @@ EFFICIENCY_COLUMNS = {  # record key: (column, decimals)
     "decode_tokens_per_s": ("decode tok/s", 1),
     "prefill_tokens_per_s": ("prefill tok/s", 0),
     "kv_bytes_end_mean": ("KV bytes", 0),
+    "allocated_bytes_end_mean": ("allocated bytes", 0),
     "kv_fraction_of_fullkv": ("KV / FullKV", 3),
     "prefill_kept_fraction": ("prompt kept", 3),
+    "prefill_head_slots_min": ("head slots min", 0),
+    "prefill_head_slots_max": ("head slots max", 0),
     "peak_rss_bytes": ("peak RSS MiB", 0),
 }
 

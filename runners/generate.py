@@ -37,6 +37,12 @@ class GenerationResult:
         the realised prompt compression.
     kv_bytes : int
         Key/value bytes held by the cache at the end (all layers).
+    allocated_bytes : int
+        Bytes of the storage behind the cache at the end (buffer capacity and a ragged layer's
+        index tensors included): the memory the cache really occupies.
+    prefill_head_slots : list[tuple[int, float, int]]
+        Per layer ``(min, mean, max)`` of the slots its KV heads hold right after the prefill (they
+        differ under a head-adaptive allocator: AdaKV, DuoAttention).
     state_bytes : int
         Bytes of the method's per-slot state at the end (all layers).
     fullkv_bytes : int
@@ -54,6 +60,8 @@ class GenerationResult:
     slots: list[int] = field(default_factory=list)
     prefill_slots: list[float] = field(default_factory=list)
     kv_bytes: int = 0
+    allocated_bytes: int = 0
+    prefill_head_slots: list[tuple[int, float, int]] = field(default_factory=list)
     state_bytes: int = 0
     fullkv_bytes: int = 0
     budget: int | None = None
@@ -235,6 +243,7 @@ def greedy_generate(
     token = _pick(run.prefill(input_ids)[0], eos_token_ids, min_new_tokens > 0)
     result = GenerationResult(tokens=[token], prefill_seconds=time.perf_counter() - start, budget=budget)
     result.prefill_slots = [layer.real_slots() for layer in cache.layers]
+    result.prefill_head_slots = cache.head_spread()
     if on_step is not None:
         on_step(cache)
     while token not in eos_token_ids and len(result.tokens) < max_new_tokens:
@@ -247,6 +256,7 @@ def greedy_generate(
             on_step(cache)
     result.slots = cache.n_slots
     result.kv_bytes = cache.kv_bytes()
+    result.allocated_bytes = cache.allocated_bytes()
     result.state_bytes = cache.state_bytes()
     result.counters = cache.counters()
     result.fullkv_bytes = cache.fullkv_bytes()
