@@ -37,8 +37,21 @@ METHODS: dict[str, MethodStyle] = {
     "zsmerge": MethodStyle("ZSMerge", "tab:red"),
     "kvmerger": MethodStyle("KVMerger", "tab:brown"),
     "keepkv": MethodStyle("KeepKV", "tab:pink"),
+    "tova": MethodStyle("TOVA", "tab:olive"),
+    "knorm": MethodStyle("KNorm", "tab:cyan"),
+    "keydiff": MethodStyle("KeyDiff", "#6baed6"),
+    "random": MethodStyle("Random", "tab:gray"),
+    "expected_attention": MethodStyle("ExpectedAttention", "#8c6d31"),
+    "lagkv": MethodStyle("LagKV", "#393b79"),
+    "rkv": MethodStyle("R-KV", "#637939"),
+    "pyramidkv": MethodStyle("PyramidKV", "#e6550d"),
+    "layer_ratios_snapkv": MethodStyle("SnapKV (layer ratios)", "#fdae6b"),
+    "adakv_snapkv": MethodStyle("AdaKV-SnapKV", "#843c39"),
+    "adakv_expected_attention": MethodStyle("AdaKV-ExpectedAttention", "#d6616b"),
+    "criticalkv_snapkv": MethodStyle("CriticalKV-SnapKV", "#7b4173"),
+    "duo_attention": MethodStyle("DuoAttention", "#3182bd"),
 }
-_SPARE = ("tab:olive", "tab:cyan", "tab:gray", "#8c6d31", "#393b79")
+_SPARE = ("#bcbd22", "#9edae5", "#c49c94", "#dbdb8d", "#ad494a")
 #: Line styles of a method's presets, in the order they are met (the method's own defaults first).
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P")
