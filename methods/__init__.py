@@ -4,6 +4,7 @@
 ``"kvbench"`` attention implementation with transformers.
 """
 
+from methods.criticalkv import CriticalKV
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
@@ -12,6 +13,7 @@ from methods.knorm import KNorm
 from methods.kvmerger import KVMerger
 from methods.less import LESS
 from methods.random import Random
+from methods.rkv import RKV
 from methods.seam import attention  # noqa: F401  (registers the attention implementation)
 from methods.seam.budget import resolve_budget, validate_budget
 from methods.seam.cache import CompressedCache
@@ -28,6 +30,7 @@ from methods.zsmerge import ZSMerge
 METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
     cls.name: cls
     for cls in (
+        CriticalKV,
         FullKV,
         H2O,
         KeepKV,
@@ -36,6 +39,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         KVMerger,
         LESS,
         Random,
+        RKV,
         SnapKV,
         StreamingLLM,
         TOVA,
@@ -47,10 +51,12 @@ __all__ = [
     "H2O",
     "LESS",
     "METHOD_REGISTRY",
+    "RKV",
     "TOVA",
     "CompressedCache",
     "CompressedLayer",
     "CompressionMethod",
+    "CriticalKV",
     "FullKV",
     "KNorm",
     "KVMerger",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from methods import METHOD_REGISTRY, FullKV
+from methods import METHOD_REGISTRY, FullKV, SnapKV
 from runners.generate import greedy_generate
 from tests.conftest import REPO
 from tests.test_less import tiny_kernels
@@ -30,6 +30,11 @@ SETTINGS = {
     "knorm": ({}, {}),
     "keydiff": ({}, {}),
     "random": ({}, {"seed": 3}),
+    "criticalkv": (
+        {},
+        {"scorer": SnapKV(window_size=4, kernel_size=3, decode_budget=True), "first_stage_ratio": 0.3},
+    ),
+    "rkv": ({}, {"window_size": 3, "buffer": 4, "kernel_size": 3}),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")
