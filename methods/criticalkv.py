@@ -211,6 +211,10 @@ class CriticalKV(ScoreEvict):
         pos = layer.positions
         candidates = (pos >= plan.first) & (pos <= layer.seen_tokens - 1 - plan.recent)
         critical = two_stage(
-            layer.state["scores"], layer.state["vnorm"], candidates, self.first_stage(plan, plan.bound), self.epsilon
+            layer.state["scores"],
+            layer.state["vnorm"],
+            candidates,
+            self.first_stage(plan, plan.bound),
+            self.epsilon,
         )
         return lowest_score(critical, candidates)

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 from torch._dynamo.utils import counters
 
-from methods import METHOD_REGISTRY, resolve_budget
+from methods import METHOD_REGISTRY, SnapKV, resolve_budget
 from reports.store import run_identity
 from runners.generate import ModelRun, greedy_generate
 from runners.timing import synthetic_prompts
@@ -21,7 +21,12 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 
-KWARGS = {"less": {"checkpoint": "random"}, "kvmerger": {"exact_budget": True}}
+KWARGS = {
+    "criticalkv": {"scorer": SnapKV(decode_budget=True)},
+    "kvmerger": {"exact_budget": True},
+    "less": {"checkpoint": "random"},
+    "rkv": {"buffer": 8},
+}
 PROMPTS, NEW, BUDGET = (300, 260), 24, 0.2
 
 
