@@ -144,29 +144,30 @@ class RKV(ScoreEvict):
         """Compress a prompt over the bound to ``plan.keep`` slots; a prompt within it is kept whole
         (R-KV compresses only when the cache is full)."""
         if layer.plan.bound is not None and layer.n_slots > layer.plan.bound:
-            super().prefill(layer, query, scaling)
+            layer.store.keep(self.prefill_keep(layer, query, scaling))
+            layer.store.write("scores", torch.zeros_like(layer.state["scores"]))
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor) -> None:
-        """Accumulate the window's attention while the last ``window`` tokens before a compression
-        arrive (the first of them resets the sum); compress once over the bound.
+        """Add this step's attention to the scores when the token is one of the last ``window`` before
+        the next compression (the observation window); compress once over the bound.
 
         ``probs`` are this step's scaled logits ``[batch, kv_heads, group, slots]``: max over the
-        group, softmax over the slots before the window (slots are held in position order).
+        group, softmax over the tokens before the window. Steps outside the window add zero (the
+        same computation at every step: one compiled graph besides the compression's).
         """
         plan, n = layer.plan, layer.n_slots
         if plan.bound is None:
             return
         keep, _, w = plan.split
-        step = n - (plan.bound + 2 - w)  # this token's index in the next observation window
-        if step < 0:
-            return
-        prefix = n - 1 - step
-        attn = torch.softmax(probs[..., :prefix].amax(dim=2), dim=-1)
-        scores = layer.state["scores"][..., :prefix] + attn if step else attn
-        layer.store.write("scores", F.pad(scores, (0, n - prefix)))
+        start = layer.seen_tokens - n + plan.bound + 1 - w  # position of the window's first token
+        pos = layer.positions
+        logits = probs.amax(dim=2).masked_fill(pos >= start, -torch.inf)
+        active = pos[..., n - 1 :] >= start  # this token is in the window
+        layer.store.write("scores", layer.state["scores"] + torch.softmax(logits, dim=-1) * active)
         if n <= plan.bound:
             return
         z = self.final_scores(layer.keys, layer.state["scores"][..., : n - w] / w)
         top = z[..., : n - w].topk(keep - w, dim=-1).indices.sort(dim=-1).values
         window = torch.arange(n - w, n, device=z.device).expand(*z.shape[:2], w)
         layer.store.keep(torch.cat([top, window], dim=-1))
+        layer.store.write("scores", torch.zeros_like(layer.state["scores"]))
