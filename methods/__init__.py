@@ -5,6 +5,7 @@
 """
 
 from methods.adakv import AdaKV
+from methods.criticalkv import CriticalKV
 from methods.duo_attention import DuoAttention
 from methods.fullkv import FullKV
 from methods.h2o import H2O
@@ -16,6 +17,7 @@ from methods.layer_ratios import LayerRatios
 from methods.less import LESS
 from methods.pyramidkv import PyramidKV
 from methods.random import Random
+from methods.rkv import RKV
 from methods.seam import attention  # noqa: F401  (registers the attention implementation)
 from methods.seam.budget import resolve_budget, validate_budget
 from methods.seam.cache import CompressedCache
@@ -34,6 +36,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
     for cls in (
         AdaKV,
         DuoAttention,
+        CriticalKV,
         FullKV,
         H2O,
         KeepKV,
@@ -44,6 +47,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         LESS,
         PyramidKV,
         Random,
+        RKV,
         SnapKV,
         StreamingLLM,
         TOVA,
@@ -55,11 +59,13 @@ __all__ = [
     "H2O",
     "LESS",
     "METHOD_REGISTRY",
+    "RKV",
     "TOVA",
     "AdaKV",
     "CompressedCache",
     "CompressedLayer",
     "CompressionMethod",
+    "CriticalKV",
     "DuoAttention",
     "FullKV",
     "KNorm",

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 from torch._dynamo.utils import counters
 
-from methods import METHOD_REGISTRY, resolve_budget
+from methods import METHOD_REGISTRY, SnapKV, resolve_budget
 from reports.store import run_identity
 from runners.generate import ModelRun, greedy_generate
 from runners.timing import synthetic_prompts
@@ -28,9 +28,11 @@ KWARGS = {
         "sink_size": 4,
         "recent_size": 28,
     },
+    "criticalkv": {"scorer": SnapKV(decode_budget=True)},
     "kvmerger": {"exact_budget": True},
     "layer_ratios": {"scorer": METHOD_REGISTRY["snapkv"](window_size=8), "ratios": [2, 1]},
     "less": {"checkpoint": "random"},
+    "rkv": {"buffer": 8},
     "pyramidkv": {"scorer": METHOD_REGISTRY["snapkv"](window_size=8), "beta": 4},
 }
 PROMPTS, NEW, BUDGET = (300, 260), 24, 0.2

@@ -42,6 +42,11 @@ SETTINGS = {
         {"pattern": PATTERN, "sink_size": 4, "recent_size": 20},
         {"pattern": PATTERN, "sink_size": 2, "recent_size": 6, "sparsity": 0.75},
     ),
+    "criticalkv": (
+        {},
+        {"scorer": SnapKV(window_size=4, kernel_size=3, decode_budget=True), "first_stage_ratio": 0.3},
+    ),
+    "rkv": ({}, {"window_size": 3, "buffer": 4, "kernel_size": 3}),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")

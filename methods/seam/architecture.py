@@ -13,7 +13,7 @@ architectures whose state is not a per-layer key/value cache this seam can hold.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,12 +43,17 @@ class LayerSpec:
         softmax), or None.
     rotary : LayerRotary | None
         The rotary embedding of this layer's type (None for a model without RoPE).
+    out_proj : torch.Tensor | None
+        The attention's output projection ``o_proj.weight`` ``[hidden, q_heads * head_dim]`` (the
+        model's own parameter, detached: no copy), for methods that weigh values by what the layer
+        outputs (CriticalKV); None when the attention module has no ``o_proj``.
     """
 
     layer_type: str = FULL
     window: int | None = None
     softcap: float | None = None
     rotary: LayerRotary | None = None
+    out_proj: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 def text_config(config):
@@ -131,10 +136,23 @@ def layer_specs(model: torch.nn.Module) -> list[LayerSpec]:
     per_type = rotary_emb is not None and LayerRotary.takes_layer_type(rotary_emb)
     rotaries: dict[str | None, LayerRotary] = {}
     specs = []
-    for kind, window in zip(types, windows, strict=True):
+    for kind, window, out_proj in zip(types, windows, output_projections(model, len(types)), strict=True):
         rotary = None
         if rotary_emb is not None:
             key = kind if per_type else None
             rotary = rotaries.setdefault(key, LayerRotary(rotary_emb, key))
-        specs.append(LayerSpec(kind, window, float(softcap) if softcap else None, rotary))
+        specs.append(LayerSpec(kind, window, float(softcap) if softcap else None, rotary, out_proj))
     return specs
+
+
+def output_projections(model: torch.nn.Module, n_layers: int) -> list[torch.Tensor | None]:
+    """Per decoder layer, its attention's ``o_proj.weight`` ``[hidden, q_heads * head_dim]``,
+    detached (a view of the parameter, no copy); None for every layer when the decoder's layers
+    (``model.get_decoder().layers``) or their ``self_attn.o_proj`` cannot be found."""
+    get_decoder = getattr(model, "get_decoder", None)
+    layers = getattr(get_decoder() if get_decoder is not None else None, "layers", None)
+    attention = [getattr(layer, "self_attn", None) for layer in (layers if layers is not None else [])]
+    weights = [getattr(getattr(module, "o_proj", None), "weight", None) for module in attention]
+    if len(weights) != n_layers or any(w is None for w in weights):
+        return [None] * n_layers
+    return [w.detach() for w in weights]
