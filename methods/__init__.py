@@ -4,12 +4,14 @@
 ``"kvbench"`` attention implementation with transformers.
 """
 
+from methods.expected_attention import ExpectedAttention
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
 from methods.keydiff import KeyDiff
 from methods.knorm import KNorm
 from methods.kvmerger import KVMerger
+from methods.lagkv import LagKV
 from methods.less import LESS
 from methods.random import Random
 from methods.seam import attention  # noqa: F401  (registers the attention implementation)
@@ -28,12 +30,14 @@ from methods.zsmerge import ZSMerge
 METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
     cls.name: cls
     for cls in (
+        ExpectedAttention,
         FullKV,
         H2O,
         KeepKV,
         KeyDiff,
         KNorm,
         KVMerger,
+        LagKV,
         LESS,
         Random,
         SnapKV,
@@ -51,11 +55,13 @@ __all__ = [
     "CompressedCache",
     "CompressedLayer",
     "CompressionMethod",
+    "ExpectedAttention",
     "FullKV",
     "KNorm",
     "KVMerger",
     "KeepKV",
     "KeyDiff",
+    "LagKV",
     "LayerPlan",
     "Random",
     "ScoreEvict",

@@ -30,6 +30,9 @@ SETTINGS = {
     "knorm": ({}, {}),
     "keydiff": ({}, {}),
     "random": ({}, {"seed": 3}),
+    "expected_attention": ({}, {"n_sink": 1, "n_future_positions": 16, "epsilon": 0.02}),
+    # the default lag (128) leaves a 64-token prompt unscored (a sliding window): smaller lags here
+    "lagkv": ({"lag_size": 16}, {"n_sink": 2, "lag_size": 8, "cross_scoring": True}),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")
