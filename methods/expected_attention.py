@@ -16,8 +16,9 @@ score as their head's best token. The un-rotation uses the layer's own rotary em
 (``methods.seam.rope``): ``R_bar^T R(-t) k_i`` is the key seen from the next positions ``t+1 .. t+T``.
 
 Decode: the statistics are kept as a running mean and scatter matrix (Welford) of every query seen
-after the sinks, prompt and generated (``layer.aux``: ``q_heads x (head_dim^2 + head_dim)`` float32
-per layer, counted in the KV bytes); each step adds the step's query, re-scores every slot with the
+after the sinks, prompt and generated (``layer.aux``, counted in the KV bytes: per layer
+``q_heads x (head_dim (head_dim + 1) / 2 + head_dim)`` float32, the symmetric scatter matrix stored as
+its upper triangle); each step adds the step's query, re-scores every slot with the
 future window moved to the new position, and evicts the lowest-scored unprotected token (kvpress's
 ``DecodingPress`` re-compresses every N steps from a buffer of recent hidden states instead).
 """
@@ -32,6 +33,21 @@ import torch
 from methods.seam.evict import ScoreEvict
 from methods.seam.layer import CompressedLayer
 from methods.seam.rope import rotate
+
+
+def pack(matrix: torch.Tensor) -> torch.Tensor:
+    """The upper triangle ``[..., d (d + 1) / 2]`` of symmetric ``[..., d, d]`` matrices."""
+    i, j = torch.triu_indices(matrix.shape[-1], matrix.shape[-1], device=matrix.device)
+    return matrix[..., i, j]
+
+
+def unpack(packed: torch.Tensor, d: int) -> torch.Tensor:
+    """The symmetric ``[..., d, d]`` matrices whose upper triangles are ``packed`` (:func:`pack`)."""
+    i, j = torch.triu_indices(d, d, device=packed.device)
+    out = packed.new_zeros((*packed.shape[:-1], d, d))
+    out[..., i, j] = packed
+    out[..., j, i] = packed
+    return out
 
 
 @dataclass
@@ -94,7 +110,7 @@ class ExpectedAttention(ScoreEvict):
         layer.aux["ea_mean"] = mean
         if self.use_covariance:
             centred = q - mean[:, :, None]
-            layer.aux["ea_scatter"] = centred.transpose(-1, -2) @ centred
+            layer.aux["ea_scatter"] = pack(centred.transpose(-1, -2) @ centred)
         layer.scalars["ea_queries"] = torch.full((), float(q.shape[2]), device=q.device)
         layer.scalars["ea_scaling"] = scaling
         return self.expected_scores(layer)
@@ -114,7 +130,7 @@ class ExpectedAttention(ScoreEvict):
         delta = q - mean
         mean += delta / count
         if self.use_covariance:
-            layer.aux["ea_scatter"] += delta[..., :, None] * (q - mean)[..., None, :]
+            layer.aux["ea_scatter"] += pack(delta[..., :, None] * (q - mean)[..., None, :])  # symmetric
         return super().decode_attention(layer, query, scaling)
 
     def step_scores(self, layer: CompressedLayer, probs: None) -> torch.Tensor:
@@ -134,7 +150,7 @@ class ExpectedAttention(ScoreEvict):
         mean = layer.aux["ea_mean"].view(b, kv_heads, -1, d)
         logits = torch.einsum("bhsd,bhgd->bhgs", keys, mean) * s
         if self.use_covariance:
-            cov = (layer.aux["ea_scatter"] / layer.scalars["ea_queries"]).view(b, kv_heads, -1, d, d)
+            cov = unpack(layer.aux["ea_scatter"] / layer.scalars["ea_queries"], d).view(b, kv_heads, -1, d, d)
             spread = torch.einsum("bhsd,bhgde->bhgse", keys, cov)
             logits = logits + (spread * keys[:, :, None]).sum(-1) * (s * s / 2)
         sink = layer.positions < self.n_sink
