@@ -66,11 +66,14 @@ class ExpectedAttention(ScoreEvict):
         Weight by ``||v||`` (True).
     epsilon : float
         Added to the expected attention before the value weighting (0; the paper's LongBench runs 0.02).
+    recent : int
+        Newest tokens protected (0: the paper, kvpress's press; kvpress's decoding wrapper holds the
+        tokens generated since its last compression).
 
     Raises
     ------
     ValueError
-        For ``n_future_positions`` < 1, ``n_sink`` < 0 or ``epsilon`` < 0.
+        For ``n_future_positions`` < 1, or ``n_sink``, ``epsilon`` or ``recent`` < 0.
     """
 
     name: ClassVar[str] = "expected_attention"
@@ -81,6 +84,7 @@ class ExpectedAttention(ScoreEvict):
     use_covariance: bool = True
     use_vnorm: bool = True
     epsilon: float = 0.0
+    recent: int = 0
 
     def __post_init__(self) -> None:
         if self.n_future_positions < 1:
@@ -89,10 +93,14 @@ class ExpectedAttention(ScoreEvict):
             raise ValueError(f"n_sink must be >= 0, got {self.n_sink}")
         if self.epsilon < 0:
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+        if self.recent < 0:
+            raise ValueError(f"recent must be >= 0, got {self.recent}")
 
     def protected(self, bound: int) -> tuple[int, int]:
-        """The ``n_sink`` sinks (at most ``bound - 1``, so the newest token has a slot)."""
-        return max(0, min(self.n_sink, bound - 1)), 0
+        """The ``n_sink`` sinks (at most ``bound - 1``, so the newest token has a slot) and the
+        ``recent`` newest tokens (at most the rest of the bound)."""
+        sinks = max(0, min(self.n_sink, bound - 1))
+        return sinks, min(self.recent, bound - sinks)
 
     def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """Statistics of the prompt's queries after the sinks (at least one), then every prompt

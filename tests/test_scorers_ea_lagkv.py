@@ -143,6 +143,7 @@ CASES = [
         # (epsilon > 0 ties repeated tokens whose attention underflows: (a + eps) ||v|| = eps ||v||)
         ("expected_attention", {"n_sink": 1, "n_future_positions": 16}, 20),
         ("expected_attention", {"use_covariance": False, "use_vnorm": False}, 30),
+        ("expected_attention", {"recent": 3}, 12),
         ("lagkv", {"n_sink": 2, "lag_size": 8}, 9),
         ("lagkv", {"n_sink": 2, "lag_size": 8}, 30),
         ("lagkv", {"lag_size": 16}, 40),
@@ -159,6 +160,7 @@ def test_kept_positions_match_the_papers_rule(tiny_model, name, kwargs, budget):
     greedy_generate(tiny_model, prompt(4), method, budget, NEW, set(), lambda c: sizes.append(max(c.n_slots)))
     assert len(sizes) == NEW and max(sizes) <= budget
     first = max(0, min(kwargs.get("n_sink", 4), budget - 1))
+    recent = min(kwargs.get("recent", 0), budget - first)
     evictions = 0
     for events in records.values():
         assert [e[0] for e in events][:2] == ["prefill", "step"] and len(events) >= NEW
@@ -177,7 +179,9 @@ def test_kept_positions_match_the_papers_rule(tiny_model, name, kwargs, budget):
             reference.observe(kind, query[0], newest, rotary)
             scores = reference.scores(kept, keys, values, newest, rotary)
             for h in range(len(keys)):
-                rest = sorted((p for p in kept[h] if p >= first), key=lambda p: scores[h][p])
+                newest_kept = sorted(kept[h])[len(kept[h]) - recent :] if recent else []
+                rest = [p for p in kept[h] if p >= first and p not in newest_kept]
+                rest = sorted(rest, key=lambda p: scores[h][p])
                 if len(kept[h]) > budget:
                     drop = rest[: len(kept[h]) - budget]
                     kept[h] = [p for p in kept[h] if p not in drop]
