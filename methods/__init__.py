@@ -7,12 +7,14 @@
 from methods.adakv import AdaKV
 from methods.criticalkv import CriticalKV
 from methods.duo_attention import DuoAttention
+from methods.expected_attention import ExpectedAttention
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
 from methods.keydiff import KeyDiff
 from methods.knorm import KNorm
 from methods.kvmerger import KVMerger
+from methods.lagkv import LagKV
 from methods.layer_ratios import LayerRatios
 from methods.less import LESS
 from methods.pyramidkv import PyramidKV
@@ -37,6 +39,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         AdaKV,
         DuoAttention,
         CriticalKV,
+        ExpectedAttention,
         FullKV,
         H2O,
         KeepKV,
@@ -44,6 +47,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         KNorm,
         KVMerger,
         LayerRatios,
+        LagKV,
         LESS,
         PyramidKV,
         Random,
@@ -67,11 +71,13 @@ __all__ = [
     "CompressionMethod",
     "CriticalKV",
     "DuoAttention",
+    "ExpectedAttention",
     "FullKV",
     "KNorm",
     "KVMerger",
     "KeepKV",
     "KeyDiff",
+    "LagKV",
     "LayerPlan",
     "LayerRatios",
     "PyramidKV",

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import torch
 
+from methods.seam import dispatch
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 from methods.seam.wrap import ScorerWrapper
@@ -107,6 +108,14 @@ class AdaKV(ScorerWrapper):
             self.scorer.prefill(layer, query, scaling)
             return
         layer.make_ragged(adakv_keep(scores, plan.keep, plan.first, plan.recent, self.alpha_safeguard))
+        layer.aux.clear()  # the scorer's decode-time state (Expected Attention's query statistics)
+
+    def decode_attention(
+        self, layer: CompressedLayer, query: torch.Tensor, scaling: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The seam's attention (over ragged heads after an allocation): the scorer's decode-time
+        hooks do not run, since AdaKV allocates once."""
+        return dispatch.decode_attention(layer, query, scaling)
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Nothing: decoding appends."""

@@ -31,6 +31,7 @@ KWARGS = {
     "criticalkv": {"scorer": SnapKV(decode_budget=True)},
     "kvmerger": {"exact_budget": True},
     "layer_ratios": {"scorer": METHOD_REGISTRY["snapkv"](window_size=8), "ratios": [2, 1]},
+    "lagkv": {"lag_size": 32},  # a partition completes during decoding (its scoring path is compiled)
     "less": {"checkpoint": "random"},
     "rkv": {"buffer": 8},
     "pyramidkv": {"scorer": METHOD_REGISTRY["snapkv"](window_size=8), "beta": 4},

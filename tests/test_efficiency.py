@@ -53,6 +53,8 @@ def test_timings_positive_and_kv_bytes_match_slots(tiny_model, name):
         aux = 2 * (2 * 2 * (8 * 16 + 8) * 4)
     if name == "streamingllm":  # the 4 sinks' original keys, re-rotated at each step
         aux = 2 * (2 * 2 * 4 * 16 * 4)
+    if name == "expected_attention":  # query statistics per query head (mean + scatter triangle), R_bar
+        aux = 2 * (2 * 6 * (16 + 16 * 17 // 2) * 4 + 2 * 16 * 4)
     assert run.kv_bytes == 2 * sum(run.slots) * BYTES_PER_SLOT + aux  # batch 2, exact
     assert run.fullkv_bytes == 2 * 2 * (PROMPT + STEPS) * BYTES_PER_SLOT  # batch x layers x tokens
     assert run.allocated_bytes >= run.kv_bytes

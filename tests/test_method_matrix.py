@@ -47,6 +47,9 @@ SETTINGS = {
         {"scorer": SnapKV(window_size=4, kernel_size=3, decode_budget=True), "first_stage_ratio": 0.3},
     ),
     "rkv": ({}, {"window_size": 3, "buffer": 4, "kernel_size": 3}),
+    "expected_attention": ({}, {"n_sink": 1, "n_future_positions": 16, "epsilon": 0.02}),
+    # the default lag (128) leaves a 64-token prompt unscored (a sliding window): smaller lags here
+    "lagkv": ({"lag_size": 16}, {"n_sink": 2, "lag_size": 8, "cross_scoring": True}),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")

@@ -51,6 +51,14 @@ class LayerRotary:
             self._last = key
         return self._angles
 
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` of RoPE at ``positions`` ``[n]`` int64, each ``[n, rotary_dim]`` (uncached;
+        :func:`rotate` applies them). Expected Attention un-rotates the prompt's queries with it."""
+        probe = torch.zeros((1,), dtype=dtype, device=positions.device)
+        args = (probe, positions[None]) + (() if self.layer_type is None else (self.layer_type,))
+        cos, sin = self.rotary_emb(*args)
+        return cos[0].to(dtype), sin[0].to(dtype)
+
     def rerotate(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
         """Move post-RoPE keys from position ``p`` to ``p + delta``: ``R(p + delta) k = R(delta) R(p) k``.
 
@@ -79,3 +87,15 @@ class LayerRotary:
             return keys * cos + rotate_half(keys) * sin
         head, tail = keys[..., :rot], keys[..., rot:]
         return torch.cat([head * cos + rotate_half(head) * sin, tail], dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x cos + rotate_half(x) sin`` on the first ``rotary_dim`` channels of ``x`` ``[..., head_dim]``
+    (the rest unchanged), with ``cos``, ``sin`` ``[..., rotary_dim]`` broadcast against ``x``: RoPE
+    at the angles given; ``-sin`` turns back. Linear in ``(cos, sin)``, so averaged angles give the
+    averaged rotation (Expected Attention's ``R_bar``)."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    head, tail = x[..., :rot], x[..., rot:]
+    return torch.cat([head * cos + rotate_half(head) * sin, tail], dim=-1)
