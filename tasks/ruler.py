@@ -1,0 +1,301 @@
+"""RULER (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context Language
+Models?", arXiv:2404.06654): its 13 synthetic tasks generated offline at token lengths of the
+model's tokenizer, scored as RULER scores them (docs/methods.md section 10.5).
+
+Task settings are RULER's ``scripts/synthetic.yaml``; each sample's haystack is the largest that
+keeps ``prompt tokens + tokens to generate <= length``. A sample's ``meta`` keeps the split of its
+prompt into context, question and answer prefix (:func:`split`).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from tasks.base import Sample, Task, check_chat_template, check_limit
+from tasks.errors import KVBenchError
+from tasks.generators import ruler_data, ruler_niah, ruler_qa, ruler_vt, ruler_words
+from tasks.generators.ruler_niah import NiahConfig
+from tasks.generators.ruler_text import SENTENCE_SPLITTER, RulerRow, largest_fitting
+from tasks.metrics.ruler_metrics import string_match_all, string_match_part
+
+#: task -> (family, niah settings or None), in RULER's order.
+TASKS: dict[str, tuple[str, NiahConfig | None]] = {
+    "niah_single_1": ("niah", NiahConfig("noise")),
+    "niah_single_2": ("niah", NiahConfig("essay")),
+    "niah_single_3": ("niah", NiahConfig("essay", type_needle_v="uuids")),
+    "niah_multikey_1": ("niah", NiahConfig("essay", num_needle_k=4)),
+    "niah_multikey_2": ("niah", NiahConfig("needle")),
+    "niah_multikey_3": ("niah", NiahConfig("needle", type_needle_k="uuids", type_needle_v="uuids")),
+    "niah_multivalue": ("niah", NiahConfig("essay", num_needle_v=4)),
+    "niah_multiquery": ("niah", NiahConfig("essay", num_needle_q=4)),
+    "vt": ("vt", None),
+    "cwe": ("cwe", None),
+    "fwe": ("fwe", None),
+    "qa_1": ("qa", None),
+    "qa_2": ("qa", None),
+}
+#: RULER's ``tokens_to_generate`` per family.
+TOKENS_TO_GENERATE = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
+METRICS: dict[str, Callable[[str, list[str]], float]] = {
+    "niah": string_match_all, "vt": string_match_all, "cwe": string_match_all, "fwe": string_match_all,
+    "qa": string_match_part,
+}  # fmt: skip
+VT_HOPS = 4
+#: RULER's samples per task (``config_tasks.sh``): what ``limit: null`` asks for.
+RULER_SAMPLES = 500
+
+
+def haystack_of(task: str) -> str:
+    """The haystack of a task, as recorded in the protocol."""
+    family, niah = TASKS[task]
+    if niah is not None:
+        return niah.haystack
+    return {"vt": "noise", "cwe": "wonderwords list", "fwe": "coded words", "qa_1": "squad", "qa_2": "hotpotqa"}[task]
+
+
+def split(sample: Sample) -> tuple[str, str, str]:
+    """``(context, question, answer_prefix)`` of a RULER sample; their concatenation is its prompt."""
+    text, prefix = sample.prompt_text, sample.meta["answer_prefix"]
+    end = sample.meta["context_chars"]
+    return text[:end], text[end : len(text) - len(prefix)], prefix
+
+
+@dataclass
+class Ruler(Task):
+    """RULER's 13 tasks at ``lengths`` tokens, ``limit`` samples per task and length.
+
+    Parameters
+    ----------
+    tasks : str | list[str]
+        Task names or ``all``.
+    lengths : list[int]
+        Sequence lengths (tokens, prompt + tokens to generate, as RULER's ``max_seq_length``);
+        at most ``context_tokens``.
+    limit : int | None
+        Samples per task and length (null: RULER's 500); sample i of qa asks the file's question i.
+    seed : int
+        Seeds every sample (``random.Random(f"{seed}-{task}-{length}-{i}")``).
+    template : str
+        RULER's model template: ``base`` (the task template as is).
+    chat_template : str
+        ``auto``: the task template (without the answer prefix) is the user message of the
+        tokenizer's chat template and the answer prefix follows the generation prompt, as RULER's
+        chat model templates do; ``none``: the raw text (RULER's ``base``).
+    hotpotqa_file : str
+        qa_2's file in ``<data_dir>/ruler/`` or an absolute path (the full dev file gives RULER's pool).
+    context_tokens : int | None
+        The model's context window (``${model.max_context}``).
+    """
+
+    name: ClassVar[str] = "ruler"
+    data_dir: str | None = None
+    tasks: str | list[str] = "all"
+    lengths: list[int] = field(default_factory=lambda: [4096])
+    limit: int | None = 100
+    seed: int = 42
+    template: str = "base"
+    chat_template: str = "auto"
+    hotpotqa_file: str = ruler_data.HOTPOTQA
+    context_tokens: int | None = None
+    max_new_tokens: int = max(TOKENS_TO_GENERATE.values())
+    source: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        check_limit(self.limit, self.max_new_tokens)
+        check_chat_template(self.chat_template)
+        names = [self.tasks] if isinstance(self.tasks, str) else list(self.tasks)
+        self.selected = [t for t in TASKS if t in names or "all" in names]
+        if unknown := [t for t in names if t not in TASKS and t != "all"]:
+            raise ValueError(f"unknown RULER task(s) {unknown} (tasks: {', '.join(TASKS)}; all)")
+        if self.template != "base":
+            raise ValueError(f"task.template must be base (RULER's base template), got {self.template!r}")
+        lengths = list(self.lengths)
+        if not lengths or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in lengths):
+            raise ValueError(f"task.lengths must be positive token counts, got {lengths}")
+        if self.context_tokens and (too_long := [n for n in lengths if n > self.context_tokens]):
+            raise ValueError(
+                f"task.lengths {too_long} exceed the model's context ({self.context_tokens} tokens); "
+                f"ask for lengths <= {self.context_tokens}"
+            )
+        self.limit = RULER_SAMPLES if self.limit is None else self.limit
+        self.pools: dict = {}
+        self.tokenizer_name = None
+
+    def _ids(self, tokenizer, context: str, question: str, prefix: str) -> list[int]:
+        if self.chat_template == "none":
+            return tokenizer(context + question + prefix, add_special_tokens=True)["input_ids"]
+        messages = [{"role": "user", "content": context + question}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer(text + prefix, add_special_tokens=False)["input_ids"]
+
+    def encode(self, tokenizer, sample: Sample) -> torch.Tensor:
+        """Prompt ids ``[1, prompt]``: the raw text, or the chat template around context + question
+        followed by the answer prefix (``chat_template=auto``)."""
+        return torch.tensor([self._ids(tokenizer, *split(sample))], dtype=torch.long)
+
+    def _cwe_pool(self, units: int) -> tuple[str, ...]:
+        """cwe's words: wonderwords' set shuffled with the seed, or english_words (shuffled the
+        same way) when ``units`` exceeds it (RULER's fallback)."""
+        if units <= len(self.pools["cwe"]):
+            return self.pools["cwe"]
+        if "cwe_english" not in self.pools:
+            english = list(ruler_data.english_words(self.data_dir))
+            random.Random(self.seed).shuffle(english)
+            self.pools["cwe_english"] = tuple(english)
+        return self.pools["cwe_english"]
+
+    def _builders(
+        self, task: str, length: int, tokenizer
+    ) -> tuple[Callable[[int, str, int], RulerRow], Callable[[int], int], int]:
+        """``(build(units, seed, index), least units of sample index, most units)`` for a task at
+        ``length`` tokens."""
+        family, niah = TASKS[task]
+        where = self.pools.setdefault("sources", {})
+        if family == "niah":
+            lists, where["wonderwords"] = ruler_data.wonderwords(self.data_dir)
+            words = (tuple(sorted(set(lists["adjective"]))), tuple(sorted(set(lists["noun"]))))
+            essay: tuple[str, ...] = ()
+            if niah.haystack == "essay":
+                essay, where["essays"] = ruler_data.essay_words(self.data_dir)
+            needles = max(niah.num_needle_k, niah.num_needle_q) * niah.num_needle_v
+            least, most = (1, len(essay)) if essay else (needles, 10**7)
+            return (lambda n, s, i: ruler_niah.build(niah, n, s, words, essay)), (lambda i: least), most
+        if family == "vt":
+            count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+            example = ruler_vt.example(f"{self.seed}-vt-example", VT_HOPS, count)
+            return (lambda n, s, i: ruler_vt.build(n, s, VT_HOPS, example)), (lambda i: VT_HOPS + 1), 10**7
+        if family == "cwe":
+            lists, where["wonderwords"] = ruler_data.wonderwords(self.data_dir)
+            small = sorted(set(lists["noun"] + lists["adjective"] + lists["verb"]))
+            random.Random(self.seed).shuffle(small)
+            self.pools["cwe"] = tuple(small)
+
+            def cwe(n: int, s: str, i: int) -> RulerRow:
+                return ruler_words.build_cwe(n, s, self._cwe_pool(n), length)
+
+            return cwe, (lambda i: ruler_words.COMMON), len(small)
+        if family == "fwe":
+            return (lambda n, s, i: ruler_words.build_fwe(n, s, length)), (lambda i: 1), 10**7
+        if task == "qa_1":
+            questions, docs, where["qa_1"] = ruler_data.squad(self.data_dir)
+        else:
+            questions, docs, where["qa_2"] = ruler_data.hotpotqa(self.data_dir, self.hotpotqa_file)
+        self.pools[task] = {"questions": len(questions), "documents": len(docs)}
+        if self.limit > len(questions):
+            raise KVBenchError(
+                f"task.limit={self.limit} exceeds the {len(questions)} questions of {task}'s file "
+                f"({where[task]}); RULER's sample i asks question i"
+            )
+        build = lambda n, s, i: ruler_qa.build(n, s, questions[i], docs)  # noqa: E731
+        return build, (lambda i: len(questions[i]["gold"])), len(docs)
+
+    def _generate(self, task: str, length: int, tokenizer) -> list[Sample]:
+        family = TASKS[task][0]
+        budget = TOKENS_TO_GENERATE[family]
+        build, least, most = self._builders(task, length, tokenizer)
+        samples, units = [], None
+        for i in range(self.limit):
+            seed = f"{self.seed}-{task}-{length}-{i}"
+
+            def fits(n: int, seed=seed, i=i) -> bool:
+                row = build(n, seed, i)
+                return len(self._ids(tokenizer, row.context, row.question, row.answer_prefix)) + budget <= length
+
+            try:
+                units = largest_fitting(fits, least(i), most, units)
+            except ValueError as err:
+                raise KVBenchError(
+                    f"task.lengths: {task} does not fit in {length} tokens (its prompt around the "
+                    f"smallest haystack + {budget} tokens to generate is longer); ask for a longer length"
+                ) from err
+            if task == "cwe" and units == most == len(self.pools["cwe"]):
+                most = len(self._cwe_pool(most + 1))
+                units = largest_fitting(fits, least(i), most, units)
+            if units == most:
+                raise KVBenchError(
+                    f"{task}: its whole pool ({most} units) is shorter than {length} tokens; ask for a shorter length"
+                )
+            row = build(units, seed, i)
+            tokens = len(self._ids(tokenizer, row.context, row.question, row.answer_prefix))
+            meta = {"task": task, "length": length, "index": i, "prompt_tokens": tokens}
+            meta |= {"context_chars": len(row.context), "question": row.question, "answer_prefix": row.answer_prefix}
+            samples.append(
+                Sample(
+                    id=f"{task}-len{length}-{i}",
+                    references=row.answers,
+                    prompt_text=row.text,
+                    chat_template=self.chat_template == "auto",
+                    max_new_tokens=budget,
+                    meta=meta | row.meta,
+                )
+            )
+        return samples
+
+    def load(self, tokenizer=None) -> list[Sample]:
+        """Generate ``limit`` samples per selected task and length.
+
+        Raises
+        ------
+        KVBenchError
+            Without a tokenizer, without a chat template under ``auto``, for missing data, or for a
+            length too short for a task (or longer than its pool).
+        """
+        if tokenizer is None:
+            raise KVBenchError("RULER samples are sized with the model's tokenizer")
+        if self.chat_template == "auto" and getattr(tokenizer, "chat_template", None) is None:
+            name = getattr(tokenizer, "name_or_path", "the model")
+            raise KVBenchError(
+                f"the tokenizer of {name} has no chat template (a base model?); run with "
+                f"task.chat_template=none to give it RULER's raw base-template prompt"
+            )
+        self.tokenizer_name = getattr(tokenizer, "name_or_path", None)
+        samples = [s for length in self.lengths for t in self.selected for s in self._generate(t, length, tokenizer)]
+        files = "; ".join(sorted(set(self.pools.get("sources", {}).values())))
+        self.source = f"generated (RULER recipe, seed {self.seed})" + (f" from {files}" if files else "")
+        return samples
+
+    def protocol(self) -> dict:
+        """Templates, sizes, seed, tokenizer, sentence splitter and the qa pools."""
+        return super().protocol() | {
+            "benchmark": "RULER (NVIDIA/RULER synthetic.yaml; string_match_all / string_match_part)",
+            "template": self.template,
+            "chat_template": "tokenizer's (task template as user message, answer prefix after the "
+            "generation prompt)"
+            if self.chat_template == "auto"
+            else "none (raw base-template text with special tokens)",
+            "seed": self.seed,
+            "lengths": list(self.lengths),
+            "sizing": "largest haystack with prompt tokens + tokens to generate <= length",
+            "tokenizer": self.tokenizer_name,
+            "tokens_to_generate": {t: TOKENS_TO_GENERATE[TASKS[t][0]] for t in self.selected},
+            "haystack": {t: haystack_of(t) for t in self.selected},
+            "sentence_splitter": SENTENCE_SPLITTER,
+            "qa_pools": {t: self.pools[t] | {"file": self.pools["sources"][t]} for t in ("qa_1", "qa_2") if t in self.pools},
+            "data": dict(self.pools.get("sources", {})),
+        }
+
+    def score(self, predictions: list[str], samples: list[Sample]) -> tuple[dict[str, float], list[dict]]:
+        """RULER's metric per task (x 100, averaged over lengths) and their average ``avg``; with
+        several lengths also ``<task>/len<L>`` and ``avg/len<L>``."""
+        per_sample, cells = [], {}
+        for pred, sample in zip(predictions, samples, strict=True):
+            task, length = sample.meta["task"], sample.meta["length"]
+            value = METRICS[TASKS[task][0]](pred, sample.references)
+            per_sample.append({"score": 100.0 * value, "task": task})
+            cells.setdefault((task, length), []).append(value)
+        tasks = [t for t in TASKS if any(k[0] == t for k in cells)]
+        lengths = sorted({k[1] for k in cells})
+        by_cell = {k: 100 * statistics.fmean(v) for k, v in cells.items()}
+        by_task = {t: statistics.fmean(by_cell[k] for k in by_cell if k[0] == t) for t in tasks}
+        metrics = {"avg": statistics.fmean(by_task.values())} | by_task
+        if len(lengths) > 1:
+            for n in lengths:
+                metrics[f"avg/len{n}"] = statistics.fmean(by_cell[(t, n)] for t in tasks)
+                metrics |= {f"{t}/len{n}": by_cell[(t, n)] for t in tasks}
+        return metrics, per_sample
