@@ -47,16 +47,22 @@ METRICS: dict[str, Callable[[str, list[str]], float]] = {
     "qa": string_match_part,
 }  # fmt: skip
 VT_HOPS = 4
+QA = ("qa_1", "qa_2")
+OTHER_HAYSTACKS = {
+    "vt": "noise",
+    "cwe": "wonderwords words",
+    "fwe": "coded words",
+    "qa_1": "squad",
+    "qa_2": "hotpotqa",
+}
 #: RULER's samples per task (``config_tasks.sh``): what ``limit: null`` asks for.
 RULER_SAMPLES = 500
 
 
 def haystack_of(task: str) -> str:
     """The haystack of a task, as recorded in the protocol."""
-    family, niah = TASKS[task]
-    if niah is not None:
-        return niah.haystack
-    return {"vt": "noise", "cwe": "wonderwords list", "fwe": "coded words", "qa_1": "squad", "qa_2": "hotpotqa"}[task]
+    niah = TASKS[task][1]
+    return niah.haystack if niah is not None else OTHER_HAYSTACKS[task]
 
 
 def split(sample: Sample) -> tuple[str, str, str]:
@@ -134,6 +140,9 @@ class Ruler(Task):
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return tokenizer(text + prefix, add_special_tokens=False)["input_ids"]
 
+    def _count(self, tokenizer, row: RulerRow) -> int:
+        return len(self._ids(tokenizer, row.context, row.question, row.answer_prefix))
+
     def encode(self, tokenizer, sample: Sample) -> torch.Tensor:
         """Prompt ids ``[1, prompt]``: the raw text, or the chat template around context + question
         followed by the answer prefix (``chat_template=auto``)."""
@@ -195,17 +204,27 @@ class Ruler(Task):
         build = lambda n, s, i: ruler_qa.build(n, s, questions[i], docs)  # noqa: E731
         return build, (lambda i: len(questions[i]["gold"])), len(docs)
 
+    def sample_seed(self, task: str, length: int, index: int) -> str:
+        """The seed of one sample (``random.Random`` hashes a string seed with SHA-512: stable)."""
+        return f"{self.seed}-{task}-{length}-{index}"
+
+    def row(self, tokenizer, task: str, length: int, index: int, units: int) -> RulerRow:
+        """Sample ``index`` of ``task`` at ``length`` built with ``units`` haystack units (what the
+        sizing search evaluates; the sample itself has the largest ``units`` that fit)."""
+        build = self._builders(task, length, tokenizer)[0]
+        return build(units, self.sample_seed(task, length, index), index)
+
     def _generate(self, task: str, length: int, tokenizer) -> list[Sample]:
         family = TASKS[task][0]
         budget = TOKENS_TO_GENERATE[family]
         build, least, most = self._builders(task, length, tokenizer)
         samples, units = [], None
         for i in range(self.limit):
-            seed = f"{self.seed}-{task}-{length}-{i}"
+            seed = self.sample_seed(task, length, i)
 
             def fits(n: int, seed=seed, i=i) -> bool:
                 row = build(n, seed, i)
-                return len(self._ids(tokenizer, row.context, row.question, row.answer_prefix)) + budget <= length
+                return self._count(tokenizer, row) + budget <= length
 
             try:
                 units = largest_fitting(fits, least(i), most, units)
@@ -219,12 +238,13 @@ class Ruler(Task):
                 units = largest_fitting(fits, least(i), most, units)
             if units == most:
                 raise KVBenchError(
-                    f"{task}: its whole pool ({most} units) is shorter than {length} tokens; ask for a shorter length"
+                    f"{task}: its whole pool ({most} units) is shorter than {length} tokens; "
+                    "ask for a shorter length"
                 )
             row = build(units, seed, i)
-            tokens = len(self._ids(tokenizer, row.context, row.question, row.answer_prefix))
-            meta = {"task": task, "length": length, "index": i, "prompt_tokens": tokens}
-            meta |= {"context_chars": len(row.context), "question": row.question, "answer_prefix": row.answer_prefix}
+            meta = {"task": task, "length": length, "index": i, "prompt_tokens": self._count(tokenizer, row)}
+            meta |= {"context_chars": len(row.context), "question": row.question}
+            meta["answer_prefix"] = row.answer_prefix
             samples.append(
                 Sample(
                     id=f"{task}-len{length}-{i}",
@@ -255,7 +275,10 @@ class Ruler(Task):
                 f"task.chat_template=none to give it RULER's raw base-template prompt"
             )
         self.tokenizer_name = getattr(tokenizer, "name_or_path", None)
-        samples = [s for length in self.lengths for t in self.selected for s in self._generate(t, length, tokenizer)]
+        samples = []
+        for length in self.lengths:
+            for task in self.selected:
+                samples += self._generate(task, length, tokenizer)
         files = "; ".join(sorted(set(self.pools.get("sources", {}).values())))
         self.source = f"generated (RULER recipe, seed {self.seed})" + (f" from {files}" if files else "")
         return samples
@@ -276,7 +299,9 @@ class Ruler(Task):
             "tokens_to_generate": {t: TOKENS_TO_GENERATE[TASKS[t][0]] for t in self.selected},
             "haystack": {t: haystack_of(t) for t in self.selected},
             "sentence_splitter": SENTENCE_SPLITTER,
-            "qa_pools": {t: self.pools[t] | {"file": self.pools["sources"][t]} for t in ("qa_1", "qa_2") if t in self.pools},
+            "qa_pools": {
+                t: self.pools[t] | {"file": self.pools["sources"][t]} for t in QA if t in self.pools
+            },
             "data": dict(self.pools.get("sources", {})),
         }
 

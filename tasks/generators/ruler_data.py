@@ -138,7 +138,8 @@ def squad(data_dir: str | None) -> tuple[list[dict], tuple[str, ...], str]:
                 paragraphs.append((row["context"], []))
             texts = list(row["answers"]["text"])
             answers = [{"text": t} for t in texts]
-            paragraphs[-1][1].append({"question": row["question"], "answers": answers, "is_impossible": not texts})
+            qa = {"question": row["question"], "answers": answers, "is_impossible": not texts}
+            paragraphs[-1][1].append(qa)
         where = "hf://rajpurkar/squad_v2/validation"
     docs = tuple(sorted({c for paragraphs in articles for c, _ in paragraphs}))
     position = {d: i for i, d in enumerate(docs)}
@@ -174,10 +175,8 @@ def hotpotqa(data_dir: str | None, name: str = HOTPOTQA) -> tuple[list[dict], tu
         where = str(path.resolve())
     else:
         rows = _hub("hotpotqa/hotpot_qa", "distractor", "validation", data_dir, name)
-        records = [
-            (r["question"], r["answer"], list(zip(r["context"]["title"], r["context"]["sentences"], strict=True)))
-            for r in rows
-        ]
+        pairs = (zip(r["context"]["title"], r["context"]["sentences"], strict=True) for r in rows)
+        records = [(r["question"], r["answer"], list(p)) for r, p in zip(rows, pairs, strict=True)]
         where = "hf://hotpotqa/hotpot_qa/distractor/validation"
     render = [[f"{t}\n{''.join(s)}" for t, s in ctx] for _, _, ctx in records]
     docs = tuple(sorted({d for entries in render for d in entries}))

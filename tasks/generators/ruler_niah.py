@@ -60,7 +60,11 @@ def _singular(text: str) -> str:
 
 
 def build(
-    cfg: NiahConfig, units: int, seed: str, words: tuple[tuple[str, ...], tuple[str, ...]], essay: tuple[str, ...]
+    cfg: NiahConfig,
+    units: int,
+    seed: str,
+    words: tuple[tuple[str, ...], tuple[str, ...]],
+    essay: tuple[str, ...],
 ) -> RulerRow:
     """A niah row with ``units`` haystack units (noise lines, distractor needles or essay words).
 

@@ -52,4 +52,5 @@ def build(units: int, seed: str, question: dict, docs: tuple[str, ...]) -> Ruler
     head, tail, prefix = TEMPLATES["qa"]
     numbers = sorted({n + 1 for n, d in enumerate(chosen) if d in set(gold)})
     meta = {"gold_documents": numbers, "units": units}
-    return RulerRow(head + context, tail.format(query=question["query"]), prefix, list(question["outputs"]), meta)
+    question_text = tail.format(query=question["query"])
+    return RulerRow(head + context, question_text, prefix, list(question["outputs"]), meta)

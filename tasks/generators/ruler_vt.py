@@ -46,7 +46,7 @@ def build(units: int, seed: str, hops: int, example: str) -> RulerRow:
     -------
     RulerRow
         ``answers``: the chain's variables; ``meta``: ``chain`` (the assignments), ``lines``
-        (their positions among the context's lines), ``units``.
+        (their indices among the haystack's items: noise lines and assignments), ``units``.
 
     Raises
     ------
@@ -62,7 +62,8 @@ def build(units: int, seed: str, hops: int, example: str) -> RulerRow:
     value = chain[0].split("=")[-1].strip()
     context = " " + example + "\n\n" + head + haystack
     meta = {"chain": chain, "lines": lines, "units": units}
-    return RulerRow(context, tail.format(query=value), prefix.format(query=value, num_v=hops + 1), names, meta)
+    prefix = prefix.format(query=value, num_v=hops + 1)
+    return RulerRow(context, tail.format(query=value), prefix, names, meta)
 
 
 def example(seed: str, hops: int, count_tokens: Callable[[str], int]) -> str:
