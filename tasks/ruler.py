@@ -9,7 +9,6 @@ prompt into context, question and answer prefix (:func:`split`).
 
 from __future__ import annotations
 
-import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,50 +18,20 @@ import torch
 
 from tasks.base import Sample, Task, check_chat_template, check_limit
 from tasks.errors import KVBenchError
-from tasks.generators import ruler_data, ruler_niah, ruler_qa, ruler_vt, ruler_words
-from tasks.generators.ruler_niah import NiahConfig
+from tasks.generators import ruler_data
+from tasks.generators.ruler_builders import TASKS, Inputs, builder, haystack_of
 from tasks.generators.ruler_text import SENTENCE_SPLITTER, RulerRow, largest_fitting
 from tasks.metrics.ruler_metrics import string_match_all, string_match_part
 
-#: task -> (family, niah settings or None), in RULER's order.
-TASKS: dict[str, tuple[str, NiahConfig | None]] = {
-    "niah_single_1": ("niah", NiahConfig("noise")),
-    "niah_single_2": ("niah", NiahConfig("essay")),
-    "niah_single_3": ("niah", NiahConfig("essay", type_needle_v="uuids")),
-    "niah_multikey_1": ("niah", NiahConfig("essay", num_needle_k=4)),
-    "niah_multikey_2": ("niah", NiahConfig("needle")),
-    "niah_multikey_3": ("niah", NiahConfig("needle", type_needle_k="uuids", type_needle_v="uuids")),
-    "niah_multivalue": ("niah", NiahConfig("essay", num_needle_v=4)),
-    "niah_multiquery": ("niah", NiahConfig("essay", num_needle_q=4)),
-    "vt": ("vt", None),
-    "cwe": ("cwe", None),
-    "fwe": ("fwe", None),
-    "qa_1": ("qa", None),
-    "qa_2": ("qa", None),
-}
 #: RULER's ``tokens_to_generate`` per family.
 TOKENS_TO_GENERATE = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
 METRICS: dict[str, Callable[[str, list[str]], float]] = {
     "niah": string_match_all, "vt": string_match_all, "cwe": string_match_all, "fwe": string_match_all,
     "qa": string_match_part,
 }  # fmt: skip
-VT_HOPS = 4
 QA = ("qa_1", "qa_2")
-OTHER_HAYSTACKS = {
-    "vt": "noise",
-    "cwe": "wonderwords words",
-    "fwe": "coded words",
-    "qa_1": "squad",
-    "qa_2": "hotpotqa",
-}
 #: RULER's samples per task (``config_tasks.sh``): what ``limit: null`` asks for.
 RULER_SAMPLES = 500
-
-
-def haystack_of(task: str) -> str:
-    """The haystack of a task, as recorded in the protocol."""
-    niah = TASKS[task][1]
-    return niah.haystack if niah is not None else OTHER_HAYSTACKS[task]
 
 
 def split(sample: Sample) -> tuple[str, str, str]:
@@ -130,7 +99,7 @@ class Ruler(Task):
                 f"ask for lengths <= {self.context_tokens}"
             )
         self.limit = RULER_SAMPLES if self.limit is None else self.limit
-        self.pools: dict = {}
+        self.inputs = Inputs(self.data_dir, self.seed, self.hotpotqa_file, self.limit)
         self.tokenizer_name = None
 
     def _ids(self, tokenizer, context: str, question: str, prefix: str) -> list[int]:
@@ -148,62 +117,6 @@ class Ruler(Task):
         followed by the answer prefix (``chat_template=auto``)."""
         return torch.tensor([self._ids(tokenizer, *split(sample))], dtype=torch.long)
 
-    def _cwe_pool(self, units: int) -> tuple[str, ...]:
-        """cwe's words: wonderwords' set shuffled with the seed, or english_words (shuffled the
-        same way) when ``units`` exceeds it (RULER's fallback)."""
-        if units <= len(self.pools["cwe"]):
-            return self.pools["cwe"]
-        if "cwe_english" not in self.pools:
-            english = list(ruler_data.english_words(self.data_dir))
-            random.Random(self.seed).shuffle(english)
-            self.pools["cwe_english"] = tuple(english)
-        return self.pools["cwe_english"]
-
-    def _builders(
-        self, task: str, length: int, tokenizer
-    ) -> tuple[Callable[[int, str, int], RulerRow], Callable[[int], int], int]:
-        """``(build(units, seed, index), least units of sample index, most units)`` for a task at
-        ``length`` tokens."""
-        family, niah = TASKS[task]
-        where = self.pools.setdefault("sources", {})
-        if family == "niah":
-            lists, where["wonderwords"] = ruler_data.wonderwords(self.data_dir)
-            words = (tuple(sorted(set(lists["adjective"]))), tuple(sorted(set(lists["noun"]))))
-            essay: tuple[str, ...] = ()
-            if niah.haystack == "essay":
-                essay, where["essays"] = ruler_data.essay_words(self.data_dir)
-            needles = max(niah.num_needle_k, niah.num_needle_q) * niah.num_needle_v
-            least, most = (1, len(essay)) if essay else (needles, 10**7)
-            return (lambda n, s, i: ruler_niah.build(niah, n, s, words, essay)), (lambda i: least), most
-        if family == "vt":
-            count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-            example = ruler_vt.example(f"{self.seed}-vt-example", VT_HOPS, count)
-            return (lambda n, s, i: ruler_vt.build(n, s, VT_HOPS, example)), (lambda i: VT_HOPS + 1), 10**7
-        if family == "cwe":
-            lists, where["wonderwords"] = ruler_data.wonderwords(self.data_dir)
-            small = sorted(set(lists["noun"] + lists["adjective"] + lists["verb"]))
-            random.Random(self.seed).shuffle(small)
-            self.pools["cwe"] = tuple(small)
-
-            def cwe(n: int, s: str, i: int) -> RulerRow:
-                return ruler_words.build_cwe(n, s, self._cwe_pool(n), length)
-
-            return cwe, (lambda i: ruler_words.COMMON), len(small)
-        if family == "fwe":
-            return (lambda n, s, i: ruler_words.build_fwe(n, s, length)), (lambda i: 1), 10**7
-        if task == "qa_1":
-            questions, docs, where["qa_1"] = ruler_data.squad(self.data_dir)
-        else:
-            questions, docs, where["qa_2"] = ruler_data.hotpotqa(self.data_dir, self.hotpotqa_file)
-        self.pools[task] = {"questions": len(questions), "documents": len(docs)}
-        if self.limit > len(questions):
-            raise KVBenchError(
-                f"task.limit={self.limit} exceeds the {len(questions)} questions of {task}'s file "
-                f"({where[task]}); RULER's sample i asks question i"
-            )
-        build = lambda n, s, i: ruler_qa.build(n, s, questions[i], docs)  # noqa: E731
-        return build, (lambda i: len(questions[i]["gold"])), len(docs)
-
     def sample_seed(self, task: str, length: int, index: int) -> str:
         """The seed of one sample (``random.Random`` hashes a string seed with SHA-512: stable)."""
         return f"{self.seed}-{task}-{length}-{index}"
@@ -211,13 +124,14 @@ class Ruler(Task):
     def row(self, tokenizer, task: str, length: int, index: int, units: int) -> RulerRow:
         """Sample ``index`` of ``task`` at ``length`` built with ``units`` haystack units (what the
         sizing search evaluates; the sample itself has the largest ``units`` that fit)."""
-        build = self._builders(task, length, tokenizer)[0]
+        build = builder(self.inputs, task, length, tokenizer).build
         return build(units, self.sample_seed(task, length, index), index)
 
     def _generate(self, task: str, length: int, tokenizer) -> list[Sample]:
         family = TASKS[task][0]
         budget = TOKENS_TO_GENERATE[family]
-        build, least, most = self._builders(task, length, tokenizer)
+        make = builder(self.inputs, task, length, tokenizer)
+        build, least, most = make.build, make.least, make.most
         samples, units = [], None
         for i in range(self.limit):
             seed = self.sample_seed(task, length, i)
@@ -233,8 +147,8 @@ class Ruler(Task):
                     f"task.lengths: {task} does not fit in {length} tokens (its prompt around the "
                     f"smallest haystack + {budget} tokens to generate is longer); ask for a longer length"
                 ) from err
-            if task == "cwe" and units == most == len(self.pools["cwe"]):
-                most = len(self._cwe_pool(most + 1))
+            if units == most and make.wider is not None:
+                most = make.wider()
                 units = largest_fitting(fits, least(i), most, units)
             if units == most:
                 raise KVBenchError(
@@ -279,7 +193,7 @@ class Ruler(Task):
         for length in self.lengths:
             for task in self.selected:
                 samples += self._generate(task, length, tokenizer)
-        files = "; ".join(sorted(set(self.pools.get("sources", {}).values())))
+        files = "; ".join(sorted(set(self.inputs.sources.values())))
         self.source = f"generated (RULER recipe, seed {self.seed})" + (f" from {files}" if files else "")
         return samples
 
@@ -299,10 +213,8 @@ class Ruler(Task):
             "tokens_to_generate": {t: TOKENS_TO_GENERATE[TASKS[t][0]] for t in self.selected},
             "haystack": {t: haystack_of(t) for t in self.selected},
             "sentence_splitter": SENTENCE_SPLITTER,
-            "qa_pools": {
-                t: self.pools[t] | {"file": self.pools["sources"][t]} for t in QA if t in self.pools
-            },
-            "data": dict(self.pools.get("sources", {})),
+            "qa_pools": {t: pool for t, pool in self.inputs.pools.items() if t in QA},
+            "data": dict(self.inputs.sources),
         }
 
     def score(self, predictions: list[str], samples: list[Sample]) -> tuple[dict[str, float], list[dict]]:
