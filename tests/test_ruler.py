@@ -328,3 +328,47 @@ def test_cli_refuses_a_length_beyond_the_context(run_py):
         and "task.lengths [9000] exceed the model's context" in result.stderr
     )
     assert "loading model" not in result.stdout
+
+
+def test_hub_fallbacks_build_rulers_pools(monkeypatch, tmp_path):
+    """Without the local files, SQuAD v2 and HotpotQA hub rows give the same pools as the files."""
+    from tasks.generators import ruler_data
+
+    hub_of_ruler_data = ruler_data._hub
+    squad_rows = [
+        {"title": "A", "context": "p1", "question": "q1", "answers": {"text": ["x", "y"]}},
+        {"title": "A", "context": "p1", "question": "q2", "answers": {"text": []}},  # unanswerable
+        {"title": "A", "context": "p2", "question": "q3", "answers": {"text": ["z"]}},
+        {"title": "B", "context": "p0", "question": "q4", "answers": {"text": ["w"]}},
+    ]
+    hotpot_rows = [
+        {
+            "question": "h1",
+            "answer": "yes",
+            "context": {"title": ["T1", "T2"], "sentences": [["a ", "b"], ["c"]]},
+        }
+    ]
+    hub = {"rajpurkar/squad_v2": squad_rows, "hotpotqa/hotpot_qa": hotpot_rows}
+    monkeypatch.setattr(ruler_data, "_hub", lambda hub_id, *args: hub[hub_id])
+    questions, docs, where = ruler_data.squad.__wrapped__(str(tmp_path))
+    assert docs == ("p0", "p1", "p2") and where.startswith("hf://rajpurkar/squad_v2")
+    assert [(q["query"], q["outputs"], q["gold"], q["more"]) for q in questions] == [
+        ("q1", ["x", "y"], [1], [2]),
+        ("q3", ["z"], [2], [1]),
+        ("q4", ["w"], [0], []),
+    ]
+    questions, docs, _ = ruler_data.hotpotqa.__wrapped__(str(tmp_path))
+    assert docs == ("T1\na b", "T2\nc") and questions == [
+        {"query": "h1", "outputs": ["yes"], "gold": [0, 1], "more": []}
+    ]
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach the hub\nsecond line")
+
+    monkeypatch.setattr(ruler_data, "_hub", hub_of_ruler_data)
+    monkeypatch.setattr("datasets.load_dataset", offline)
+    with pytest.raises(
+        KVBenchError, match=r"squad_dev_v2.json not found and hub dataset .* unavailable"
+    ) as err:
+        ruler_data.squad.__wrapped__(str(tmp_path))
+    assert "\n" not in str(err.value) and "Couldn't reach the hub" in str(err.value)
