@@ -17,8 +17,9 @@ _MODULES = {
     "LongBench": "tasks.longbench",
     "InfiniteBench": "tasks.infinitebench",
     "GSMInfinite": "tasks.gsm_infinite",
+    "Ruler": "tasks.ruler",
 }
-_REGISTERED = ("XSum", "CNNDailyMail", "LongBench", "InfiniteBench", "GSMInfinite")
+_REGISTERED = ("XSum", "CNNDailyMail", "LongBench", "InfiniteBench", "GSMInfinite", "Ruler")
 
 __all__ = ["TASK_REGISTRY", *sorted(_MODULES)]
 
