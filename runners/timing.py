@@ -37,7 +37,10 @@ class TimedRun:
         all slot tensors (buffer capacity included), of the method's per-slot state, and of the
         keys/values an uncompressed cache would hold for the same tokens.
     slots : list[int]
-        Slots per layer at the end.
+        Slots per layer at the end (per KV head; ragged heads: the longest head's).
+    held_slots : list[int]
+        Slots per layer at the end summed over the batch and every KV head (ragged heads each
+        count their own).
     curve : list[dict]
         Every ``curve_every`` steps: ``context`` (tokens seen), ``step_ms`` (median over the
         window), ``tokens_per_s`` (batch x steps / seconds over the window), ``kv_bytes``,
@@ -53,6 +56,7 @@ class TimedRun:
     state_bytes: int
     fullkv_bytes: int
     slots: list[int]
+    held_slots: list[int]
     curve: list[dict]
     tokens: torch.Tensor
 
@@ -183,6 +187,7 @@ def timed_generate(
         state_bytes=cache.state_bytes(),
         fullkv_bytes=cache.fullkv_bytes(),
         slots=cache.n_slots,
+        held_slots=[int(layer.head_slots().sum()) for layer in cache.layers],
         curve=curve,
         tokens=torch.stack(decoder.tokens, dim=1),
     )

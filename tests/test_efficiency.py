@@ -55,7 +55,7 @@ def test_timings_positive_and_kv_bytes_match_slots(tiny_model, name):
         aux = 2 * (2 * 2 * 4 * 16 * 4)
     if name == "expected_attention":  # query statistics per query head (mean + scatter triangle), R_bar
         aux = 2 * (2 * 6 * (16 + 16 * 17 // 2) * 4 + 2 * 16 * 4)
-    assert run.kv_bytes == 2 * sum(run.slots) * BYTES_PER_SLOT + aux  # batch 2, exact
+    assert run.kv_bytes == sum(run.held_slots) * BYTES_PER_SLOT // 2 + aux  # every head of the batch, exact
     assert run.fullkv_bytes == 2 * 2 * (PROMPT + STEPS) * BYTES_PER_SLOT  # batch x layers x tokens
     assert run.allocated_bytes >= run.kv_bytes
     if method.compresses and method.budget_holds_in_decode:
@@ -117,7 +117,7 @@ def test_fullkv_buffer_grows_geometrically_and_keeps_every_token():
 
 
 def fake_run(prefill: float, steps: list[float]) -> TimedRun:
-    return TimedRun(prefill, steps, 100, 120, 10, 400, [5, 5], [], torch.zeros(2, len(steps) + 1))
+    return TimedRun(prefill, steps, 100, 120, 10, 400, [5, 5], [20, 20], [], torch.zeros(2, len(steps) + 1))
 
 
 def test_summary_is_the_median_over_repeats():
