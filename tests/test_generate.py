@@ -139,16 +139,30 @@ def article_fullkv(embedded, data_dir):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", sorted(set(METHOD_REGISTRY) - {"fullkv"}))
+# DuoAttention takes no budget (its pattern decides): tests/test_allocators.py and the architecture matrix
+@pytest.mark.parametrize("name", sorted(set(METHOD_REGISTRY) - {"fullkv", "duo_attention"}))
 def test_every_method_on_the_embedded_model(embedded, article_fullkv, name):
     model, _ = embedded
     ids, eos, full = article_fullkv
     # fixed-theta KVMerger ignores the budget (its ratio is an outcome): test the budgeted mode here
     kwargs = {"kvmerger": {"exact_budget": True}, "less": {"kernels": untrained_less_kernels(model)}}
+    kwargs |= allocator_kwargs(model)  # SnapKV under AdaKV, PyramidKV, equal layer ratios
     method = METHOD_REGISTRY[name](**kwargs.get(name, {}))
     assert greedy_generate(model, ids, method, ids.shape[1] + 16, 16, eos).tokens == full.tokens
     small = greedy_generate(model, ids, method, int(0.05 * ids.shape[1]), 16, eos)
     assert small.kv_bytes < 0.2 * small.fullkv_bytes
+
+
+def allocator_kwargs(model) -> dict[str, dict]:
+    """The allocators over SnapKV (their presets' scorer), per-layer ratios equal for ``model``."""
+    from methods import SnapKV
+
+    layers = model.config.num_hidden_layers
+    return {
+        "adakv": {"scorer": SnapKV()},
+        "pyramidkv": {"scorer": SnapKV()},
+        "layer_ratios": {"scorer": SnapKV(), "ratios": [1] * layers},
+    }
 
 
 def untrained_less_kernels(model) -> list:
