@@ -23,6 +23,7 @@ from methods.seam.evict import ScoreEvict
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 from methods.seam.scoring import keep_index, lowest_score
+from methods.seam.wrap import ScorerWrapper
 from methods.snapkv import SnapKV
 
 #: The score stage 1 (and the scorer's protected tokens) get in the two-stage scores (kvpress).
@@ -58,7 +59,7 @@ def two_stage(
 
 
 @dataclass
-class CriticalKV(ScoreEvict):
+class CriticalKV(ScorerWrapper):
     """CriticalKV over a scorer (default SnapKV): the scorer's plan, protected tokens and scores,
     re-ranked in two stages by the output projection's value norms.
 
@@ -86,61 +87,22 @@ class CriticalKV(ScoreEvict):
     epsilon: float = 1e-4
 
     def __post_init__(self) -> None:
-        if not isinstance(self.scorer, ScoreEvict) or "scores" not in self.scorer.state_fill:
+        super().__post_init__()
+        if "scores" not in self.scorer.state_fill:
             raise ValueError(f"scorer must be a score-then-evict method with scores, got {self.scorer!r}")
         if not 0.0 <= self.first_stage_ratio <= 1.0:
             raise ValueError(f"first_stage_ratio must be in [0, 1], got {self.first_stage_ratio}")
         if self.epsilon < 0:
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
 
-    # ------------------------------------------------------------------ the scorer's declarations
-    @property
-    def label(self) -> str:
-        """``criticalkv_<scorer label>`` (kvpress names the wrapper after what it wraps)."""
-        return f"criticalkv_{self.scorer.label}"
+    # the wrapper (``methods.seam.wrap``) forwards the rest to the scorer; selection is this class's
+    prefill = ScoreEvict.prefill
+    decode_step = ScoreEvict.decode_step
 
     @property
     def state_fill(self) -> dict[str, float]:
         """The scorer's state plus ``vnorm``, each slot's ``||v W_o||_1``."""
         return {**self.scorer.state_fill, "vnorm": 0.0}
-
-    @property
-    def decode_input(self) -> str:
-        return self.scorer.decode_input
-
-    @property
-    def score_decay(self) -> float | None:
-        return self.scorer.score_decay
-
-    @property
-    def uses_log_weight(self) -> bool:
-        return self.scorer.uses_log_weight
-
-    @property
-    def budget_applies(self) -> bool:
-        return self.scorer.budget_applies
-
-    @property
-    def budget_holds_in_decode(self) -> bool:
-        return self.scorer.budget_holds_in_decode
-
-    def plan(self, layer: CompressedLayer) -> LayerPlan:
-        """The scorer's plan."""
-        return self.scorer.plan(layer)
-
-    def protected(self, bound: int) -> tuple[int, int]:
-        """The scorer's protected tokens."""
-        return self.scorer.protected(bound)
-
-    def check_budget(self, budget: int, tokens: int) -> None:
-        """The scorer's check."""
-        self.scorer.check_budget(budget, tokens)
-
-    def decode_attention(
-        self, layer: CompressedLayer, query: torch.Tensor, scaling: float
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The scorer's decode attention."""
-        return self.scorer.decode_attention(layer, query, scaling)
 
     # ------------------------------------------------------------------ scoring
     def first_stage(self, plan: LayerPlan, bound: int) -> int:
