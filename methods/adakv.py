@@ -13,7 +13,7 @@ sum of its heads' slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -95,8 +95,7 @@ class AdaKV(ScorerWrapper):
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The scorer's plan with no decode bound."""
-        plan = self.scorer.plan(layer)
-        return LayerPlan(keep=plan.keep, first=plan.first, recent=plan.recent, split=plan.split)
+        return replace(self.scorer.plan(layer), bound=None)
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Score the prompt; keep the top ``heads x B`` across heads (:func:`adakv_keep`) in ragged heads."""

@@ -219,9 +219,8 @@ class CompressedLayer(CacheLayerMixin):
         room = max(0, most - self.seen_tokens) if most is not None else 0
         fields = {name: self.store.view(name) for name in ("keys", "values", "positions")}
         self.ragged = RaggedStore.from_mask(fields, keep, room, bounds)
-        counts = keep.sum(-1).reshape(-1).tolist()
-        caps = self.ragged.bounds.tolist()
-        self._segments = list(zip(counts, caps, strict=True))  # host copy: n_slots without a sync
+        # host copy of (kept, bound) per head: n_slots without a synchronisation per step
+        self._segments = list(zip(self.ragged.lengths.tolist(), self.ragged.bounds.tolist(), strict=True))
         self._appended = 0
         self.store.buffers, self.store.n = {}, 0
 

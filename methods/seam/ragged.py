@@ -62,12 +62,12 @@ class RaggedStore:
         capacity: torch.Tensor,
         lengths: torch.Tensor,
         shape: tuple[int, int],
-        grows: torch.Tensor,
+        bounds: torch.Tensor,
         room: int,
     ) -> None:
         self.buffers, self.offsets, self.capacity, self.lengths = buffers, offsets, capacity, lengths
-        self.shape, self.grows, self.room = shape, grows, room
-        self.bounds = torch.where(grows, -1, capacity - 1)
+        self.shape, self.bounds, self.room = shape, bounds, room
+        self.grows = bounds < 0
         total = buffers["keys"].shape[0]
         self.segment = torch.repeat_interleave(
             torch.arange(len(offsets), device=offsets.device), capacity, output_size=total
@@ -122,9 +122,7 @@ class RaggedStore:
             buf = src.new_full((total, *src.shape[2:]), fill)
             buf[dest] = src[flat]
             buffers[name] = buf
-        store = cls(buffers, offsets, capacity, counts.clone(), (b, h), grows, room)
-        store.bounds = bounds
-        return store
+        return cls(buffers, offsets, capacity, counts.clone(), (b, h), bounds, room)
 
     # ------------------------------------------------------------------ reading
     def valid(self) -> torch.Tensor:
@@ -173,9 +171,9 @@ class RaggedStore:
             new = buf.new_full((total, *buf.shape[1:]), -1 if name == "positions" else 0)
             new[dest[valid]] = buf[valid]
             self.buffers[name] = new
-        bounds = self.bounds
-        self.__init__(self.buffers, offsets, capacity, self.lengths, self.shape, self.grows, self.room + more)
-        self.bounds = bounds
+        self.__init__(
+            self.buffers, offsets, capacity, self.lengths, self.shape, self.bounds, self.room + more
+        )
 
     def drop(self, victim: torch.Tensor, active: torch.Tensor) -> None:
         """Evict slot ``victim`` ``[segments]`` (packed index) in the segments where ``active``
