@@ -15,9 +15,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from methods import METHOD_REGISTRY, CompressionMethod, validate_budget
-from methods.seam.architecture import text_config
 from runners.model_sources import safe_name
-from runners.models import load_tokenizer, read_model_config, resolve_model_config
+from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
 from tasks import TASK_REGISTRY, Task
 from tasks.errors import KVBenchError
@@ -161,9 +160,9 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
     except ValueError as err:
         raise KVBenchError(str(err)) from err
     method = build_node(cfg.method, "method", METHOD_REGISTRY)
-    resolve_model_config(cfg.model)
+    text = resolve_model_config(cfg.model)
     try:
-        method.check_model(text_config(read_model_config(cfg.model)))
+        method.check_model(text)
     except ValueError as err:
         raise KVBenchError(f"method {method.label}: {err}") from err
     try:

@@ -90,13 +90,18 @@ def read_model_config(cfg: DictConfig):
         raise KVBenchError(f"cannot read the config of model {name}: {err}") from err
 
 
-def resolve_model_config(cfg: DictConfig) -> None:
+def resolve_model_config(cfg: DictConfig):
     """Validate ``cfg`` (the ``model`` node), check the architecture, and fill what it leaves null
     from the model's own config, in place: ``name`` (``runners.model_sources.default_name``: a
     GGUF's ``<general.name>-<quantization>``, the name a converted folder recorded, or the id's
     last path component), ``dtype`` (``auto``: the
     checkpoint's dtype, float32 if it names none), ``max_context`` (``max_position_embeddings``)
     and ``longbench_max_input_tokens`` (``max_context - 640``).
+
+    Returns
+    -------
+    transformers.PretrainedConfig
+        The model's text config (``methods.seam.architecture.text_config``), read once here.
 
     Raises
     ------
@@ -126,6 +131,7 @@ def resolve_model_config(cfg: DictConfig) -> None:
             cfg.max_context = int(context)
         if cfg.get("longbench_max_input_tokens") is None:
             cfg.longbench_max_input_tokens = max(1, cfg.max_context - LONGBENCH_ROOM)
+    return text
 
 
 def load_tokenizer(cfg: DictConfig):
