@@ -44,7 +44,7 @@ METHODS: dict[str, MethodStyle] = {
     "expected_attention": MethodStyle("ExpectedAttention", "#8c6d31"),
     "lagkv": MethodStyle("LagKV", "#393b79"),
     "rkv": MethodStyle("R-KV", "#637939"),
-    "pyramidkv": MethodStyle("PyramidKV", "#e6550d"),
+    "pyramidkv": MethodStyle("PyramidKV", "#9c9ede"),
     "layer_ratios_snapkv": MethodStyle("SnapKV (layer ratios)", "#fdae6b"),
     "adakv_snapkv": MethodStyle("AdaKV-SnapKV", "#843c39"),
     "adakv_expected_attention": MethodStyle("AdaKV-ExpectedAttention", "#d6616b"),
