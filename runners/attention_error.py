@@ -98,6 +98,11 @@ def run_attention_error(cfg: DictConfig) -> dict:
         raise KVBenchError(
             "runner=error compares a compressing method with FullKV; method=fullkv has no error"
         )
+    if not task.query_aware:
+        raise KVBenchError(
+            "runner=error compresses whole prompts; run it with task.query_aware=true "
+            f"(task {task.name} is set query-agnostic)"
+        )
     config = run_config(cfg, method.budget_applies)
     tokenizer, samples, prompts = load_prompts(cfg, task)
     store, rid, done = stored_run(cfg, config, print_error_table, samples)

@@ -11,6 +11,7 @@ import importlib
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -57,16 +58,48 @@ def check_device(device: str | None, key: str = "device") -> None:
         raise KVBenchError(f"{key}={device}, but MPS is not available to this torch; use {key}=cpu")
 
 
+def apply_compression_ratio(cfg: DictConfig) -> None:
+    """Turn kvpress's ``compression_ratio`` (the fraction of the compressed tokens removed) into the
+    budget it means: ``budget = 1 - compression_ratio``, a fraction of the prompt (of the context
+    before the question in a query-agnostic run). The record keeps both (``config.budget``,
+    ``config.compression_ratio``); the run's identity is the budget, so the two spellings of one
+    setting are one run.
+
+    Raises
+    ------
+    KVBenchError
+        For a ratio outside ``[0, 1)``, with ``budget_unit=context``, or when ``budget=`` is also
+        given on the command line.
+    """
+    ratio = cfg.get("compression_ratio")
+    if ratio is None:
+        return
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+        raise KVBenchError(f"compression_ratio must be in [0, 1) (the fraction removed), got {ratio!r}")
+    if cfg.budget_unit != "prompt":
+        raise KVBenchError("compression_ratio is a fraction of the prompt; it takes budget_unit=prompt")
+    if HydraConfig.initialized() and any(
+        o.split("=")[0].lstrip("+~") == "budget" for o in HydraConfig.get().overrides.task
+    ):
+        raise KVBenchError(
+            f"give budget or compression_ratio, not both (compression_ratio={ratio} is budget={1 - ratio:g})"
+        )
+    cfg.budget = round(1.0 - float(ratio), 12)
+
+
 def check_run(cfg: DictConfig) -> None:
-    """The checks of the top-level config every runner shares: ``device``, ``seed`` and the result
-    store (``paths.results_dir``).
+    """The checks of the top-level config every runner shares: ``device``, ``seed``, the result
+    store (``paths.results_dir``), and ``compression_ratio`` turned into its budget
+    (:func:`apply_compression_ratio`).
 
     Raises
     ------
     KVBenchError
         For a device this machine does not have (:func:`check_device`), a seed that is not an
-        integer, or a results dir that cannot be written (``runners.paths.check_writable_dir``).
+        integer, a results dir that cannot be written (``runners.paths.check_writable_dir``), or a
+        bad compression ratio.
     """
+    apply_compression_ratio(cfg)
     check_writable_dir(cfg.paths.results_dir, RESULTS)
     check_device(cfg.get("device"))
     seed = cfg.get("seed")

@@ -27,7 +27,8 @@ class GenerationResult:
     tokens : list[int]
         Generated token ids (the EOS token, if reached, included).
     prefill_seconds : float
-        Wall time of the prompt forward, compression included (seconds).
+        Wall time of the prompt forward, compression included, and of the question chunk of a
+        query-agnostic run (seconds): the time to the first token.
     step_seconds : list[float]
         Wall time of each decode step (seconds); ``len(tokens) - 1`` entries.
     slots : list[int]
@@ -165,6 +166,12 @@ class ModelRun:
         position's logits ``[batch, vocab]``."""
         return self._forward(self.model, input_ids, logits_to_keep=1)
 
+    def append(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Feed a chunk ``[batch, chunk]`` after the prefill (a question appended to the compressed
+        context: ``methods.seam.step.chunk_step``), eagerly; returns the last position's logits
+        ``[batch, vocab]``."""
+        return self._forward(self.model, input_ids, logits_to_keep=1)
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (``[batch]``); returns the logits ``[batch, vocab]``."""
         return self._forward(self._decode, tokens[:, None])
@@ -198,6 +205,7 @@ def greedy_generate(
     on_step=None,
     min_new_tokens: int = 0,
     observer=None,
+    question_start: int | None = None,
 ) -> GenerationResult:
     """Greedy decoding of one prompt through the cache seam.
 
@@ -223,6 +231,10 @@ def greedy_generate(
         ``min_length = prompt + 1`` of the LongBench scripts is 1).
     observer : callable, optional
         Handed to the attention function as ``kvbench_observer`` (``methods.seam.attention``).
+    question_start : int | None
+        Query-agnostic compression: the prefill takes the prompt's first ``question_start`` tokens
+        (the context, compressed by the method), then the rest (the question) is appended as one
+        chunk (:meth:`ModelRun.append`). None: the whole prompt is the prefill (query-aware).
 
     Returns
     -------
@@ -231,16 +243,24 @@ def greedy_generate(
     Raises
     ------
     ValueError
-        If the batch size is not 1 or ``max_new_tokens`` < 1.
+        If the batch size is not 1, ``max_new_tokens`` < 1, or ``question_start`` does not leave at
+        least one token on each side.
     """
     if input_ids.shape[0] != 1:
         raise ValueError(f"greedy_generate takes one prompt at a time, got batch {input_ids.shape[0]}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if question_start is not None and not 0 < question_start < input_ids.shape[1]:
+        raise ValueError(f"question_start must be in [1, {input_ids.shape[1] - 1}], got {question_start}")
     run = ModelRun(model, method, budget, input_ids.shape[1] + max_new_tokens - 1, observer)
     cache = run.cache
     start = time.perf_counter()
-    token = _pick(run.prefill(input_ids)[0], eos_token_ids, min_new_tokens > 0)
+    if question_start is None:
+        logits = run.prefill(input_ids)
+    else:
+        run.prefill(input_ids[:, :question_start])
+        logits = run.append(input_ids[:, question_start:])
+    token = _pick(logits[0], eos_token_ids, min_new_tokens > 0)
     result = GenerationResult(tokens=[token], prefill_seconds=time.perf_counter() - start, budget=budget)
     result.prefill_slots = [layer.real_slots() for layer in cache.layers]
     result.prefill_head_slots = cache.head_spread()

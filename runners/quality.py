@@ -36,6 +36,21 @@ def stop_token_ids(tokenizer, strings: tuple[str, ...]) -> set[int]:
     return {tokenizer.encode(text, add_special_tokens=False)[-1] for text in strings}
 
 
+def question_starts(tokenizer, task: Task, samples: list, prompts: list) -> list[int | None]:
+    """Where each prompt's question starts (``Task.question_start``) when the task is run
+    query-agnostic (``task.query_aware=false``: the context is compressed, then the question is
+    appended); all None when it is run query-aware.
+
+    Raises
+    ------
+    KVBenchError
+        If the task has no context/question split for a sample.
+    """
+    if task.query_aware:
+        return [None] * len(samples)
+    return [task.question_start(tokenizer, s, p) for s, p in zip(samples, prompts, strict=True)]
+
+
 def check_budgets(
     cfg: DictConfig,
     method: CompressionMethod,
@@ -43,8 +58,11 @@ def check_budgets(
     samples: list,
     prompts: list,
     task: Task,
+    starts: list[int | None],
 ) -> list[int | None]:
-    """Each sample's slot budget (``methods.seam.budget.resolve_budget``; a context fraction is of
+    """Each sample's slot budget (``methods.seam.budget.resolve_budget``; a prompt fraction is of
+    the tokens the prefill compresses: the whole prompt, or the context before the question of a
+    query-agnostic run, as kvpress's compression ratio; a context fraction is of
     ``model.max_context``), checked with the method (``CompressionMethod.check_budget``) before any
     model loads.
 
@@ -54,8 +72,9 @@ def check_budgets(
         Naming the first sample whose budget the method cannot work with.
     """
     out = []
-    for sample, ids in zip(samples, prompts, strict=True):
-        slots = resolve_budget(budget, ids.shape[1], cfg.model.max_context, cfg.budget_unit)
+    for sample, ids, start in zip(samples, prompts, starts, strict=True):
+        compressed = ids.shape[1] if start is None else start
+        slots = resolve_budget(budget, compressed, cfg.model.max_context, cfg.budget_unit)
         if slots is not None:
             try:
                 method.check_budget(slots, ids.shape[1] + task.max_new(sample))
@@ -125,7 +144,8 @@ def run_quality(cfg: DictConfig) -> dict:
             f"a prompt of {longest} tokens + {new} new tokens exceeds the context of "
             f"{cfg.model.name} ({cfg.model.max_context} tokens); lower task.max_input_tokens or the length"
         )
-    budgets = check_budgets(cfg, method, config["budget"], samples, prompts, task)
+    starts = question_starts(tokenizer, task, samples, prompts)
+    budgets = check_budgets(cfg, method, config["budget"], samples, prompts, task, starts)
     print(f"loading model {cfg.model.name}", flush=True)
     model = load_model(cfg.model, cfg.device)
     eos = eos_token_ids(model, tokenizer)
@@ -145,7 +165,7 @@ def run_quality(cfg: DictConfig) -> dict:
         for sample, ids in tqdm(
             list(zip(samples, prompts, strict=True)), desc=f"{method.label}", disable=not cfg.runner.progress
         ):
-            budget = budgets[len(results)]
+            budget, start = budgets[len(results)], starts[len(results)]
             res = greedy_generate(
                 model,
                 ids.to(model.device),
@@ -154,6 +174,7 @@ def run_quality(cfg: DictConfig) -> dict:
                 task.max_new(sample),
                 eos | stop_token_ids(tokenizer, sample.stop_strings),
                 min_new_tokens=task.min_new_tokens,
+                question_start=start,
             )
             results.append(res)
             text = tokenizer.decode(res.tokens, skip_special_tokens=True).strip()
@@ -164,6 +185,7 @@ def run_quality(cfg: DictConfig) -> dict:
                     "references": sample.references,
                     "meta": sample.meta,
                     "prompt_tokens": ids.shape[1],
+                    "question_start": start,
                     "generated_tokens": len(res.tokens),
                     "budget_slots": res.budget,
                     "slots_end": res.slots[0],

@@ -38,6 +38,10 @@ class Sample:
     meta : dict
         Anything the scorer needs (subset, length bucket, classes, needle depth ...); stored with
         the prediction.
+    question : str | None
+        The question part of the prompt text: its last occurrence and everything after it is what a
+        query-agnostic run appends after compressing the context (``Task.question_start``); None for
+        a task without a context/question split.
     """
 
     id: str
@@ -48,6 +52,7 @@ class Sample:
     max_new_tokens: int | None = None
     stop_strings: tuple[str, ...] = ()
     meta: dict = field(default_factory=dict)
+    question: str | None = None
 
 
 class Task:
@@ -81,6 +86,10 @@ class Task:
     #: ``auto``: prompts meant for a chat model get the tokenizer's chat template (an ``error:``
     #: line when it has none); ``none``: their text is tokenized raw (base models).
     chat_template: str = "auto"
+    #: True: the whole prompt, question included, is prefilled and compressed; False (tasks with a
+    #: context/question split): the context is compressed, then the question appended (kvpress's
+    #: default, "query-agnostic").
+    query_aware: bool = True
 
     def load(self, tokenizer=None) -> list[Sample]:
         """Read (or generate) the samples; local data directory first, hub otherwise.
@@ -105,13 +114,13 @@ class Task:
         """Middle-truncation limit for ``sample``'s raw prompt (tokens); None for none."""
         return self.max_input_tokens
 
-    def encode(self, tokenizer, sample: Sample) -> torch.Tensor:
-        """Prompt ids ``[1, prompt]``.
+    def render(self, tokenizer, sample: Sample) -> tuple[str, bool]:
+        """The prompt as text and whether it is tokenized with the tokenizer's special tokens.
 
         A raw prompt is middle-truncated to ``max_input_tokens`` first (LongBench/InfiniteBench
         protocol: truncation before the template, as THUDM's ``pred.py``); chat messages get the
-        template with the generation prompt, or with ``chat_template="none"`` their contents
-        joined by blank lines and tokenized raw (with special tokens).
+        template with the generation prompt (no special tokens added: the template writes them), or
+        with ``chat_template="none"`` their contents joined by blank lines (with special tokens).
 
         Raises
         ------
@@ -124,22 +133,56 @@ class Task:
             if (limit := self.input_limit(sample)) is not None:
                 text = middle_truncate(tokenizer, text, limit, self.add_special_tokens)
             if not sample.chat_template:
-                ids = tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"]
-                return torch.tensor([ids], dtype=torch.long)
+                return text, self.add_special_tokens
             messages = [{"role": "user", "content": text}]
         if self.chat_template == "none":
-            text = "\n\n".join(m["content"] for m in messages)
-            return torch.tensor([tokenizer(text, add_special_tokens=True)["input_ids"]], dtype=torch.long)
+            return "\n\n".join(m["content"] for m in messages), True
         if getattr(tokenizer, "chat_template", None) is None:
             name = getattr(tokenizer, "name_or_path", "the model")
             raise KVBenchError(
                 f"the tokenizer of {name} has no chat template (a base model?); run with "
                 f"task.chat_template=none to give it the raw prompt (recorded in the run's protocol)"
             )
-        enc = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        return enc["input_ids"]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), False
+
+    def encode(self, tokenizer, sample: Sample) -> torch.Tensor:
+        """Prompt ids ``[1, prompt]``: :meth:`render`, tokenized.
+
+        Raises
+        ------
+        tasks.errors.KVBenchError
+            As :meth:`render`.
+        """
+        text, special = self.render(tokenizer, sample)
+        return torch.tensor([tokenizer(text, add_special_tokens=special)["input_ids"]], dtype=torch.long)
+
+    def question_start(self, tokenizer, sample: Sample, ids: torch.Tensor) -> int:
+        """Index of the question's first token in the prompt ``ids`` ``[1, prompt]`` (:meth:`encode`):
+        a query-agnostic run (``query_aware=false``) compresses the tokens before it (the context)
+        and appends the rest (question, answer prefix, the template's generation prompt) after
+        compression. The question is the prompt text's last occurrence of ``sample.question``
+        (stripped); a token that straddles its start goes with the question.
+
+        Raises
+        ------
+        tasks.errors.KVBenchError
+            If the task gives the sample no question (no context/question split), or the question
+            cannot be found in the rendered prompt or leaves no context before it.
+        """
+        if not sample.question:
+            raise KVBenchError(
+                f"task {self.name} has no context/question split (sample {sample.id}); "
+                "run it with task.query_aware=true"
+            )
+        text, special = self.render(tokenizer, sample)
+        at = text.rfind(sample.question.strip())
+        enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+        if at < 0 or enc["input_ids"] != ids[0].tolist():
+            raise KVBenchError(f"task {self.name}: the question of sample {sample.id} is not in its prompt")
+        start = next(i for i, (_, end) in enumerate(enc["offset_mapping"]) if end > at)
+        if start < 1:
+            raise KVBenchError(f"task {self.name}: sample {sample.id} has no context before its question")
+        return start
 
     def protocol(self) -> dict:
         """The protocol facts recorded with every result (template, truncation, EOS set ...)."""
@@ -148,6 +191,7 @@ class Task:
             "max_input_tokens": self.max_input_tokens,
             "min_new_tokens": self.min_new_tokens,
             "add_special_tokens": self.add_special_tokens,
+            "query_aware": self.query_aware,
         }
 
     def score(self, predictions: list[str], samples: list[Sample]) -> tuple[dict[str, float], list[dict]]:

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import torch
-
 from tasks.base import Sample, Task, check_chat_template, check_limit
 from tasks.errors import KVBenchError
 from tasks.generators import ruler_data
@@ -66,6 +64,9 @@ class Ruler(Task):
         qa_2's file in ``<data_dir>/ruler/`` or an absolute path (the full dev file gives RULER's pool).
     context_tokens : int | None
         The model's context window (``${model.max_context}``).
+    query_aware : bool
+        False (kvpress's default): the context is compressed, then the question and answer prefix
+        are appended; True: the whole prompt is compressed (``Task.question_start``).
     """
 
     name: ClassVar[str] = "ruler"
@@ -78,6 +79,7 @@ class Ruler(Task):
     chat_template: str = "auto"
     hotpotqa_file: str = ruler_data.HOTPOTQA
     context_tokens: int | None = None
+    query_aware: bool = False
     max_new_tokens: int = max(TOKENS_TO_GENERATE.values())
     source: str = field(default="", init=False)
 
@@ -102,20 +104,21 @@ class Ruler(Task):
         self.inputs = Inputs(self.data_dir, self.seed, self.hotpotqa_file, self.limit)
         self.tokenizer_name = None
 
-    def _ids(self, tokenizer, context: str, question: str, prefix: str) -> list[int]:
+    def _text(self, tokenizer, context: str, question: str, prefix: str) -> tuple[str, bool]:
         if self.chat_template == "none":
-            return tokenizer(context + question + prefix, add_special_tokens=True)["input_ids"]
+            return context + question + prefix, True
         messages = [{"role": "user", "content": context + question}]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return tokenizer(text + prefix, add_special_tokens=False)["input_ids"]
+        return text + prefix, False
 
     def _count(self, tokenizer, row: RulerRow) -> int:
-        return len(self._ids(tokenizer, row.context, row.question, row.answer_prefix))
+        text, special = self._text(tokenizer, row.context, row.question, row.answer_prefix)
+        return len(tokenizer(text, add_special_tokens=special)["input_ids"])
 
-    def encode(self, tokenizer, sample: Sample) -> torch.Tensor:
-        """Prompt ids ``[1, prompt]``: the raw text, or the chat template around context + question
-        followed by the answer prefix (``chat_template=auto``)."""
-        return torch.tensor([self._ids(tokenizer, *split(sample))], dtype=torch.long)
+    def render(self, tokenizer, sample: Sample) -> tuple[str, bool]:
+        """The prompt text: the raw text (with special tokens), or the chat template around context
+        + question followed by the answer prefix (``chat_template=auto``)."""
+        return self._text(tokenizer, *split(sample))
 
     def sample_seed(self, task: str, length: int, index: int) -> str:
         """The seed of one sample (``random.Random`` hashes a string seed with SHA-512: stable)."""
@@ -167,6 +170,7 @@ class Ruler(Task):
                     chat_template=self.chat_template == "auto",
                     max_new_tokens=budget,
                     meta=meta | row.meta,
+                    question=row.question,
                 )
             )
         return samples

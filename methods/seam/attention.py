@@ -8,6 +8,8 @@ them, and this function owns causality. The :class:`~methods.seam.cache.Compress
   code path computes prefill output uncompressed) by fused causal SDPA, or on a sliding-window
   layer / with logit soft-capping by :func:`prefill_attention`'s chunked path; then the layer's
   rule (the method, or ``methods.seam.sliding`` on a sliding layer) scores and compresses the layer.
+- Chunk (several tokens on a prefilled layer: a question appended after the context was compressed):
+  one decode step per token (``methods.seam.step.chunk_step``).
 - Decode step: explicit attention over the slots with the ``log_weight`` bias
   (``kernels.decode_attention``), whose probabilities the method uses to update its scores
   before evicting/merging (ZSMerge Algorithm 1 order). Methods that need no probabilities get
@@ -20,7 +22,7 @@ import torch
 from transformers import AttentionInterface
 
 from methods.seam.cache import CompressedCache
-from methods.seam.step import decode_step, prefill_attention, prefill_step
+from methods.seam.step import chunk_step, decode_step, prefill_attention, prefill_step
 
 __all__ = ["ATTN_IMPLEMENTATION", "kvbench_attention", "prefill_attention"]
 
@@ -50,7 +52,8 @@ def kvbench_attention(
     query : torch.Tensor
         ``[batch, q_heads, q_len, head_dim]`` post-RoPE.
     key, value : torch.Tensor
-        ``[batch, kv_heads, slots, head_dim]``: the layer's slots after appending this call's tokens.
+        ``[batch, kv_heads, slots, head_dim]``: the layer's slots after appending this call's tokens
+        (a chunk on a prefilled layer, or a ragged layer: this call's tokens only).
     attention_mask : torch.Tensor | None
         Must be None (padding is not supported by this function yet).
     scaling : float | None
@@ -77,8 +80,6 @@ def kvbench_attention(
     RuntimeError
         If the module's ``softcap`` / ``sliding_window`` differ from what the cache was built
         for (the config and the modelling code disagree).
-    NotImplementedError
-        For a multi-token forward on an already filled layer (chunked prefill).
     """
     if kvbench_cache is None:
         raise ValueError("the 'kvbench' attention needs kvbench_cache=<CompressedCache> in the forward call")
@@ -91,8 +92,8 @@ def kvbench_attention(
         out = prefill_step(layer, query, key, value, scale)
     elif query.shape[2] == 1:
         out = decode_step(layer, query, scale)
-    else:
-        raise NotImplementedError("chunked prefill on a filled compressed cache is not supported")
+    else:  # a chunk after the compressed prompt (the question of a query-agnostic run)
+        out = chunk_step(layer, query, key, value, scale)
     if kvbench_observer is not None:
         q_len = query.shape[2]
         kvbench_observer(module.layer_idx, query, key[:, :, -q_len:], value[:, :, -q_len:], out, scale)

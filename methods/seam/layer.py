@@ -155,10 +155,16 @@ class CompressedLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append new tokens' keys/values ``[batch, kv_heads, new, head_dim]``; return all slots."""
+        """Append new tokens' keys/values ``[batch, kv_heads, new, head_dim]``; return all slots.
+
+        Several tokens on a prefilled layer are a chunk (a question appended after the context was
+        compressed): nothing is appended here and the new keys/values are returned as they came;
+        the attention appends them one at a time (``methods.seam.step.chunk_step``)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[2]
+        if self.prefilled and new > 1:
+            return key_states, value_states
         if self.ragged is not None:  # heads of different lengths: the attention reads the packed store
             if new != 1:
                 raise NotImplementedError("a ragged layer takes one token per decode step")

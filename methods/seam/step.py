@@ -134,3 +134,41 @@ def decode_step(layer: CompressedLayer, query: torch.Tensor, scaling: float) -> 
     out, scores = attend(layer, query, scaling)
     update(layer, scores)
     return out
+
+
+def chunk_step(
+    layer: CompressedLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """A chunk of tokens appended to a compressed layer (a question after its context was compressed,
+    ``task.query_aware=false``): each token in turn is appended and takes one :func:`decode_step`, so
+    it attends to the kept slots and to the chunk's earlier tokens (causal), at positions that
+    continue the prompt's, and the layer's rule then runs as in any decode step. A method that only
+    compresses the prompt keeps the whole chunk (the output equals causal attention of the chunk over
+    the kept slots and itself); a method whose budget holds in decoding evicts/merges to its bound
+    after each token, as it does while generating (docs/methods.md, "The question after
+    compression").
+
+    Each layer runs its tokens in order before the next layer starts; this equals feeding the chunk
+    one token per forward, since a layer's slots depend only on its own keys, values and attention.
+
+    Parameters
+    ----------
+    layer : CompressedLayer
+        A prefilled layer (the chunk not yet appended: ``CompressedLayer.update`` defers it).
+    query : torch.Tensor
+        ``[batch, q_heads, chunk, head_dim]`` post-RoPE.
+    key, value : torch.Tensor
+        ``[batch, kv_heads, chunk, head_dim]``: the chunk's keys (post-RoPE) and values.
+    scaling : float
+        Softmax scale.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, q_heads, chunk, head_dim]``.
+    """
+    rows = []
+    for i in range(query.shape[2]):
+        layer.update(key[:, :, i : i + 1], value[:, :, i : i + 1])
+        rows.append(decode_step(layer, query[:, :, i : i + 1], scaling))
+    return torch.cat(rows, dim=2)
