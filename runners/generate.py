@@ -115,6 +115,9 @@ class ModelRun:
     backend : str | None
         ``eager`` or ``compiled`` decode steps (:func:`compiled_forward`); None: the configured
         one (:func:`set_decode_backend`). An observer forces eager steps (it is Python called per layer).
+    cache : CompressedCache | None
+        A cache that already holds a prefilled prompt (a shared prefill,
+        ``runners.shared_prefill``); ``method``, ``budget`` and ``max_tokens`` are then its own.
 
     Raises
     ------
@@ -136,10 +139,11 @@ class ModelRun:
         max_tokens: int | None = None,
         observer=None,
         backend: str | None = None,
+        cache: CompressedCache | None = None,
     ) -> None:
         self.model, self.observer = model, observer
-        self.cache = CompressedCache.for_model(model, method, budget, max_tokens)
-        self.seen = 0
+        self.cache = CompressedCache.for_model(model, method, budget, max_tokens) if cache is None else cache
+        self.seen = self.cache.get_seq_length()
         self.backend = get_decode_backend() if backend is None else backend
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
@@ -253,15 +257,54 @@ def greedy_generate(
     if question_start is not None and not 0 < question_start < input_ids.shape[1]:
         raise ValueError(f"question_start must be in [1, {input_ids.shape[1] - 1}], got {question_start}")
     run = ModelRun(model, method, budget, input_ids.shape[1] + max_new_tokens - 1, observer)
+    start = time.perf_counter()
+    logits = run.prefill(input_ids if question_start is None else input_ids[:, :question_start])
+    return finish_generation(
+        run, input_ids, logits, budget, max_new_tokens, eos_token_ids, time.perf_counter() - start,
+        on_step, min_new_tokens,
+    )  # fmt: skip
+
+
+@torch.inference_mode()
+def finish_generation(
+    run: ModelRun,
+    input_ids: torch.Tensor,
+    logits: torch.Tensor,
+    budget: int | None,
+    max_new_tokens: int,
+    eos_token_ids: set[int],
+    prefill_seconds: float = 0.0,
+    on_step=None,
+    min_new_tokens: int = 0,
+) -> GenerationResult:
+    """Greedy decoding after a prefill: the rest of the prompt (``input_ids[:, run.seen:]``, the
+    question of a query-agnostic run) is appended as one chunk, then tokens are generated.
+
+    Parameters
+    ----------
+    run : ModelRun
+        Its cache holds the prefilled prompt tokens (by :meth:`ModelRun.prefill`, or by a shared
+        prefill: ``runners.shared_prefill``).
+    input_ids : torch.Tensor
+        ``[1, prompt]`` the whole prompt.
+    logits : torch.Tensor
+        ``[1, vocab]`` logits of the last prefilled position.
+    prefill_seconds : float
+        Seconds already spent on the prefill; the chunk's time is added.
+    budget, max_new_tokens, eos_token_ids, on_step, min_new_tokens
+        As :func:`greedy_generate`.
+
+    Returns
+    -------
+    GenerationResult
+    """
     cache = run.cache
     start = time.perf_counter()
-    if question_start is None:
-        logits = run.prefill(input_ids)
-    else:
-        run.prefill(input_ids[:, :question_start])
-        logits = run.append(input_ids[:, question_start:])
+    if run.seen < input_ids.shape[1]:
+        logits = run.append(input_ids[:, run.seen :])
     token = _pick(logits[0], eos_token_ids, min_new_tokens > 0)
-    result = GenerationResult(tokens=[token], prefill_seconds=time.perf_counter() - start, budget=budget)
+    seconds = prefill_seconds + time.perf_counter() - start
+    result = GenerationResult(tokens=[token], prefill_seconds=seconds, budget=budget)
     result.prefill_slots = [layer.real_slots() for layer in cache.layers]
     result.prefill_head_slots = cache.head_spread()
     if on_step is not None:

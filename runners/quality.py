@@ -36,6 +36,23 @@ def stop_token_ids(tokenizer, strings: tuple[str, ...]) -> set[int]:
     return {tokenizer.encode(text, add_special_tokens=False)[-1] for text in strings}
 
 
+def check_lengths(cfg: DictConfig, task: Task, samples: list, prompts: list) -> None:
+    """Check that every prompt plus its new tokens fits the model's context (``model.max_context``).
+
+    Raises
+    ------
+    KVBenchError
+        Naming the longest prompt that does not fit.
+    """
+    need, longest, new = max((p.shape[1] + task.max_new(s), p.shape[1], task.max_new(s))
+                             for p, s in zip(prompts, samples, strict=True))  # fmt: skip
+    if need > cfg.model.max_context:
+        raise KVBenchError(
+            f"a prompt of {longest} tokens + {new} new tokens exceeds the context of "
+            f"{cfg.model.name} ({cfg.model.max_context} tokens); lower task.max_input_tokens or the length"
+        )
+
+
 def question_starts(tokenizer, task: Task, samples: list, prompts: list) -> list[int | None]:
     """Where each prompt's question starts (``Task.question_start``) when the task is run
     query-agnostic (``task.query_aware=false``: the context is compressed, then the question is
@@ -122,6 +139,46 @@ def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device:
     }
 
 
+def prediction_row(tokenizer, sample, ids: torch.Tensor, start: int | None, res: GenerationResult) -> dict:
+    """The line a quality run stores for one sample (``predictions.jsonl``)."""
+    return {
+        "id": sample.id,
+        "prediction": tokenizer.decode(res.tokens, skip_special_tokens=True).strip(),
+        "references": sample.references,
+        "meta": sample.meta,
+        "prompt_tokens": ids.shape[1],
+        "question_start": start,
+        "generated_tokens": len(res.tokens),
+        "budget_slots": res.budget,
+        "slots_end": res.slots[0],
+        "kv_bytes_end": res.kv_bytes,
+        "allocated_bytes_end": res.allocated_bytes,
+        "prefill_head_slots": [list(s) for s in res.prefill_head_slots],
+        "fullkv_bytes_end": res.fullkv_bytes,
+        "prefill_seconds": res.prefill_seconds,
+        "decode_seconds": sum(res.step_seconds),
+    }
+
+
+def close_record(
+    record: dict,
+    task: Task,
+    samples: list,
+    prompts: list,
+    results: list[GenerationResult],
+    predictions: list[dict],
+    device: torch.device,
+) -> None:
+    """Score the predictions (each line gets its ``metrics``) and set the record's status, metrics
+    and efficiency."""
+    metrics, per_sample = task.score([p["prediction"] for p in predictions], samples)
+    for p, m in zip(predictions, per_sample, strict=True):
+        p["metrics"] = m
+    record.update(
+        status="ok", metrics=metrics, efficiency=_efficiency(results, [p.shape[1] for p in prompts], device)
+    )
+
+
 def run_quality(cfg: DictConfig) -> dict:
     """Run (or reuse) one quality job and return its record.
 
@@ -137,13 +194,7 @@ def run_quality(cfg: DictConfig) -> dict:
     store, rid, done = stored_run(cfg, config, print_summary, samples)
     if done is not None:
         return done
-    need, longest, new = max((p.shape[1] + task.max_new(s), p.shape[1], task.max_new(s))
-                             for p, s in zip(prompts, samples, strict=True))  # fmt: skip
-    if need > cfg.model.max_context:
-        raise KVBenchError(
-            f"a prompt of {longest} tokens + {new} new tokens exceeds the context of "
-            f"{cfg.model.name} ({cfg.model.max_context} tokens); lower task.max_input_tokens or the length"
-        )
+    check_lengths(cfg, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
     budgets = check_budgets(cfg, method, config["budget"], samples, prompts, task, starts)
     print(f"loading model {cfg.model.name}", flush=True)
@@ -177,33 +228,7 @@ def run_quality(cfg: DictConfig) -> dict:
                 question_start=start,
             )
             results.append(res)
-            text = tokenizer.decode(res.tokens, skip_special_tokens=True).strip()
-            predictions.append(
-                {
-                    "id": sample.id,
-                    "prediction": text,
-                    "references": sample.references,
-                    "meta": sample.meta,
-                    "prompt_tokens": ids.shape[1],
-                    "question_start": start,
-                    "generated_tokens": len(res.tokens),
-                    "budget_slots": res.budget,
-                    "slots_end": res.slots[0],
-                    "kv_bytes_end": res.kv_bytes,
-                    "allocated_bytes_end": res.allocated_bytes,
-                    "prefill_head_slots": [list(s) for s in res.prefill_head_slots],
-                    "fullkv_bytes_end": res.fullkv_bytes,
-                    "prefill_seconds": res.prefill_seconds,
-                    "decode_seconds": sum(res.step_seconds),
-                }
-            )
-        metrics, per_sample = task.score([p["prediction"] for p in predictions], samples)
-        for p, m in zip(predictions, per_sample, strict=True):
-            p["metrics"] = m
-        record.update(
-            status="ok",
-            metrics=metrics,
-            efficiency=_efficiency(results, [p.shape[1] for p in prompts], model.device),
-        )
+            predictions.append(prediction_row(tokenizer, sample, ids, start, res))
+        close_record(record, task, samples, prompts, results, predictions, model.device)
     print_summary(record)
     return record

@@ -16,6 +16,7 @@ from runners.efficiency import run_efficiency
 from runners.generate import set_decode_backend
 from runners.oom import run_oom
 from runners.quality import run_quality
+from runners.quality_grid import run_quality_grid
 from runners.record import in_multirun, record_failure
 from tasks.errors import KVBenchError
 
@@ -24,6 +25,7 @@ RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
     "error": run_attention_error,
     "oom": run_oom,
     "quality": run_quality,
+    "quality_grid": run_quality_grid,
     "train_less": run_train_less,
 }
 

@@ -1,0 +1,207 @@
+"""Quality runs of a grid of settings with one prefill per sample (``runner=quality_grid``).
+
+``python run.py runner=quality_grid task=ruler 'runner.methods=[fullkv,snapkv,tova]'
+'runner.compression_ratios=[0.25,0.5,0.75]'`` stores one quality record per (method, budget), under
+the run id that ``python run.py method=<m> compression_ratio=<r> task=ruler`` would give it (the same
+config: the job's other overrides, the method preset, the ratio or budget). Settings already finished
+are skipped; FullKV, which ignores the budget, runs once. Per sample the model's prefill forward runs
+once for every setting (``runners.shared_prefill``): the prompt's hidden states do not depend on the
+method, since every method computes prefill attention uncompressed. Each setting's tokens are those of
+its own run; its timings are not (``efficiency.prefill_shared_by`` says by how many settings the
+prefill forward, their compression included, was shared).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, ListConfig
+from tqdm import tqdm
+
+from methods import CompressionMethod
+from methods.seam.architecture import layer_specs
+from methods.seam.sliding import layer_protocol
+from reports.store import ResultStore, setting_id
+from runners.build import build_components, check_run, load_prompts, refuse_untrained
+from runners.generate import GenerationResult, eos_token_ids
+from runners.models import load_model
+from runners.quality import (
+    check_budgets,
+    check_lengths,
+    close_record,
+    prediction_row,
+    question_starts,
+    stop_token_ids,
+)
+from runners.record import failure, new_record, recording, run_config, stored_run
+from runners.shared_prefill import shared_generate
+from tasks.errors import KVBenchError
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+#: Overrides of the grid job that do not pass to its settings (the grid's own keys).
+GRID_KEYS = ("runner", "method", "budget", "compression_ratio")
+
+
+@dataclass
+class Setting:
+    """One (method, budget) of the grid and its run."""
+
+    cfg: DictConfig
+    preset: str
+    method: CompressionMethod
+    config: dict
+    store: ResultStore
+    rid: str
+    budgets: list[int | None] = field(default_factory=list)
+    record: dict = field(default_factory=dict)
+    results: list[GenerationResult] = field(default_factory=list)
+    predictions: list[dict] = field(default_factory=list)
+
+    def count_done(self) -> None:
+        """Set the record's ``samples_done`` (called before it is written)."""
+        self.record.update(samples_done=len(self.results))
+
+
+def _values(cfg: DictConfig) -> tuple[str, list]:
+    """The grid's budget axis: ``("compression_ratio", [...])`` or ``("budget", [...])``."""
+    ratios, budgets = cfg.runner.get("compression_ratios"), cfg.runner.get("budgets")
+    if (ratios is None) == (budgets is None):
+        raise KVBenchError("runner=quality_grid takes one of runner.compression_ratios, runner.budgets")
+    key, values = ("compression_ratio", ratios) if ratios is not None else ("budget", budgets)
+    if not isinstance(values, ListConfig) or not values:
+        raise KVBenchError(f"runner.{key}s must be a non-empty list, got {values!r}")
+    return key, list(values)
+
+
+def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
+    """``(method preset, composed config)`` of every setting: the job's overrides (those of the grid
+    itself left out) plus ``method=<preset>`` and the ratio or budget, composed as ``run.py`` composes
+    them.
+
+    Raises
+    ------
+    KVBenchError
+        For an empty or malformed grid, ``method.*`` overrides (they would apply to every preset),
+        or a preset that does not compose.
+    """
+    methods = cfg.runner.get("methods")
+    if not isinstance(methods, ListConfig) or not methods:
+        raise KVBenchError(f"runner.methods must be a non-empty list of method presets, got {methods!r}")
+    key, values = _values(cfg)
+    given = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    names = [o.split("=")[0].lstrip("+~") for o in given]
+    if bad := [o for o, n in zip(given, names, strict=True) if n.startswith("method.")]:
+        raise KVBenchError(f"runner=quality_grid runs several method presets; {bad[0]} would apply to all")
+    kept = [o for o, n in zip(given, names, strict=True) if n.split(".")[0] not in GRID_KEYS]
+    out = []
+    with contextlib.ExitStack() as stack:
+        if not GlobalHydra.instance().is_initialized():
+            stack.enter_context(initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"))
+        for preset in methods:
+            for value in values:
+                try:
+                    overrides = [*kept, f"method={preset}", f"{key}={value}"]
+                    out.append((preset, compose("config", overrides=overrides)))
+                except Exception as err:
+                    raise KVBenchError(f"runner.methods: {preset} with {key}={value}: {err}") from err
+    return out
+
+
+def _prepare(cfg: DictConfig) -> tuple[list[Setting], list[dict], tuple]:
+    """Build and check every setting (no model): the ones to run, the finished records, and the
+    shared ``(task, tokenizer, samples, prompts)``."""
+    settings, finished, seen, shared = [], [], set(), None
+    for preset, scfg in setting_configs(cfg):
+        check_run(scfg)
+        refuse_untrained(scfg)
+        method, task = build_components(scfg)
+        config = run_config(scfg, method.budget_applies)
+        if setting_id(config) in seen:  # FullKV ignores the budget: one run
+            continue
+        seen.add(setting_id(config))
+        if shared is None:
+            shared = (task, *load_prompts(scfg, task))
+        store, rid, done = stored_run(scfg, config, lambda r: None, shared[2])
+        if done is not None:
+            finished.append(done)
+            continue
+        settings.append(Setting(scfg, preset, method, config, store, rid))
+    return settings, finished, shared
+
+
+def run_quality_grid(cfg: DictConfig) -> dict:
+    """Run every unfinished setting of the grid with one prefill per sample; returns a summary
+    (``status`` ok when every setting's record is ok; ``runs``: run id -> status).
+
+    Raises
+    ------
+    KVBenchError
+        For bad input (:func:`setting_configs`, and every check of a quality run), before the model
+        loads.
+    """
+    settings, finished, (task, tokenizer, samples, prompts) = _prepare(cfg)
+    check_lengths(cfg, task, samples, prompts)
+    starts = question_starts(tokenizer, task, samples, prompts)
+    for s in settings:
+        s.budgets = check_budgets(s.cfg, s.method, s.config["budget"], samples, prompts, task, starts)
+    print(f"{len(settings)} setting(s) to run, {len(finished)} already finished", flush=True)
+    if settings:
+        _run(cfg, settings, task, tokenizer, samples, prompts, starts)
+    records = finished + [s.record for s in settings]
+    for r in records:
+        first = next(iter((r.get("metrics") or {}).values()), None)
+        print(f"  {r['method']:<28} budget={r['config']['budget']!s:<6} {r['status']:<6} "
+              f"first metric {first}  run {r['run_id']}")  # fmt: skip
+    bad = [r for r in records if r["status"] != "ok"]
+    return {
+        "run_id": "grid",
+        "status": "ok" if not bad else bad[0]["status"],
+        "error": None if not bad else f"{len(bad)} setting(s) failed, first: {bad[0]['error']}",
+        "metrics": {},
+        "runs": {r["run_id"]: r["status"] for r in records},
+    }
+
+
+def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts) -> None:
+    """Load the model once and run the settings sample by sample (records written whatever happens)."""
+    print(f"loading model {cfg.model.name}", flush=True)
+    model = load_model(cfg.model, cfg.device)
+    eos = eos_token_ids(model, tokenizer)
+    protocol = task.protocol() | {"eos_token_ids": sorted(eos)} | layer_protocol(layer_specs(model))
+    grid = {"settings": len(settings), "shared_prefill": True}
+    with contextlib.ExitStack() as stack:
+        for s in settings:
+            s.record = new_record(
+                s.rid, s.config, s.method.label, task.name, model.device, data_source=task.source,
+                protocol=protocol, n_samples=len(samples), grid=grid,
+                presets={"method": s.preset, "runner": "quality"},
+            )  # fmt: skip
+            stack.enter_context(recording(s.cfg, s.store, s.record, s.predictions, s.count_done))
+        try:
+            for i, (sample, ids) in enumerate(
+                tqdm(list(zip(samples, prompts, strict=True)), desc="grid", disable=not cfg.runner.progress)
+            ):
+                results = shared_generate(
+                    model, ids.to(model.device), [(s.method, s.budgets[i]) for s in settings],
+                    task.max_new(sample), eos | stop_token_ids(tokenizer, sample.stop_strings),
+                    min_new_tokens=task.min_new_tokens, question_start=starts[i],
+                )  # fmt: skip
+                for s, res in zip(settings, results, strict=True):
+                    s.results.append(res)
+                    s.predictions.append(prediction_row(tokenizer, sample, ids, starts[i], res))
+            for s in settings:
+                close_record(s.record, task, samples, prompts, s.results, s.predictions, model.device)
+                s.record["efficiency"]["prefill_shared_by"] = len(settings)
+        except BaseException as err:  # every setting's record says how the grid ended
+            for s in settings:
+                if s.record["status"] == "running":
+                    ended = {"status": "interrupted", "error": f"{type(err).__name__}: interrupted"}
+                    s.record.update(failure(err) if isinstance(err, Exception) else ended)
+            print(f"error: the grid stopped: {type(err).__name__}: {err}", file=sys.stderr)
+            raise

@@ -1,0 +1,104 @@
+"""One prefill for several (method, budget) settings.
+
+The prefill's attention output is uncompressed in every method (``methods.seam.step.prefill_step``:
+each layer's rule compresses the layer *after* its output is computed), so the hidden states of a
+prompt's prefill are the same whatever the method and budget. A grid of settings therefore needs the
+model's prefill forward once per prompt: one forward (FullKV) whose observer hands every layer's
+queries, keys and values to each setting's own cache, where the setting's rule scores and compresses
+them exactly as in its own run (:class:`PrefillFanout`). Each setting then appends its question chunk
+(query-agnostic runs) and decodes on its own cache (``runners.generate.finish_generation``): its
+tokens are those of its own :func:`~runners.generate.greedy_generate` run (tests check it).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from methods import CompressedCache, CompressionMethod, FullKV
+from methods.seam.step import prefill_step
+from runners.generate import GenerationResult, ModelRun, finish_generation
+
+
+class PrefillFanout:
+    """Observer of one prefill forward (``kvbench_observer``, ``methods.seam.attention``): each layer's
+    prompt queries ``[batch, q_heads, prompt, head_dim]`` and keys/values ``[batch, kv_heads, prompt,
+    head_dim]`` go to the same layer of every cache, whose rule scores and compresses them
+    (:func:`~methods.seam.step.prefill_step` without output).
+
+    Parameters
+    ----------
+    caches : list[CompressedCache]
+        Empty caches, one per setting.
+    """
+
+    def __init__(self, caches: list[CompressedCache]) -> None:
+        self.caches = caches
+
+    def __call__(self, layer_idx: int, query, keys, values, out, scale: float) -> None:
+        """Feed one layer's prefill call to every cache (a decode call is not expected)."""
+        for cache in self.caches:
+            layer = cache.layers[layer_idx]
+            if layer.prefilled:
+                raise RuntimeError("PrefillFanout observes a prefill only")
+            layer.update(keys, values)
+            prefill_step(layer, query, None, None, scale)
+
+
+@torch.inference_mode()
+def shared_generate(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    settings: list[tuple[CompressionMethod, int | None]],
+    max_new_tokens: int,
+    eos_token_ids: set[int],
+    min_new_tokens: int = 0,
+    question_start: int | None = None,
+) -> list[GenerationResult]:
+    """Greedy decoding of one prompt under several settings with one prefill forward.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A causal LM loaded with ``attn_implementation="kvbench"``.
+    input_ids : torch.Tensor
+        ``[1, prompt]`` token ids.
+    settings : list[tuple[CompressionMethod, int | None]]
+        ``(method, slot budget)`` per setting (budgets resolved for this prompt).
+    max_new_tokens, eos_token_ids, min_new_tokens, question_start
+        As :func:`runners.generate.greedy_generate`.
+
+    Returns
+    -------
+    list[GenerationResult]
+        One per setting, in order. ``prefill_seconds`` is the shared forward's wall time (every
+        setting's compression included) plus the setting's own question chunk.
+
+    Raises
+    ------
+    ValueError
+        If the batch size is not 1, no setting is given, or ``question_start`` is out of range.
+    """
+    if input_ids.shape[0] != 1 or not settings:
+        raise ValueError("shared_generate takes one prompt and at least one setting")
+    if question_start is not None and not 0 < question_start < input_ids.shape[1]:
+        raise ValueError(f"question_start must be in [1, {input_ids.shape[1] - 1}], got {question_start}")
+    most = input_ids.shape[1] + max_new_tokens - 1
+    caches = [CompressedCache.for_model(model, method, budget, most) for method, budget in settings]
+    prefix = input_ids if question_start is None else input_ids[:, :question_start]
+    driver = ModelRun(model, FullKV(), None, prefix.shape[1], observer=PrefillFanout(caches))
+    start = time.perf_counter()
+    logits = driver.prefill(prefix)
+    seconds = time.perf_counter() - start
+    del driver
+    results = []
+    for (method, budget), cache in zip(settings, caches, strict=True):
+        run = ModelRun(model, method, budget, cache=cache)
+        results.append(
+            finish_generation(
+                run, input_ids, logits, budget, max_new_tokens, eos_token_ids, seconds,
+                min_new_tokens=min_new_tokens,
+            )
+        )  # fmt: skip
+    return results
