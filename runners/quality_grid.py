@@ -109,7 +109,8 @@ def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
                     overrides = [*kept, f"method={preset}", f"{key}={value}"]
                     out.append((preset, compose("config", overrides=overrides)))
                 except Exception as err:
-                    raise KVBenchError(f"runner.methods: {preset} with {key}={value}: {err}") from err
+                    first = str(err).splitlines()[0]
+                    raise KVBenchError(f"runner.methods: {preset} with {key}={value}: {first}") from err
     return out
 
 

@@ -67,6 +67,13 @@ BAD_INPUT = [
     ),
     (["method=layer_ratios", "method.ratios=[1,2]"], "ratios has 2 entries; the model has 30 layers"),
     (["method=adakv_snapkv", "method.alpha_safeguard=2"], "alpha_safeguard must be in [0, 1], got 2"),
+    (["compression_ratio=1.0"], "compression_ratio must be in [0, 1) (the fraction removed), got 1.0"),
+    (["compression_ratio=0.5", "budget_unit=context"], "compression_ratio is a fraction of the prompt"),
+    (["compression_ratio=0.75", "budget=0.5"], "not both (compression_ratio=0.75 is budget=0.25)"),
+    (["runner=quality_grid", "runner.methods=[]"], "runner.methods must be a non-empty list"),
+    (["runner=quality_grid", "runner.budgets=[0.1]"], "one of runner.compression_ratios, runner.budgets"),
+    (["runner=quality_grid", "method.alpha=0.5"], "method.alpha=0.5 would apply to all"),
+    (["runner=quality_grid", "runner.methods=[snapkv,nosuch]"], "runner.methods: nosuch with"),
 ]
 if not torch.cuda.is_available():
     BAD_INPUT.append((["device=cuda"], "device=cuda, but CUDA is not available"))

@@ -3,6 +3,9 @@ bytes are those of its own run."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -31,9 +34,8 @@ def test_shared_prefill_equals_each_settings_own_run(tiny_model, start):
     shared = shared_generate(tiny_model, ids, grid, NEW, {2}, question_start=start)
     own = own_runs(tiny_model, ids, settings(20), start)
     for (method, _), a, b in zip(grid, shared, own, strict=True):
-        assert (a.tokens, a.slots, a.kv_bytes, a.allocated_bytes) == (b.tokens, b.slots, b.kv_bytes,
-                                                                       b.allocated_bytes), method.label  # fmt: skip
-        assert a.prefill_slots == b.prefill_slots and a.prefill_head_slots == b.prefill_head_slots
+        fields = ("tokens", "slots", "kv_bytes", "allocated_bytes", "prefill_slots", "prefill_head_slots")
+        assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields], method.label
     assert len({tuple(r.tokens) for r in shared}) > 1  # the settings do differ
 
 
@@ -45,3 +47,35 @@ def test_shared_prefill_on_sliding_layers_with_softcap():
     shared = shared_generate(model, ids, grid, NEW, {2}, question_start=PROMPT - QUESTION)
     own = own_runs(model, ids, grid, PROMPT - QUESTION)
     assert [(r.tokens, r.slots) for r in shared] == [(r.tokens, r.slots) for r in own]
+
+
+def read_runs(results: Path) -> dict[str, tuple[dict, list[dict]]]:
+    """Run id -> (record, prediction lines) of a result store."""
+    out = {}
+    for path in (results / "runs").glob("*/record.json"):
+        lines = (path.parent / "predictions.jsonl").read_text().splitlines()
+        out[path.parent.name] = (json.loads(path.read_text()), [json.loads(x) for x in lines])
+    return out
+
+
+@pytest.mark.integration
+def test_grid_records_are_the_single_runs_records(run_py, data_dir, tmp_path):
+    """``runner=quality_grid`` on RULER (query-agnostic) stores each setting under the id of its own
+    run, with its predictions; FullKV runs once."""
+    common = ("task=ruler", "task.tasks=[niah_single_1]", "task.lengths=[1024]", "task.limit=2")
+    grid = run_py("runner=quality_grid", *common, "runner.methods=[fullkv,snapkv]",
+                  "runner.compression_ratios=[0.5,0.75]", data_dir=str(data_dir))  # fmt: skip
+    assert grid.returncode == 0, grid.stderr
+    runs = read_runs(tmp_path / "results")
+    assert sorted((r["method"], r["config"]["budget"]) for r, _ in runs.values()) == [
+        ("fullkv", None), ("snapkv", 0.25), ("snapkv", 0.5)
+    ]  # fmt: skip
+    assert all(r["efficiency"]["prefill_shared_by"] == 3 for r, _ in runs.values())
+    assert all(r["protocol"]["query_aware"] is False for r, _ in runs.values())
+    single = run_py("method=snapkv", "compression_ratio=0.75", *common,
+                    f"paths.results_dir={tmp_path / 'single'}", data_dir=str(data_dir))  # fmt: skip
+    assert single.returncode == 0, single.stderr
+    ((rid, (_, lines)),) = read_runs(tmp_path / "single").items()
+    keys = ("prediction", "budget_slots", "kv_bytes_end", "question_start", "prompt_tokens")
+    assert [[p[k] for k in keys] for p in lines] == [[p[k] for k in keys] for p in runs[rid][1]]
+    assert lines[0]["question_start"] < lines[0]["prompt_tokens"]
