@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from tasks.errors import KVBenchError
-from tasks.truncation import middle_truncate
+from tasks.truncation import kept_question, middle_truncate
 
 
 @dataclass
@@ -161,7 +161,9 @@ class Task:
         a query-agnostic run (``query_aware=false``) compresses the tokens before it (the context)
         and appends the rest (question, answer prefix, the template's generation prompt) after
         compression. The question is the prompt text's last occurrence of ``sample.question``
-        (stripped); a token that straddles its start goes with the question.
+        (stripped), or of the part of it that middle truncation kept (``tasks.truncation.
+        kept_question``: a question longer than the kept tail starts at the seam); a token that
+        straddles its start goes with the question.
 
         Raises
         ------
@@ -174,8 +176,12 @@ class Task:
                 f"task {self.name} has no context/question split (sample {sample.id}); "
                 "run it with task.query_aware=true"
             )
+        question = sample.question
+        if sample.prompt_text is not None and (limit := self.input_limit(sample)) is not None:
+            truncated = middle_truncate(tokenizer, sample.prompt_text, limit, self.add_special_tokens)
+            question = kept_question(truncated, question)
         text, special = self.render(tokenizer, sample)
-        at = text.rfind(sample.question.strip())
+        at = text.rfind(question.strip())
         enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
         if at < 0 or enc["input_ids"] != ids[0].tolist():
             raise KVBenchError(f"task {self.name}: the question of sample {sample.id} is not in its prompt")
@@ -212,6 +218,24 @@ def check_chat_template(value: str, choices: tuple[str, ...] = CHAT_TEMPLATE_CHO
     """
     if value not in choices:
         raise ValueError(f"task.chat_template must be one of {choices}, got {value!r}")
+
+
+def check_query_aware(value: object, no_split: str | None = None) -> None:
+    """Validate ``task.query_aware``; ``no_split`` says why a task has no context/question split
+    (then only ``true`` is allowed: the whole prompt is compressed).
+
+    Raises
+    ------
+    ValueError
+        If ``value`` is not a boolean, or is false for a task without a split.
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"task.query_aware must be true or false, got {value!r}")
+    if not value and no_split:
+        raise ValueError(
+            f"task.query_aware=false compresses the context and appends the question, but {no_split}; "
+            "run it with task.query_aware=true (the whole prompt compressed)"
+        )
 
 
 def check_limit(limit: int | None, max_new_tokens: int) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tasks.base import Sample, Task, check_chat_template, check_limit
+from tasks.base import Sample, Task, check_chat_template, check_limit, check_query_aware
 from tasks.data import load_rows, read_jsonl
 from tasks.errors import KVBenchError
 from tasks.generators import gsm_symbolic
@@ -42,6 +42,9 @@ SYMBOLIC_INSTRUCTION = (
     "{problem}\n\n{question}\n\nWork out the value of every variable you need, then list the "
     "variables that are equal to the value."
 )
+
+#: Why ``query_aware=false`` is refused (``tasks.base.check_query_aware``).
+NO_SPLIT = "gsm_infinite marks no context/question split (hub rows are whole chat messages)"
 
 
 def zsmerge_sample(rows: list[dict], per_op_limit: int) -> list[dict]:
@@ -77,6 +80,8 @@ class GSMInfinite(Task):
         Prompt length (tokens) of generated symbolic problems.
     symbolic_per_op : int
         Generated problems per op (seeds ``seed`` ...).
+    query_aware : bool
+        Only true: no context/question split is marked (hub rows are whole chat messages).
     """
 
     name: ClassVar[str] = "gsm_infinite"
@@ -92,11 +97,13 @@ class GSMInfinite(Task):
     seed: int = 0
     max_new_tokens: int = 512
     chat_template: str = "auto"
+    query_aware: bool = True
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         check_limit(self.limit, self.max_new_tokens)
         check_chat_template(self.chat_template)
+        check_query_aware(self.query_aware, NO_SPLIT)
         if self.subset not in ("medium", "hard", "symbolic"):
             raise ValueError(f"task.subset must be medium, hard or symbolic, got {self.subset!r}")
         if self.sampling not in ("zsmerge", "first"):

@@ -7,6 +7,9 @@ prompt + answer fit the model's context), greedy, ``max_new_tokens = min(int(1.2
 1024)``. Rows come from the hub (``xinrongzhang2022/InfiniteBench``, one split per task) or, for
 passkey / number_string / kv_retrieval, are generated offline at requested lengths and needle
 depths (a needle-in-a-haystack grid).
+
+Context/question split (``query_aware=false``): the question is ``"\\n\\nQuestion: " + input +
+"\\nAnswer:"``, the prompt's text after the context (:func:`question_of`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from tasks.base import Sample, Task, check_limit
+from tasks.base import Sample, Task, check_limit, check_query_aware
 from tasks.data import load_rows
 from tasks.errors import KVBenchError
 from tasks.generators.infinitebench_synthetic import SYNTHETIC_TASKS, generate
@@ -38,9 +41,14 @@ def max_new_tokens_for(task: str) -> int:
     return min(int(1.2 * AVG_OUTPUT_TOKENS[task]) + 2, 1024)
 
 
+def question_of(question: str) -> str:
+    """The prompt's text after the context: the "Question:" and "Answer:" lines."""
+    return f"\n\nQuestion: {question}\nAnswer:"
+
+
 def render(context: str, question: str) -> str:
-    """The ZSMerge prompt: context, then "Question:" and "Answer:" lines."""
-    return f"{context}\n\nQuestion: {question}\nAnswer:"
+    """The ZSMerge prompt: context, then "Question:" and "Answer:" lines (:func:`question_of`)."""
+    return context + question_of(question)
 
 
 def label_of(task: str, row: dict) -> list:
@@ -83,6 +91,9 @@ class InfiniteBench(Task):
     answer_tokens : int | None
         Overrides the per-task answer cap (e.g. 16 for a small chat model that first repeats "The
         pass key is" before the digits; the protocol's passkey cap is 4).
+    query_aware : bool
+        True: the whole prompt is compressed; False (kvpress's protocol): the context is
+        compressed, then the question and answer lines are appended (:func:`question_of`).
     """
 
     name: ClassVar[str] = "infinitebench"
@@ -99,12 +110,14 @@ class InfiniteBench(Task):
     seed: int = 0
     choice_scoring: str = "official"
     answer_tokens: int | None = None
+    query_aware: bool = True
     max_new_tokens: int = 1024
     add_special_tokens: bool = True
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         check_limit(self.limit, self.max_new_tokens)
+        check_query_aware(self.query_aware)
         names = [self.tasks] if isinstance(self.tasks, str) else list(self.tasks)
         expanded: list[str] = []
         for item in names:
@@ -182,6 +195,7 @@ class InfiniteBench(Task):
                         id=row.id,
                         references=row.answer,
                         prompt_text=render(row.context, row.input),
+                        question=question_of(row.input),
                         max_new_tokens=self.answer_tokens or max_new_tokens_for(task),
                         meta={"task": task, "length": tokens, "depth": depth, "label": row.answer},
                     )
@@ -207,6 +221,7 @@ class InfiniteBench(Task):
                         id=f"{task}-{row.get('id', i)}",
                         references=[str(x) for x in label],
                         prompt_text=render(row["context"], row["input"]),
+                        question=question_of(row["input"]),
                         max_new_tokens=self.answer_tokens or max_new_tokens_for(task),
                         meta={"task": task, "label": label},
                     )

@@ -6,6 +6,9 @@ and at least one token (``min_length = context + 1``), first-line post-processin
 trec/triviaqa/samsum/lsht, per-example max over references, per-subset 100 x mean. Both protocol
 tables are read from data files (``longbench/dataset2prompt.json``, ``dataset2maxlen.json``), never
 retyped. LongBench-E subsets (``<name>_e``) are also scored per length bucket.
+
+Context/question split (``query_aware=false``): the question is the template's text after
+``{context}`` (instruction, ``{input}`` and answer prefix), filled (:func:`question_of`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tasks.base import Sample, Task, check_chat_template, check_limit
+from tasks.base import Sample, Task, check_chat_template, check_limit, check_query_aware
 from tasks.data import load_rows, read_jsonl
 from tasks.errors import KVBenchError
 from tasks.metrics.longbench_metrics import METRICS
@@ -82,6 +85,19 @@ def resolve_subsets(selection: str | list[str], local: list[str]) -> list[str]:
     return out
 
 
+def question_of(template: str, row: dict) -> str | None:
+    """The question part of a ``dataset2prompt`` prompt: the template's text after its (last)
+    ``{context}``, filled from ``row``; the filled template ends with it.
+
+    Returns None (no context/question split) when the template has no ``{context}``, nothing but
+    blanks after it, or its ``{input}`` before it.
+    """
+    head, found, tail = template.rpartition("{context}")
+    if not found or not tail.strip() or "{input}" in head:
+        return None
+    return tail.format(**row)
+
+
 def first_line(prediction: str) -> str:
     """``pred.lstrip('\\n').split('\\n')[0]``."""
     return prediction.lstrip("\n").split("\n")[0]
@@ -119,6 +135,9 @@ class LongBench(Task):
     tables_dir : str | None
         Directory of ``dataset2prompt.json`` / ``dataset2maxlen.json`` (default
         ``<data_dir>/longbench``).
+    query_aware : bool
+        True: the whole prompt is compressed; False (kvpress's protocol): the context is
+        compressed, then the template's text after ``{context}`` is appended (:func:`question_of`).
     """
 
     name: ClassVar[str] = "longbench"
@@ -130,6 +149,7 @@ class LongBench(Task):
     chat_template: str = "thudm"
     samsum_newline_eos: bool = True
     tables_dir: str | None = None
+    query_aware: bool = True
     max_new_tokens: int = 512
     min_new_tokens: int = 1
     source: str = field(default="", init=False)
@@ -137,6 +157,7 @@ class LongBench(Task):
     def __post_init__(self) -> None:
         check_limit(self.limit, self.max_new_tokens)
         check_chat_template(self.chat_template, CHAT_TEMPLATE_MODES)
+        check_query_aware(self.query_aware)
         if self.max_input_tokens is not None and self.max_input_tokens < 2:
             raise ValueError(f"task.max_input_tokens must be >= 2, got {self.max_input_tokens}")
         self.local = self._local_rows()
@@ -204,6 +225,7 @@ class LongBench(Task):
                         id=str(row.get("_id") or f"{subset}-{i}"),
                         references=list(row["answers"]),
                         prompt_text=prompts[base].format(**row),
+                        question=question_of(prompts[base], row),
                         chat_template=self.uses_chat_template(subset),
                         max_new_tokens=int(maxlen[base]),
                         stop_strings=("\n",) if base == "samsum" and self.samsum_newline_eos else (),

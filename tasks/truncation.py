@@ -46,3 +46,35 @@ def middle_truncate(tokenizer, text: str, max_tokens: int, add_special_tokens: b
         if over <= 0 or half <= 1:
             return joined
         half -= max(1, (over + 1) // 2)
+
+
+def kept_question(truncated: str, question: str) -> str:
+    """The part of a prompt's question that middle truncation kept.
+
+    ``question`` ends the raw prompt (the text after the context, ``Sample.question``). If the
+    truncated prompt still ends with it (both stripped), it is returned as is; otherwise the truncation cut
+    into it (a question longer than the kept tail, e.g. LongBench repobench-p's in-file code under a
+    small ``max_input_tokens``) and what survives is the longest common suffix of ``truncated`` and
+    ``question``: the tail after the seam. A query-agnostic run then appends that part after
+    compressing the rest.
+
+    Parameters
+    ----------
+    truncated : str
+        The prompt after :func:`middle_truncate` (before any chat template).
+    question : str
+        The question, a suffix of the prompt before truncation.
+
+    Returns
+    -------
+    str
+        ``question``, or its suffix that ``truncated`` ends with (``question`` itself when that
+        suffix is blank, so the caller reports the question as missing).
+    """
+    if truncated.rstrip().endswith(question.strip()):
+        return question
+    n, limit = 0, min(len(truncated), len(question))
+    while n < limit and truncated[-1 - n] == question[-1 - n]:
+        n += 1
+    kept = question[len(question) - n :]
+    return kept if kept.strip() else question

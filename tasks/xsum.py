@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from rouge_score import rouge_scorer
 
-from tasks.base import Sample, Task, check_chat_template, check_limit, check_template
+from tasks.base import Sample, Task, check_chat_template, check_limit, check_query_aware, check_template
 from tasks.data import load_rows
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -61,6 +61,8 @@ class Summarization(Task):
         ``chat`` or a HELM k-shot file (XSum only).
     chat_template : str
         ``auto`` (the chat protocol uses the tokenizer's template) or ``none`` (its text raw).
+    query_aware : bool
+        Only true: the prompt has no context/question split (the article is the input).
     """
 
     name: ClassVar[str] = "summarization"
@@ -72,11 +74,15 @@ class Summarization(Task):
     instruction: str = "Summarize the following article in one sentence.\n\n{document}"
     protocol_name: str = "chat"
     chat_template: str = "auto"
+    query_aware: bool = True
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         check_limit(self.limit, self.max_new_tokens)
         check_chat_template(self.chat_template)
+        check_query_aware(
+            self.query_aware, f"{self.name} has no context/question split (its input is an article)"
+        )
         check_template(self.instruction, ("document",), "task.instruction")
         if self.protocol_name not in self.files:
             raise ValueError(
