@@ -33,11 +33,15 @@ NON_IDENTITY_RUNNER_KEYS = ("progress",)  # display only: a progress bar does no
 
 
 def run_identity(config: dict) -> dict:
-    """The part of a resolved config that defines a run (paths, loggers and data location excluded)."""
+    """The part of a resolved config that defines a run (paths, loggers and data location excluded;
+    ``task.query_aware=true``, the whole prompt compressed, is left out: runs stored before the
+    switch existed did that, and keep their ids)."""
     identity = {k: config.get(k) for k in IDENTITY_KEYS}
     identity["task"] = {
         k: v for k, v in (config.get("task") or {}).items() if k not in NON_IDENTITY_TASK_KEYS
     }
+    if identity["task"].get("query_aware") is True:  # the whole prompt compressed: what runs did before
+        del identity["task"]["query_aware"]  # the switch existed, so their ids stay
     if isinstance(config.get("runner"), dict):
         identity["runner"] = {k: v for k, v in config["runner"].items() if k not in NON_IDENTITY_RUNNER_KEYS}
     if config.get("kernels", "auto") != "auto":  # a forced decode backend is another run

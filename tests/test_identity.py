@@ -132,3 +132,13 @@ def test_changed_data_is_another_run_and_the_old_record_stays(tmp_path, data_dir
     fixed, done = stored([rows[0], rows[1].replace("a", "b", 1), rows[2]])
     assert done is None and fixed != first and fixed.split("-")[0] == first.split("-")[0]
     assert ResultStore(cfg.paths.results_dir).finished(first) == record  # the old record stays
+
+
+def test_query_aware_true_keeps_the_ids_of_runs_stored_before_the_switch():
+    """The whole prompt compressed (``query_aware=true``) is what every run did before the switch:
+    it leaves the id as it was; the query-agnostic protocol is another run."""
+    config = {"model": {"name": "m"}, "method": {"name": "snapkv"}, "task": {"name": "longbench"},
+              "runner": {"name": "quality"}, "budget": 0.5, "budget_unit": "prompt", "seed": 0}  # fmt: skip
+    aware = config | {"task": {"name": "longbench", "query_aware": True}}
+    agnostic = config | {"task": {"name": "longbench", "query_aware": False}}
+    assert setting_id(aware) == setting_id(config) != setting_id(agnostic)
