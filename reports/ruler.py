@@ -23,7 +23,7 @@ import pandas as pd
 from reports.pairing import Pairing, pair, sample_key
 from reports.runs import Filters, records_frame
 from reports.store import ResultStore
-from reports.tables import display
+from reports.tables import budget_text, display
 from tasks.errors import KVBenchError
 from tasks.generators.ruler_builders import TASKS
 
@@ -77,10 +77,8 @@ def compression_ratio(run: pd.Series, record: dict) -> tuple[float | None, str]:
     if run["budget_realised"]:
         return None, f"kept {100 * run['budget']:.0f}% of the prompt as an outcome (no budget set)"
     if run["budget_unit"] != "prompt":
-        return (
-            None,
-            f"budget {run['budget']} in {run['budget_unit']} (a ratio needs a fraction of the prompt)",
-        )
+        shown = budget_text(run["budget"], run["budget_unit"])
+        return None, f"budget {shown} has no compression ratio (a ratio is of the prompt's compressed tokens)"
     given = (record.get("config") or {}).get("compression_ratio")
     return (float(given) if given is not None else round(1.0 - float(run["budget"]), 12)), ""
 
