@@ -133,6 +133,12 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
         if ratio is None:
             notes.append(f"note: left out {run['label']} (run {run['run_id'][:8]}): {why}")
             continue
+        if predates_query_aware(record):
+            notes.append(
+                f"note: {run['label']} (run {run['run_id'][:8]}) predates task.query_aware: "
+                "counted as query-aware (its runner compressed the whole prompt)"
+            )
+        qa = query_aware(record)
         lengths = list(run["task_config"].get("lengths") or [])
         samples = _samples(store, run["run_id"])
         for length in lengths:
@@ -142,7 +148,6 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
             key = frozenset(map(str, ids)) if recorded else sample_key(store, run["run_id"], run["n"])
             counts = pd.Series([s.get("task") for s in here], dtype=object).value_counts()
             scores = _scores(run["metrics"], length, len(lengths) > 1)
-            qa = query_aware(record)
             out.append(
                 {k: run[k] for k in ("run_id", "model", "task", "method", "label", "reference")}
                 | {"length": length, "query_aware": qa, "key": key, "compression_ratio": ratio}
@@ -150,18 +155,13 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
                 | {f"n/{t}": int(c) for t, c in counts.items() if t is not None}
                 | scores
             )
-            if predates_query_aware(record):
-                notes.append(
-                    f"note: {run['label']} (run {run['run_id'][:8]}) predates task.query_aware: "
-                    "counted as query-aware (its runner compressed the whole prompt)"
-                )
     if not out:
         raise KVBenchError(
             f"no finished RULER runs with a compression ratio under {store.root}/runs; run e.g. "
             "`python run.py task=ruler method=snapkv compression_ratio=0.5`"
         )
     pairing, kept = _pair(pd.DataFrame(out))
-    return Rows(kept, pairing, list(dict.fromkeys(notes)))
+    return Rows(kept, pairing, notes)
 
 
 def _pair(frame: pd.DataFrame) -> tuple[Pairing, pd.DataFrame]:

@@ -76,6 +76,9 @@ def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = No
     )
     x = "compression ratio" if label == "ratio" else "KV budget"
     style.title(fig, f"RULER: average score vs {x}")
-    note = f"Points: the recorded average of the RULER task scores; dashed: FullKV. {PROTOCOL_NOTE}"
+    note = (
+        "Points: the recorded average of the RULER task scores; dashed: FullKV. Methods are drawn a few "
+        f"points apart sideways so that equal values stay visible. {PROTOCOL_NOTE}"
+    )
     style.caption(fig, note + (" " + pairing.caption() if pairing is not None else ""))
     return style.Plot(fig, board, "ruler", pairing.notes() if pairing is not None else [])
