@@ -1,7 +1,8 @@
 """``python -m reports <command>``: figures and tables from the result store (docs/reports.md).
 
 Commands without an experiment file: ``budget`` (quality vs KV budget), ``niah`` (needle heatmap),
-``pareto`` (quality vs KV memory), ``memory`` (memory and tokens/s vs context), ``runs`` (every
+``pareto`` (quality vs KV memory), ``memory`` (memory and tokens/s vs context), ``ruler`` (the
+RULER leaderboard per compression ratio), ``runs`` (every
 stored run, one line each), ``summary`` (methods ranked per budget), ``table`` (rebuild
 ``table.csv``/``.parquet``), ``reindex``; or an experiment name (``zsmerge_table2``) for its table
 and figure. Reads only the store (``--results-dir``, default ``$KVBENCH_RESULTS_DIR`` or
@@ -21,7 +22,7 @@ from reports.store import ResultStore
 from tasks.errors import KVBenchError
 
 FIGURES = ("budget", "niah", "pareto", "memory")
-COMMANDS = (*FIGURES, "runs", "summary", "table", "reindex")
+COMMANDS = (*FIGURES, "ruler", "runs", "summary", "table", "reindex")
 
 
 def _figures(args, store: ResultStore) -> list:
@@ -44,6 +45,24 @@ def figure_command(args, store: ResultStore, out: Path) -> int:
         for note in plot.notes:
             print(note, file=sys.stderr)
         print("written: " + ", ".join(str(p) for p in files))
+    return 0
+
+
+def ruler_command(args, store: ResultStore, out: Path) -> int:
+    """The RULER leaderboard: Markdown tables on stdout and in ``ruler.md``, the figure and its CSV."""
+    from reports import ruler, ruler_figure
+
+    filters = Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit)
+    found = ruler.rows(store, filters)
+    board = ruler.leaderboard(found.frame)
+    text = ruler.markdown(board, args.label, found.pairing)
+    plot = ruler_figure.draw(board, args.label, found.pairing)
+    files = plot.save(out)
+    (out / "ruler.md").write_text(text, encoding="utf-8")
+    print(text)
+    for note in found.notes + plot.notes:
+        print(note, file=sys.stderr)
+    print("written: " + ", ".join(str(p) for p in [*files, out / "ruler.md"]))
     return 0
 
 
@@ -106,6 +125,7 @@ def experiment_command(args, store: ResultStore, out: Path) -> int:
 
 
 HANDLERS: dict[str, Callable] = {name: figure_command for name in FIGURES} | {
+    "ruler": ruler_command,
     "runs": runs_command,
     "summary": summary_command,
     "table": table_command,
@@ -134,6 +154,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--memory", default="kv", choices=("kv", "peak"), help="pareto: x axis (KV bytes or peak memory)"
+    )
+    p.add_argument(
+        "--label",
+        default="ratio",
+        choices=("ratio", "budget"),
+        help="ruler: label rows by kvpress's compression ratio or by the budget (kept fraction)",
     )
     p.add_argument("--resamples", type=int, default=1000, help="summary: bootstrap resamples")
     return p

@@ -130,7 +130,7 @@ def draw(
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 2.0, 4.2), squeeze=False)
     for ax, (model, unit) in zip(axes[0], panels, strict=True):
         part = compressed[(compressed["model"] == model) & (compressed["budget_unit"] == unit)]
-        _draw_lines(ax, part)
+        draw_lines(ax, part)
         for _, ref in reference[reference["model"] == model].iterrows():
             ax.axhline(
                 ref["mean"],
@@ -188,7 +188,7 @@ def draw(
     return style.Plot(fig, points, stem, notes)
 
 
-def _draw_lines(ax, part: pd.DataFrame) -> None:
+def draw_lines(ax, part: pd.DataFrame) -> None:
     """One line (and band) per method preset, each shifted sideways by a few points (a dodge:
     equal values of several methods, e.g. all 0, stay visible instead of hiding each other)."""
     presets_seen: dict[str, list[str]] = {}

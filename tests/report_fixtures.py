@@ -284,3 +284,78 @@ def full_store(root) -> ResultStore:
     niah_runs(store)
     efficiency_runs(store)
     return store
+
+
+#: RULER tasks of :func:`ruler_runs` (four of the thirteen keep the tests small).
+RULER_TASKS = ("niah_single_1", "niah_multikey_1", "vt", "qa_1")
+#: How much of RULER each method keeps at compression ratio 1 (0: collapses, 1: no loss).
+RULER_STRENGTH = {
+    "snapkv": 0.5,
+    "adakv_snapkv": 0.7,
+    "expected_attention": 0.6,
+    "knorm": 0.2,
+    "streamingllm": 0.1,
+    "random": 0.0,
+    "tova": 0.4,
+    "pyramidkv": 0.45,
+}
+
+
+def ruler_runs(
+    store: ResultStore,
+    methods: tuple[str, ...] = ("snapkv", "adakv_snapkv"),
+    ratios: tuple[float, ...] = (0.25, 0.5),
+    per_task: int = 2,
+    length: int = 4096,
+    query_aware: bool = False,
+    tasks: tuple[str, ...] = RULER_TASKS,
+    model: str = "smollm2-135m",
+    first_id: int = 0,
+) -> list[dict]:
+    """FullKV and ``methods`` at ``ratios`` (budget ``1 - ratio``, as ``compression_ratio=``
+    gives it) on ``per_task`` samples of each task at one ``length``; sample ids start at
+    ``first_id``. A sample scores 100 with probability ``1 - ratio * (1 - strength)`` (seeded)."""
+    from reports.presets import presets
+
+    runs = [("fullkv", None)] + [(m, r) for m in methods for r in ratios]
+    out = []
+    for i, (method, ratio) in enumerate(runs):
+        rng = random.Random(f"{method}-{ratio}-{length}-{query_aware}-{first_id}")
+        hit = 1.0 if ratio is None else 1 - ratio * (1 - RULER_STRENGTH.get(method, 0.5))
+        preds = [
+            {
+                "id": f"{t}-len{length}-{k}",
+                "prediction": "x",
+                "meta": {"task": t, "length": length},
+                "metrics": {"score": 100.0 * (rng.random() < hit), "task": t},
+            }
+            for t in tasks
+            for k in range(first_id, first_id + per_task)
+        ]
+        scores = {
+            t: sum(p["metrics"]["score"] for p in preds if p["meta"]["task"] == t) / per_task for t in tasks
+        }
+        task = {
+            "_target_": "tasks.ruler.Ruler",
+            "lengths": [length],
+            "limit": per_task,
+            "query_aware": query_aware,
+        }
+        cfg = config("fullkv", None, task, {"name": "quality"}) | {
+            "model": {"name": model},
+            "method": presets()[method],
+            "budget": None if ratio is None else 1 - ratio,
+            "compression_ratio": ratio,
+        }
+        out.append(
+            write_run(
+                store,
+                cfg,
+                method,
+                "ruler",
+                f"2026-11-20T16:{i:02d}:00+00:00",
+                metrics={"avg": sum(scores.values()) / len(scores)} | scores,
+                predictions=preds,
+            )
+        )
+    return out

@@ -1,0 +1,84 @@
+"""The figure of ``python -m reports ruler``: the RULER average against kvpress's compression ratio
+(or the kept fraction, ``--label budget``), one line per method preset in its colour
+(:mod:`reports.style`), FullKV a dashed horizontal reference; one panel per (model, context
+length, protocol), so query-aware and query-agnostic runs never share an axis."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from reports import style
+from reports.budget import draw_lines
+from reports.pairing import Pairing
+from reports.ruler import GROUP, LABELS, task_columns
+
+#: ``--label`` -> the x axis's label.
+AXES = {
+    "ratio": "compression ratio (fraction of the compressed tokens removed)",
+    "budget": "KV budget (fraction of the compressed tokens kept)",
+}
+PROTOCOL_NOTE = (
+    "Query-agnostic: the context is compressed, then the question is appended (kvpress's protocol); "
+    "query-aware: the whole prompt, question included, is compressed."
+)
+
+
+def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = None) -> style.Plot:
+    """The figure of :func:`reports.ruler.leaderboard` rows; the plotted numbers are the
+    leaderboard itself (its CSV). Methods at equal values are drawn a few points apart sideways
+    (:func:`reports.budget.draw_lines`)."""
+    column = LABELS[label][0]
+    panels = list(board.groupby(GROUP, sort=False))
+    columns = min(len(panels), 3)
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.4 * columns + 3.2, 3.6 * rows + 0.9), squeeze=False)
+    handles: dict[str, object] = {}
+    for ax, ((model, length, protocol), part) in zip(axes.flat, panels, strict=False):
+        lines = part[~part["reference"]].assign(
+            budget=part[column], mean=part["avg"], ci_low=np.nan, ci_high=np.nan, budget_realised=False
+        )
+        draw_lines(ax, lines)
+        for _, ref in part[part["reference"]].iterrows():
+            ax.axhline(
+                ref["avg"],
+                color=style.method_color(ref["method"]),
+                linestyle="--",
+                linewidth=1.2,
+                label=f"{ref['label']} (reference, n={int(ref['n'])})",
+            )
+        if len(lines):
+            ticks = sorted(set(lines[column]))
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            ax.set_xlim(min(ticks) - 0.06, max(ticks) + 0.06)
+        ax.set_ylim(0, 100 * 1.02)
+        ax.set_xlabel(AXES[label], fontsize=8)
+        ax.set_ylabel(f"average of {len(task_columns(part))} RULER tasks (x100)", fontsize=8)
+        ax.set_title(f"{model}, {length:,} tokens\n{protocol}", fontsize=8)
+        ax.grid(alpha=0.3)
+        for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(text, handle)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    order = sorted(handles, key=lambda t: "(reference" not in t)  # FullKV on top
+    axes[0][columns - 1].legend(
+        [handles[t] for t in order],
+        order,
+        title="method (preset)",
+        fontsize=7,
+        title_fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1),
+        borderaxespad=0,
+    )
+    x = "compression ratio" if label == "ratio" else "KV budget"
+    style.title(fig, f"RULER: average score vs {x}")
+    note = (
+        "Points: the recorded average of the RULER task scores; dashed: FullKV. Methods are drawn a few "
+        f"points apart sideways so that equal values stay visible. {PROTOCOL_NOTE}"
+    )
+    style.caption(fig, note + (" " + pairing.caption() if pairing is not None else ""))
+    return style.Plot(fig, board, "ruler", pairing.notes() if pairing is not None else [])
