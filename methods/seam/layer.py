@@ -100,8 +100,7 @@ class CompressedLayer(CacheLayerMixin):
         num_layers: int = 1,
         max_tokens: int | None = None,
     ) -> None:
-        # CacheLayerMixin.__init__ is not called: it assigns keys/values, which are views of the store here
-        self.is_initialized = False
+        self.is_initialized = False  # no CacheLayerMixin.__init__: its keys/values are store views here
         self._max_tokens = max_tokens
         self.layer_idx, self.num_layers = layer_idx, num_layers
         self.method = method
@@ -155,11 +154,9 @@ class CompressedLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append new tokens' keys/values ``[batch, kv_heads, new, head_dim]``; return all slots.
-
-        Several tokens on a prefilled layer are a chunk (a question appended after the context was
-        compressed): nothing is appended here and the new keys/values are returned as they came;
-        the attention appends them one at a time (``methods.seam.step.chunk_step``)."""
+        """Append new tokens' keys/values ``[batch, kv_heads, new, head_dim]``; return all slots. A
+        chunk (several tokens on a prefilled layer) is returned as it came, unappended: the attention
+        appends it token by token (``methods.seam.step.chunk_step``)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[2]
