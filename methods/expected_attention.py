@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import ScoreEvict
+from methods.seam.evict import PromptOnlyOption, ScoreEvict
 from methods.seam.layer import CompressedLayer
 from methods.seam.rope import rotate
 
@@ -51,7 +51,7 @@ def unpack(packed: torch.Tensor, d: int) -> torch.Tensor:
 
 
 @dataclass
-class ExpectedAttention(ScoreEvict):
+class ExpectedAttention(PromptOnlyOption, ScoreEvict):
     """Expected Attention: keep the tokens the future queries' Gaussian is expected to attend to.
 
     Parameters

@@ -17,14 +17,14 @@ from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import ScoreEvict
+from methods.seam.evict import PromptOnlyOption, ScoreEvict
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 from methods.seam.scoring import causal_column_sums
 
 
 @dataclass
-class H2O(ScoreEvict):
+class H2O(PromptOnlyOption, ScoreEvict):
     """H2O with heavy and recent budgets splitting the budget equally (the paper's default).
 
     Parameters

@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from methods.seam.evict import ScoreEvict
+from methods.seam.evict import PromptOnlyOption, ScoreEvict
 from methods.seam.layer import CompressedLayer
 
 
@@ -30,7 +30,7 @@ def keydiff_scores(keys: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class KeyDiff(ScoreEvict):
+class KeyDiff(PromptOnlyOption, ScoreEvict):
     """KeyDiff: per KV head, keep the tokens whose keys are least similar to the mean key direction."""
 
     name: ClassVar[str] = "keydiff"

@@ -13,12 +13,12 @@ from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import ScoreEvict
+from methods.seam.evict import PromptOnlyOption, ScoreEvict
 from methods.seam.layer import CompressedLayer
 
 
 @dataclass
-class KNorm(ScoreEvict):
+class KNorm(PromptOnlyOption, ScoreEvict):
     """KNorm: per KV head, keep the tokens whose (post-RoPE) keys have the lowest L2 norm.
 
     RoPE is a rotation, so the norm is that of the pre-RoPE key. Scores ``[batch, kv_heads, slots]``

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import ScoreEvict
+from methods.seam.evict import PromptOnlyOption, ScoreEvict
 from methods.seam.layer import CompressedLayer
 
 BITS = 24  # float32 holds every integer below 2^24
@@ -40,7 +40,7 @@ def lag_std(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Ten
 
 
 @dataclass
-class LagKV(ScoreEvict):
+class LagKV(PromptOnlyOption, ScoreEvict):
     """LagKV: per KV head, keep the tokens that stand out against the next ``lag_size`` tokens.
 
     Parameters

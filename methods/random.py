@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import ScoreEvict
+from methods.seam.evict import PromptOnlyOption, ScoreEvict
 from methods.seam.layer import CompressedLayer
 
 MASK = 0xFFFFFFFF
@@ -30,7 +30,7 @@ def hashed_uniform(positions: torch.Tensor, seed: int, layer_idx: int) -> torch.
 
 
 @dataclass
-class Random(ScoreEvict):
+class Random(PromptOnlyOption, ScoreEvict):
     """Random: per KV head, keep a seeded uniformly random subset of the tokens.
 
     Parameters

@@ -17,12 +17,12 @@ from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import ScoreEvict
+from methods.seam.evict import PromptOnlyOption, ScoreEvict
 from methods.seam.layer import CompressedLayer
 
 
 @dataclass
-class StreamingLLM(ScoreEvict):
+class StreamingLLM(PromptOnlyOption, ScoreEvict):
     """Attention sinks + recent window.
 
     Parameters

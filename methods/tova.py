@@ -14,13 +14,13 @@ from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import ScoreEvict
+from methods.seam.evict import PromptOnlyOption, ScoreEvict
 from methods.seam.layer import CompressedLayer
 from methods.seam.scoring import window_attention
 
 
 @dataclass
-class TOVA(ScoreEvict):
+class TOVA(PromptOnlyOption, ScoreEvict):
     """TOVA: keep the tokens the current query attends to most, averaged over every head of the layer.
 
     Scores are ``[batch, kv_heads, slots]``, the same for every KV head (the mean of the group-mean

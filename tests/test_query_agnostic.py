@@ -4,6 +4,8 @@ rule then runs as in decoding (``methods.seam.step.chunk_step``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -63,3 +65,20 @@ def test_chunk_equals_the_same_tokens_as_decode_steps(tiny_model, preset):
     else:  # the prompt-only methods keep every question token
         assert set(range(CONTEXT, CONTEXT + QUESTION)) <= set(held(chunked)[0][1])
         assert min(n for n, _ in held(chunked)) < CONTEXT  # and the context was compressed
+
+
+@pytest.mark.parametrize(
+    "preset", ["tova", "knorm", "keydiff", "expected_attention", "streamingllm", "lagkv", "random", "h2o"]
+)
+@torch.inference_mode()
+def test_decode_budget_false_compresses_the_context_only(tiny_model, preset):
+    """kvpress's presses: the context is compressed to the budget, then the question is kept whole."""
+    prompt = ids()
+    method = dataclasses.replace(build_preset(preset), decode_budget=False)
+    run = ModelRun(tiny_model, method, BUDGET, prompt.shape[1])
+    run.prefill(prompt[:, :CONTEXT])
+    kept = [layer.n_slots for layer in run.cache.layers]
+    run.append(prompt[:, CONTEXT:])
+    assert all(k <= BUDGET for k in kept)
+    assert [n for n, _ in held(run)] == [k + QUESTION for k in kept]
+    assert all(set(range(CONTEXT, CONTEXT + QUESTION)) <= set(pos) for _, pos in held(run))

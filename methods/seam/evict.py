@@ -22,7 +22,7 @@ merges it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -115,3 +115,36 @@ class ScoreEvict(CompressionMethod):
         victim = self.decode_victim(layer, probs)
         if victim is not None:
             layer.store.drop(victim)
+
+
+@dataclass
+class PromptOnlyOption:
+    """Mixin of a score-then-evict method that keeps its budget while decoding (its paper's rule) and
+    can compress the prompt only instead (``decode_budget=false``: kvpress's presses for TOVA, KNorm,
+    KeyDiff, Expected Attention, StreamingLLM, LagKV: the question of a query-agnostic run and the
+    generated tokens are kept, the cache grows past the budget; docs/methods.md section 10.6).
+
+    Parameters
+    ----------
+    decode_budget : bool
+        True (default): evict back to the budget after every decode step; False: prompt only.
+
+    Raises
+    ------
+    ValueError
+        From :meth:`check_model` (at build, before any model loads) if ``decode_budget`` is not a
+        boolean.
+    """
+
+    decode_budget: bool = field(default=True, kw_only=True)
+
+    @property
+    def budget_holds_in_decode(self) -> bool:
+        """Whether decoding stays within the budget (``decode_budget``)."""
+        return self.compresses and self.decode_budget
+
+    def check_model(self, config) -> None:
+        """Check ``decode_budget`` (the contract's hook run at build)."""
+        if not isinstance(self.decode_budget, bool):
+            raise ValueError(f"decode_budget must be true or false, got {self.decode_budget!r}")
+        super().check_model(config)
