@@ -1,6 +1,7 @@
 """KVBench entry point: ``python run.py model=... method=... task=... budget=...`` (Hydra)."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -17,6 +18,10 @@ def main(cfg: DictConfig) -> float | None:
     return run_from_config(cfg)
 
 
+def _terminated(signum: int, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def cli() -> None:
     """Run ``main``; a config that does not compose ends with one error line and exit code 2.
 
@@ -26,6 +31,8 @@ def cli() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     # Let Hydra raise instead of printing multi-line reports; real bugs keep their full traceback.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    # SIGTERM (kill, a scheduler's time limit) ends a run as Ctrl-C does: its record says "interrupted".
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         main()
     except MissingConfigException as err:

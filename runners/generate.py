@@ -35,7 +35,9 @@ class GenerationResult:
         Slots per layer at the end of generation.
     prefill_slots : list[float]
         Attendable slots per layer right after the prefill (mean over heads, padding excluded):
-        the realised prompt compression.
+        the realised prompt compression (before a query-agnostic run's question chunk).
+    prefill_tokens : int
+        Tokens the prefill compressed: the prompt, or the context before the question.
     kv_bytes : int
         Key/value bytes held by the cache at the end (all layers).
     allocated_bytes : int
@@ -60,6 +62,7 @@ class GenerationResult:
     step_seconds: list[float] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     prefill_slots: list[float] = field(default_factory=list)
+    prefill_tokens: int = 0
     kv_bytes: int = 0
     allocated_bytes: int = 0
     prefill_head_slots: list[tuple[int, float, int]] = field(default_factory=list)
@@ -299,14 +302,16 @@ def finish_generation(
     GenerationResult
     """
     cache = run.cache
+    prefill_tokens = run.seen
+    prefill_slots, head_slots = [layer.real_slots() for layer in cache.layers], cache.head_spread()
     start = time.perf_counter()
     if run.seen < input_ids.shape[1]:
         logits = run.append(input_ids[:, run.seen :])
     token = _pick(logits[0], eos_token_ids, min_new_tokens > 0)
     seconds = prefill_seconds + time.perf_counter() - start
     result = GenerationResult(tokens=[token], prefill_seconds=seconds, budget=budget)
-    result.prefill_slots = [layer.real_slots() for layer in cache.layers]
-    result.prefill_head_slots = cache.head_spread()
+    result.prefill_slots, result.prefill_head_slots = prefill_slots, head_slots
+    result.prefill_tokens = prefill_tokens
     if on_step is not None:
         on_step(cache)
     while token not in eos_token_ids and len(result.tokens) < max_new_tokens:

@@ -109,8 +109,8 @@ def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device:
     steps = [s for r in results for s in r.step_seconds]
     n = len(results)
     kept_fractions = [
-        [s / length for s in r.prefill_slots] for r, length in zip(results, prompt_lens, strict=True)
-    ]
+        [s / r.prefill_tokens for s in r.prefill_slots] for r in results
+    ]  # of the tokens the prefill compressed (the context of a query-agnostic run)
     counters = {f"{name}_total": sum(r.counters[name] for r in results) for name in results[0].counters}
     return counters | {
         "prefill_seconds_sum": prefill_s,

@@ -39,13 +39,15 @@ from runners.quality import (
     question_starts,
     stop_token_ids,
 )
-from runners.record import failure, new_record, recording, run_config, stored_run
+from runners.record import failure, new_record, presets, recording, run_config, stored_run
 from runners.shared_prefill import shared_generate
 from tasks.errors import KVBenchError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 #: Overrides of the grid job that do not pass to its settings (the grid's own keys).
 GRID_KEYS = ("runner", "method", "budget", "compression_ratio")
+#: Peak-memory fields of a quality record, null in a grid's records (the peaks are the grid's).
+PEAKS = ("peak_rss_bytes", "peak_rss_process_bytes", "peak_device_bytes", "peak_device_process_bytes")
 
 
 @dataclass
@@ -98,6 +100,13 @@ def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     names = [o.split("=")[0].lstrip("+~") for o in given]
     if bad := [o for o, n in zip(given, names, strict=True) if n.startswith("method.")]:
         raise KVBenchError(f"runner=quality_grid runs several method presets; {bad[0]} would apply to all")
+    if bad := [o for o, n in zip(given, names, strict=True) if n in GRID_KEYS[1:]]:
+        raise KVBenchError(f"runner=quality_grid takes its settings from runner.*; {bad[0]} would be ignored")
+    if cfg.get("backend", "eager") != "eager":
+        raise KVBenchError(
+            "runner=quality_grid runs eager decode steps (one compiled forward cannot serve every "
+            "setting's method); run backend=compiled settings one by one"
+        )
     kept = [o for o, n in zip(given, names, strict=True) if n.split(".")[0] not in GRID_KEYS]
     out = []
     with contextlib.ExitStack() as stack:
@@ -181,7 +190,7 @@ def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts
             s.record = new_record(
                 s.rid, s.config, s.method.label, task.name, model.device, data_source=task.source,
                 protocol=protocol, n_samples=len(samples), grid=grid,
-                presets={"method": s.preset, "runner": "quality"},
+                presets=(presets() or {}) | {"method": s.preset, "runner": "quality"},
             )  # fmt: skip
             stack.enter_context(recording(s.cfg, s.store, s.record, s.predictions, s.count_done))
         try:
@@ -198,11 +207,18 @@ def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts
                     s.predictions.append(prediction_row(tokenizer, sample, ids, starts[i], res))
             for s in settings:
                 close_record(s.record, task, samples, prompts, s.results, s.predictions, model.device)
-                s.record["efficiency"]["prefill_shared_by"] = len(settings)
+                # the process's peaks hold every setting's caches: not this setting's own
+                s.record["efficiency"] |= dict.fromkeys(PEAKS) | {"prefill_shared_by": len(settings)}
         except BaseException as err:  # every setting's record says how the grid ended
+            stopped = f"the grid of {len(settings)} settings stopped at sample {len(settings[0].results)}"
             for s in settings:
-                if s.record["status"] == "running":
-                    ended = {"status": "interrupted", "error": f"{type(err).__name__}: interrupted"}
-                    s.record.update(failure(err) if isinstance(err, Exception) else ended)
-            print(f"error: the grid stopped: {type(err).__name__}: {err}", file=sys.stderr)
+                if s.record["status"] != "running":
+                    continue
+                if isinstance(err, Exception):
+                    s.record.update(failure(err))
+                    s.record["error"] = f"{stopped} (any setting's cause): {s.record['error']}"
+                else:
+                    s.record.update(status="interrupted", error=f"{stopped}: {type(err).__name__}")
+            if isinstance(err, Exception):
+                print(f"error: {stopped}: {type(err).__name__}: {err}", file=sys.stderr)
             raise

@@ -182,19 +182,22 @@ def recording(
     (and not raised), any other exception as ``error`` (and raised, marked ``kvbench_recorded``),
     Ctrl-C / SIGTERM (``KeyboardInterrupt``, ``SystemExit``) as ``interrupted`` (and raised);
     ``wall_seconds`` is set. The peak-memory window starts here (``reset_peak_memory``), so
-    every run of a sweep process reports its own peak."""
+    every run of a sweep process reports its own peak. A status the body set before raising (a grid's
+    runner says which sample stopped it) is kept."""
     start = time.perf_counter()
     release_free_memory()
     reset_peak_memory(record_device(record))
     try:
         yield
     except Exception as err:
-        record.update(failure(err))
+        if record["status"] == "running":  # a runner may have recorded the failure more precisely
+            record.update(failure(err))
         if record["status"] != "oom":
             err.kvbench_recorded = True  # type: ignore[attr-defined]
             raise
     except BaseException as err:
-        record.update(status="interrupted", error=f"{type(err).__name__}: interrupted".strip())
+        if record["status"] == "running":
+            record.update(status="interrupted", error=f"{type(err).__name__}: interrupted".strip())
         raise
     finally:
         if record.get("status") == "running":  # a runner that returned without saying how it ended

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from tasks.base import Sample, Task, check_chat_template, check_limit
+from tasks.base import Sample, Task, check_chat_template, check_limit, check_query_aware
 from tasks.errors import KVBenchError
 from tasks.generators import ruler_data
 from tasks.generators.ruler_builders import TASKS, Inputs, builder, haystack_of
@@ -86,6 +86,7 @@ class Ruler(Task):
     def __post_init__(self) -> None:
         check_limit(self.limit, self.max_new_tokens)
         check_chat_template(self.chat_template)
+        check_query_aware(self.query_aware)
         names = [self.tasks] if isinstance(self.tasks, str) else list(self.tasks)
         self.selected = [t for t in TASKS if t in names or "all" in names]
         if unknown := [t for t in names if t not in TASKS and t != "all"]:

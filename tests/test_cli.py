@@ -73,9 +73,12 @@ BAD_INPUT = [
     (["compression_ratio=0.5", "budget_unit=context"], "compression_ratio is a fraction of the prompt"),
     (["compression_ratio=0.75", "budget=0.5"], "not both (compression_ratio=0.75 is budget=0.25)"),
     (["runner=quality_grid", "runner.methods=[]"], "runner.methods must be a non-empty list"),
-    (["runner=quality_grid", "runner.budgets=[0.1]"], "one of runner.compression_ratios, runner.budgets"),
+    (["runner=quality_grid"], "one of runner.compression_ratios, runner.budgets"),
     (["runner=quality_grid", "method.alpha=0.5"], "method.alpha=0.5 would apply to all"),
     (["runner=quality_grid", "runner.methods=[snapkv,nosuch]"], "runner.methods: nosuch with"),
+    (["runner=quality_grid", "budget=0.3"], "budget=0.3 would be ignored"),
+    (["runner=quality_grid", "backend=compiled"], "runner=quality_grid runs eager decode steps"),
+    (["task=ruler", "task.query_aware=no"], "task.query_aware must be true or false, got 'no'"),
 ]
 if not torch.cuda.is_available():
     BAD_INPUT.append((["device=cuda"], "device=cuda, but CUDA is not available"))

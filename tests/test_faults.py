@@ -260,3 +260,23 @@ def test_bad_data_rows_name_file_and_line(tmp_path, content, message):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
     assert lines[0].startswith(f"error: {data / 'xsum' / 'test.jsonl'}")
+
+
+def test_sigterm_of_a_grid_records_every_setting_as_interrupted(tmp_path, data_dir):
+    """``kill`` (SIGTERM) ends a run as Ctrl-C does; a grid's unfinished settings all say so."""
+    grid = ["runner=quality_grid", "runner.methods=[fullkv,h2o]", "runner.budgets=[0.2]", "task.limit=4"]
+    cmd = [sys.executable, "run.py", *tiny(*grid, "task.max_new_tokens=64")]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    for line in proc.stdout:  # terminate once the model is loaded and generation has begun
+        if line.startswith("loading model"):
+            break
+    time.sleep(4.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
+    recs = list(records(tmp_path).values())
+    assert sorted(r["method"] for r in recs) == ["fullkv", "h2o"]
+    ended = [(r["status"], r["error"]) for r in recs]
+    assert all(s == "interrupted" and "grid of 2 settings stopped" in e for s, e in ended), ended

@@ -82,3 +82,11 @@ def test_decode_budget_false_compresses_the_context_only(tiny_model, preset):
     assert all(k <= BUDGET for k in kept)
     assert [n for n, _ in held(run)] == [k + QUESTION for k in kept]
     assert all(set(range(CONTEXT, CONTEXT + QUESTION)) <= set(pos) for _, pos in held(run))
+
+
+def test_the_realised_compression_is_of_the_context(tiny_model):
+    """Query-agnostic: the slots right after the prefill and the tokens it compressed are the
+    context's, before the question is appended."""
+    res = greedy_generate(tiny_model, ids(), build_preset("snapkv"), BUDGET, 3, set(), question_start=CONTEXT)
+    assert res.prefill_tokens == CONTEXT and res.prefill_slots == [BUDGET, BUDGET]
+    assert res.slots == [BUDGET + QUESTION + 2] * 2  # the question and two new tokens are appended after

@@ -3,14 +3,16 @@ bytes are those of its own run."""
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import pytest
 import torch
 
 from methods import FullKV
-from runners.generate import greedy_generate
+from runners.generate import ModelRun, greedy_generate
 from runners.shared_prefill import shared_generate
 from tests.architectures import tiny_family
 from tests.test_method_matrix import build_preset
@@ -79,3 +81,22 @@ def test_grid_records_are_the_single_runs_records(run_py, data_dir, tmp_path):
     keys = ("prediction", "budget_slots", "kv_bytes_end", "question_start", "prompt_tokens")
     assert [[p[k] for k in keys] for p in lines] == [[p[k] for k in keys] for p in runs[rid][1]]
     assert lines[0]["question_start"] < lines[0]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("preset", ["h2o", "adakv_snapkv", "zsmerge", "keepkv", "less"])
+def test_a_cache_is_freed_without_the_cycle_collector(tiny_model, preset):
+    """A run's cache holds no reference cycle: its buffers are released when the run goes, not
+    whenever Python's cycle collector runs (a grid creates caches of every setting per sample)."""
+    prompt = torch.randint(3, 128, (1, PROMPT), generator=torch.Generator().manual_seed(7))
+    gc.collect()
+    gc.disable()
+    try:
+        run = ModelRun(tiny_model, build_preset(preset), 20, PROMPT + 2)
+        with torch.inference_mode():
+            run.prefill(prompt[:, :-QUESTION])
+            run.append(prompt[:, -QUESTION:])
+        refs = [weakref.ref(run.cache), *(weakref.ref(layer) for layer in run.cache.layers)]
+        del run
+        assert all(r() is None for r in refs)
+    finally:
+        gc.enable()

@@ -12,6 +12,7 @@ store's operations (``layer.store``).
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -109,7 +110,8 @@ class CompressedLayer(CacheLayerMixin):
         self.is_sliding = self.spec.window is not None
         self.seen_tokens = 0
         self.prefilled = False
-        self.store = SlotStore(method.state_fill, self._capacity)
+        capacity = weakref.WeakMethod(self._capacity)  # no layer <-> store cycle: freed by refcount
+        self.store = SlotStore(method.state_fill, lambda needed: capacity()(needed))
         self._state = StateView(self.store, tuple(method.state_fill))
         self.plan: LayerPlan | None = None
         self.scalars: dict[str, torch.Tensor | int] = {}
