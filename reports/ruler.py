@@ -23,6 +23,7 @@ import pandas as pd
 from reports.pairing import Pairing, pair, sample_key
 from reports.runs import Filters, records_frame
 from reports.store import ResultStore
+from reports.style import preset_label
 from reports.tables import budget_text, display
 from tasks.errors import KVBenchError
 from tasks.generators.ruler_builders import TASKS
@@ -48,6 +49,11 @@ ROW_COLUMNS = frozenset(
     {"run_id", "model", "task", "method", "label", "reference", "length", "query_aware", "key"}
     | {"protocol", "compression_ratio", "budget", "n", "avg", "runs", "run_ids"}
 )
+
+
+def _name(run: pd.Series) -> str:
+    """A run's method label without the protocol tag of the other reports (tables are per protocol)."""
+    return preset_label(run["method"], run["preset"], run["settings"])
 
 
 def query_aware(record: dict) -> bool | None:
@@ -131,11 +137,11 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
         record = records[run["run_id"]]
         ratio, why = compression_ratio(pd.Series(run), record)
         if ratio is None:
-            notes.append(f"note: left out {run['label']} (run {run['run_id'][:8]}): {why}")
+            notes.append(f"note: left out {_name(run)} (run {run['run_id'][:8]}): {why}")
             continue
         if predates_query_aware(record):
             notes.append(
-                f"note: {run['label']} (run {run['run_id'][:8]}) predates task.query_aware: "
+                f"note: {_name(run)} (run {run['run_id'][:8]}) predates task.query_aware: "
                 "counted as query-aware (its runner compressed the whole prompt)"
             )
         qa = query_aware(record)
@@ -149,7 +155,8 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
             counts = pd.Series([s.get("task") for s in here], dtype=object).value_counts()
             scores = _scores(run["metrics"], length, len(lengths) > 1)
             out.append(
-                {k: run[k] for k in ("run_id", "model", "task", "method", "label", "reference")}
+                {k: run[k] for k in ("run_id", "model", "task", "method", "reference")}
+                | {"label": _name(run)}
                 | {"length": length, "query_aware": qa, "key": key, "compression_ratio": ratio}
                 | {"budget": 1.0 if run["reference"] else float(run["budget"]), "n": len(here) or run["n"]}
                 | {f"n/{t}": int(c) for t, c in counts.items() if t is not None}

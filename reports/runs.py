@@ -40,6 +40,14 @@ def budget_axis(budget: object, unit: str | None) -> str | None:
     return unit or "prompt"
 
 
+def protocol_tag(record: dict) -> str:
+    """``query_aware=false`` for a compressing run whose question was appended after compression
+    (``config.task.query_aware``), so reports never pool it with query-aware runs; else empty."""
+    task = (record.get("config") or {}).get("task") or {}
+    agnostic = task.get("query_aware") is False and not is_reference(record.get("method") or "")
+    return "query_aware=false" if agnostic else ""
+
+
 def row(record: dict) -> dict:
     """One flat row of a record for the reports (see the module docstring for the columns).
 
@@ -64,7 +72,7 @@ def row(record: dict) -> dict:
         "method": method,
         "preset": preset,
         "settings": settings,
-        "label": preset_label(method, preset, settings),
+        "label": preset_label(method, preset, f"{settings} {protocol_tag(record)}".strip()),
         "task": record.get("task"),
         "limit": (cfg.get("task") or {}).get("limit"),
         "task_config": cfg.get("task") or {},

@@ -98,7 +98,7 @@ def check_budgets(
             except ValueError as err:
                 raise KVBenchError(
                     f"sample {sample.id}: budget={budget} ({cfg.budget_unit}) gives {slots} slots for its "
-                    f"{ids.shape[1]}-token prompt: {err}"
+                    f"{compressed}-token {'prompt' if start is None else 'context'}: {err}"
                 ) from err
         out.append(slots)
     return out

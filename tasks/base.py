@@ -171,7 +171,7 @@ class Task:
             If the task gives the sample no question (no context/question split), or the question
             cannot be found in the rendered prompt or leaves no context before it.
         """
-        if not sample.question:
+        if not (sample.question or "").strip():
             raise KVBenchError(
                 f"task {self.name} has no context/question split (sample {sample.id}); "
                 "run it with task.query_aware=true"

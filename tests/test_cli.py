@@ -58,7 +58,7 @@ BAD_INPUT = [
     (["task=niah", "task.lengths=[10]", "task.depths=[0.5]"], "task.lengths [10]: passkey needs at least"),
     (["task.limit=1.5"], "task.limit must be an integer >= 1 or null, got 1.5"),
     (["task.instruction='{{nosuch}}'"], "task.instruction '{{nosuch}}': unknown placeholder {{nosuch}}"),
-    (["+task.query_aware=false"], "but xsum has no context/question split (its input is an article)"),
+    (["task.query_aware=false"], "but xsum has no context/question split (its input is an article)"),
     (["task.data_dir={tmp}/data"], "{tmp}/data/xsum/test.jsonl:2: not valid UTF-8 (byte 0xff at column 16)"),
     (["method=duo_attention"], "method.pattern must be set"),
     (["method=duo_attention", "method.pattern={tmp}/file"], "is not a tab-separated table of gates"),

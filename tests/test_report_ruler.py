@@ -181,3 +181,16 @@ def test_cli_writes_png_pdf_csv_and_markdown(tmp_path, capsys):
     assert capsys.readouterr().err == "error: reports ruler reads task=ruler runs (got --task xsum)\n"
     assert main(["ruler", "--results-dir", str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.startswith("error: no finished RULER runs")
+
+
+def test_other_reports_never_pool_the_two_protocols(tmp_path):
+    """``reports budget`` / ``pareto`` / ``summary`` group runs by label: a query-agnostic run is
+    labelled apart from a query-aware one of the same method and budget; FullKV stays one reference."""
+    from reports.runs import runs_frame
+
+    store = ResultStore(tmp_path)
+    ruler_runs(store, methods=("snapkv",), ratios=(0.5,), per_task=1, query_aware=False)
+    ruler_runs(store, methods=("snapkv",), ratios=(0.5,), per_task=1, query_aware=True)
+    frame = runs_frame(store, Filters(task="ruler"))
+    labels = frame.groupby("label")["run_id"].nunique().to_dict()
+    assert labels == {"FullKV": 2, "SnapKV": 1, "SnapKV query_aware=false": 1}
