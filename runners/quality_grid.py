@@ -95,7 +95,6 @@ def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     methods = cfg.runner.get("methods")
     if not isinstance(methods, ListConfig) or not methods:
         raise KVBenchError(f"runner.methods must be a non-empty list of method presets, got {methods!r}")
-    key, values = _values(cfg)
     given = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     names = [o.split("=")[0].lstrip("+~") for o in given]
     if bad := [o for o, n in zip(given, names, strict=True) if n.startswith("method.")]:
@@ -107,6 +106,7 @@ def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
             "runner=quality_grid runs eager decode steps (one compiled forward cannot serve every "
             "setting's method); run backend=compiled settings one by one"
         )
+    key, values = _values(cfg)
     kept = [o for o, n in zip(given, names, strict=True) if n.split(".")[0] not in GRID_KEYS]
     out = []
     with contextlib.ExitStack() as stack:

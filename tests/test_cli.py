@@ -75,7 +75,7 @@ BAD_INPUT = [
     (["runner=quality_grid", "runner.methods=[]"], "runner.methods must be a non-empty list"),
     (["runner=quality_grid"], "one of runner.compression_ratios, runner.budgets"),
     (["runner=quality_grid", "method.alpha=0.5"], "method.alpha=0.5 would apply to all"),
-    (["runner=quality_grid", "runner.methods=[snapkv,nosuch]"], "runner.methods: nosuch with"),
+    (["runner=quality_grid", "runner.methods=[snapkv,nosuch]", "runner.budgets=[0.1]"], "nosuch with"),
     (["runner=quality_grid", "budget=0.3"], "budget=0.3 would be ignored"),
     (["runner=quality_grid", "backend=compiled"], "runner=quality_grid runs eager decode steps"),
     (["task=ruler", "task.query_aware=no"], "task.query_aware must be true or false, got 'no'"),

@@ -110,8 +110,8 @@ class CompressedLayer(CacheLayerMixin):
         self.is_sliding = self.spec.window is not None
         self.seen_tokens = 0
         self.prefilled = False
-        capacity = weakref.WeakMethod(self._capacity)  # no layer <-> store cycle: freed by refcount
-        self.store = SlotStore(method.state_fill, lambda needed: capacity()(needed))
+        owner = weakref.ref(self)  # no layer <-> store cycle: the cache is freed by reference counting
+        self.store = SlotStore(method.state_fill, lambda needed: owner()._capacity(needed))
         self._state = StateView(self.store, tuple(method.state_fill))
         self.plan: LayerPlan | None = None
         self.scalars: dict[str, torch.Tensor | int] = {}
