@@ -87,7 +87,8 @@ def test_ctrl_c_of_a_single_run_records_interrupted_and_a_rerun_repeats_it(tmp_p
     done = single(tmp_path, data_dir, "method=h2o", "budget=0.2")
     assert done.returncode == 0, done.stderr[-3000:]
     before = snapshot(tmp_path)
-    cmd = [sys.executable, "run.py", *tiny("method=h2o", "budget=0.1", "task.limit=3")]
+    slow = ("method=h2o", "budget=0.1", "task.limit=3", "task.max_new_tokens=96")  # still generating at 4 s
+    cmd = [sys.executable, "run.py", *tiny(*slow)]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -101,7 +102,7 @@ def test_ctrl_c_of_a_single_run_records_interrupted_and_a_rerun_repeats_it(tmp_p
     recs = records(tmp_path)
     statuses = sorted(r["status"] for r in recs.values())
     assert statuses == ["interrupted", "ok"] and snapshot(tmp_path) == before
-    rerun = single(tmp_path, data_dir, "method=h2o", "budget=0.1", "task.limit=3")
+    rerun = single(tmp_path, data_dir, *slow)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert sorted(r["status"] for r in records(tmp_path).values()) == ["ok", "ok"]
 
