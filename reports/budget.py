@@ -132,13 +132,7 @@ def draw(
         part = compressed[(compressed["model"] == model) & (compressed["budget_unit"] == unit)]
         draw_lines(ax, part)
         for _, ref in reference[reference["model"] == model].iterrows():
-            ax.axhline(
-                ref["mean"],
-                color=style.method_color(ref["method"]),
-                linestyle="--",
-                linewidth=1.2,
-                label=f"{ref['label']} (reference, n={int(ref['n'])})",
-            )
+            draw_reference(ax, ref, ref["mean"])
             if ref["ci_low"] == ref["ci_low"]:
                 ax.axhspan(ref["ci_low"], ref["ci_high"], color=style.method_color(ref["method"]), alpha=0.08)
         if unit in ("prompt", "context") and len(part):
@@ -186,6 +180,17 @@ def draw(
     style.caption(fig, note.strip())
     stem = f"budget_{task}_{metric}".replace("/", "-")
     return style.Plot(fig, points, stem, notes)
+
+
+def draw_reference(ax, ref: pd.Series, value: float) -> None:
+    """The reference run (FullKV) ``ref`` as a dashed horizontal line at ``value``, in its colour."""
+    ax.axhline(
+        value,
+        color=style.method_color(ref["method"]),
+        linestyle="--",
+        linewidth=1.2,
+        label=f"{ref['label']} (reference, n={int(ref['n'])})",
+    )
 
 
 def draw_lines(ax, part: pd.DataFrame) -> None:

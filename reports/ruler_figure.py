@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from reports import style
-from reports.budget import draw_lines
+from reports.budget import draw_lines, draw_reference
 from reports.pairing import Pairing
 from reports.ruler import GROUP, LABELS, task_columns
 
@@ -43,13 +43,7 @@ def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = No
         )
         draw_lines(ax, lines)
         for _, ref in part[part["reference"]].iterrows():
-            ax.axhline(
-                ref["avg"],
-                color=style.method_color(ref["method"]),
-                linestyle="--",
-                linewidth=1.2,
-                label=f"{ref['label']} (reference, n={int(ref['n'])})",
-            )
+            draw_reference(ax, ref, ref["avg"])
         if len(lines):
             ticks = sorted(set(lines[column]))
             ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
