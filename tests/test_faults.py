@@ -87,7 +87,7 @@ def test_ctrl_c_of_a_single_run_records_interrupted_and_a_rerun_repeats_it(tmp_p
     done = single(tmp_path, data_dir, "method=h2o", "budget=0.2")
     assert done.returncode == 0, done.stderr[-3000:]
     before = snapshot(tmp_path)
-    slow = ("method=h2o", "budget=0.1", "task.limit=3", "task.max_new_tokens=96")  # still generating at 4 s
+    slow = ("method=h2o", "budget=0.1", "task.limit=12", "task.max_new_tokens=96")  # still generating at 4 s
     cmd = [sys.executable, "run.py", *tiny(*slow)]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
