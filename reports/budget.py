@@ -143,18 +143,7 @@ def draw(
         ax.set_ylabel(style.metric_label(metric))
         ax.set_title(f"{model}", fontsize=9)
         ax.grid(alpha=0.3)
-        handles, labels = ax.get_legend_handles_labels()
-        first = sorted(range(len(labels)), key=lambda i: "(reference" not in labels[i])  # FullKV on top
-        ax.legend(
-            [handles[i] for i in first],
-            [labels[i] for i in first],
-            title="method (preset)",
-            fontsize=7,
-            title_fontsize=7,
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1),
-            borderaxespad=0,
-        )
+        method_legend(ax, dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True)))
         ax.set_ylim(*style.clipped_limits(ax.get_ylim(), metric))
         if (points["mean"] >= 0).all():
             ax.set_ylim(bottom=0)
@@ -180,6 +169,22 @@ def draw(
     style.caption(fig, note.strip())
     stem = f"budget_{task}_{metric}".replace("/", "-")
     return style.Plot(fig, points, stem, notes)
+
+
+def method_legend(ax, handles: dict, x: float = 1.01) -> None:
+    """A legend of ``label -> handle`` beside ``ax`` (left edge at ``x`` axes widths), the
+    reference (FullKV) on top."""
+    order = sorted(handles, key=lambda t: "(reference" not in t)
+    ax.legend(
+        [handles[t] for t in order],
+        order,
+        title="method (preset)",
+        fontsize=7,
+        title_fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(x, 1),
+        borderaxespad=0,
+    )
 
 
 def draw_reference(ax, ref: pd.Series, value: float) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from reports import style
-from reports.budget import draw_lines, draw_reference
+from reports.budget import draw_lines, draw_reference, method_legend
 from reports.pairing import Pairing
 from reports.ruler import GROUP, LABELS, task_columns
 
@@ -57,17 +57,7 @@ def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = No
             handles.setdefault(text, handle)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
-    order = sorted(handles, key=lambda t: "(reference" not in t)  # FullKV on top
-    axes[0][columns - 1].legend(
-        [handles[t] for t in order],
-        order,
-        title="method (preset)",
-        fontsize=7,
-        title_fontsize=7,
-        loc="upper left",
-        bbox_to_anchor=(1.02, 1),
-        borderaxespad=0,
-    )
+    method_legend(axes[0][columns - 1], handles, x=1.02)
     x = "compression ratio" if label == "ratio" else "KV budget"
     style.title(fig, f"RULER: average score vs {x}")
     note = (
