@@ -34,8 +34,8 @@ NON_IDENTITY_RUNNER_KEYS = ("progress",)  # display only: a progress bar does no
 
 def run_identity(config: dict) -> dict:
     """The part of a resolved config that defines a run (paths, loggers and data location excluded;
-    ``task.query_aware=true``, the whole prompt compressed, is left out: runs stored before the
-    switch existed did that, and keep their ids)."""
+    ``task.query_aware=true``, the whole prompt compressed, and ``runner.batch_size=1`` are left out:
+    runs stored before these options existed did that, and keep their ids)."""
     identity = {k: config.get(k) for k in IDENTITY_KEYS}
     identity["task"] = {
         k: v for k, v in (config.get("task") or {}).items() if k not in NON_IDENTITY_TASK_KEYS
@@ -44,6 +44,8 @@ def run_identity(config: dict) -> dict:
         del identity["task"]["query_aware"]  # the switch existed, so their ids stay
     if isinstance(config.get("runner"), dict):
         identity["runner"] = {k: v for k, v in config["runner"].items() if k not in NON_IDENTITY_RUNNER_KEYS}
+        if identity["runner"].get("batch_size") == 1:  # one prompt at a time: what runs did before
+            del identity["runner"]["batch_size"]  # the option existed, so their ids stay
     if config.get("kernels", "auto") != "auto":  # a forced decode backend is another run
         identity["kernels"] = config["kernels"]
     if config.get("backend", "eager") != "eager":  # compiled decode steps are another run

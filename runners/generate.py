@@ -9,67 +9,25 @@ on CUDA via ``mode="reduce-overhead"``). The prefill always runs eagerly.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from kernels.switch import Switch
 from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
+from runners.generation_result import GenerationResult
 
-
-@dataclass
-class GenerationResult:
-    """Output of :func:`greedy_generate` for one prompt (batch of 1).
-
-    Attributes
-    ----------
-    tokens : list[int]
-        Generated token ids (the EOS token, if reached, included).
-    prefill_seconds : float
-        Wall time of the prompt forward, compression included, and of the question chunk of a
-        query-agnostic run (seconds): the time to the first token.
-    step_seconds : list[float]
-        Wall time of each decode step (seconds); ``len(tokens) - 1`` entries.
-    slots : list[int]
-        Slots per layer at the end of generation.
-    prefill_slots : list[float]
-        Attendable slots per layer right after the prefill (mean over heads, padding excluded):
-        the realised prompt compression (before a query-agnostic run's question chunk).
-    prefill_tokens : int
-        Tokens the prefill compressed: the prompt, or the context before the question.
-    kv_bytes : int
-        Key/value bytes held by the cache at the end (all layers).
-    allocated_bytes : int
-        Bytes of the storage behind the cache at the end (buffer capacity and a ragged layer's
-        index tensors included): the memory the cache really occupies.
-    prefill_head_slots : list[tuple[int, float, int]]
-        Per layer ``(min, mean, max)`` of the slots its KV heads hold right after the prefill (they
-        differ under a head-adaptive allocator: AdaKV, DuoAttention).
-    state_bytes : int
-        Bytes of the method's per-slot state at the end (all layers).
-    fullkv_bytes : int
-        Key/value bytes the model's own uncompressed cache would hold for the same tokens
-        (sliding-window layers: the last ``window - 1`` tokens).
-    budget : int | None
-        Resolved slot budget.
-    counters : dict[str, int]
-        The method's event counters over all layers (``CompressionMethod.counters``).
-    """
-
-    tokens: list[int]
-    prefill_seconds: float
-    step_seconds: list[float] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    prefill_slots: list[float] = field(default_factory=list)
-    prefill_tokens: int = 0
-    kv_bytes: int = 0
-    allocated_bytes: int = 0
-    prefill_head_slots: list[tuple[int, float, int]] = field(default_factory=list)
-    state_bytes: int = 0
-    fullkv_bytes: int = 0
-    budget: int | None = None
-    counters: dict[str, int] = field(default_factory=dict)
+__all__ = [
+    "GenerationResult",
+    "ModelRun",
+    "add_token",
+    "begin_generation",
+    "end_generation",
+    "eos_token_ids",
+    "finish_generation",
+    "generation_done",
+    "greedy_generate",
+]
 
 
 BACKENDS = ("eager", "compiled")
@@ -301,6 +259,35 @@ def finish_generation(
     -------
     GenerationResult
     """
+    result = begin_generation(run, input_ids, logits, budget, eos_token_ids, prefill_seconds, min_new_tokens)
+    if on_step is not None:
+        on_step(run.cache)
+    while not generation_done(result, eos_token_ids, max_new_tokens):
+        start = time.perf_counter()
+        logits = run.step(torch.tensor([result.tokens[-1]], device=input_ids.device))
+        add_token(result, logits[0], eos_token_ids, min_new_tokens, time.perf_counter() - start)
+        if on_step is not None:
+            on_step(run.cache)
+    return end_generation(run, result)
+
+
+def begin_generation(
+    run: ModelRun,
+    input_ids: torch.Tensor,
+    logits: torch.Tensor,
+    budget: int | None,
+    eos_token_ids: set[int],
+    prefill_seconds: float = 0.0,
+    min_new_tokens: int = 0,
+) -> GenerationResult:
+    """The part of :func:`finish_generation` before the decode steps: the realised prompt compression
+    is read, the question chunk (``input_ids[:, run.seen:]``) appended, the first token picked.
+
+    Returns
+    -------
+    GenerationResult
+        With its first token; ``prefill_seconds`` includes the chunk.
+    """
     cache = run.cache
     prefill_tokens = run.seen
     prefill_slots, head_slots = [layer.real_slots() for layer in cache.layers], cache.head_spread()
@@ -312,16 +299,30 @@ def finish_generation(
     result = GenerationResult(tokens=[token], prefill_seconds=seconds, budget=budget)
     result.prefill_slots, result.prefill_head_slots = prefill_slots, head_slots
     result.prefill_tokens = prefill_tokens
-    if on_step is not None:
-        on_step(cache)
-    while token not in eos_token_ids and len(result.tokens) < max_new_tokens:
-        start = time.perf_counter()
-        logits = run.step(torch.tensor([token], device=input_ids.device))
-        token = _pick(logits[0], eos_token_ids, len(result.tokens) < min_new_tokens)
-        result.step_seconds.append(time.perf_counter() - start)
-        result.tokens.append(token)
-        if on_step is not None:
-            on_step(cache)
+    return result
+
+
+def generation_done(result: GenerationResult, eos_token_ids: set[int], max_new_tokens: int) -> bool:
+    """Whether generation stops: the last token ends it, or ``max_new_tokens`` are generated."""
+    return result.tokens[-1] in eos_token_ids or len(result.tokens) >= max_new_tokens
+
+
+def add_token(
+    result: GenerationResult,
+    logits: torch.Tensor,
+    eos_token_ids: set[int],
+    min_new_tokens: int,
+    seconds: float,
+) -> None:
+    """Pick the greedy token of one decode step's logits ``[vocab]`` (the end-of-generation ids masked
+    out while fewer than ``min_new_tokens`` tokens exist) and record it with the step's wall time."""
+    result.tokens.append(_pick(logits, eos_token_ids, len(result.tokens) < min_new_tokens))
+    result.step_seconds.append(seconds)
+
+
+def end_generation(run: ModelRun, result: GenerationResult) -> GenerationResult:
+    """Read the cache's final slots, bytes and counters into ``result`` (returned)."""
+    cache = run.cache
     result.slots = cache.n_slots
     result.kv_bytes = cache.kv_bytes()
     result.allocated_bytes = cache.allocated_bytes()

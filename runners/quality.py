@@ -8,6 +8,7 @@ generate -> score -> record (atomic) -> loggers -> summary table.
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 from omegaconf import DictConfig
@@ -16,6 +17,7 @@ from tqdm import tqdm
 from methods import CompressionMethod, resolve_budget
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
+from runners.batched import decode_rows, start_row
 from runners.build import build_components, load_prompts, refuse_untrained
 from runners.environment import (
     peak_device_bytes,
@@ -23,7 +25,7 @@ from runners.environment import (
     process_peak_device_bytes,
     process_peak_rss_bytes,
 )
-from runners.generate import GenerationResult, eos_token_ids, greedy_generate
+from runners.generate import GenerationResult, eos_token_ids
 from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
 from runners.summary_table import print_summary
@@ -34,6 +36,26 @@ from tasks.errors import KVBenchError
 def stop_token_ids(tokenizer, strings: tuple[str, ...]) -> set[int]:
     """Token ids of extra stop strings (the last token of each, as THUDM's ``pred.py`` takes "\\n")."""
     return {tokenizer.encode(text, add_special_tokens=False)[-1] for text in strings}
+
+
+def check_batch_size(cfg: DictConfig) -> int:
+    """``runner.batch_size``: prompts whose decode steps run in one forward (``runners.batched``).
+
+    Raises
+    ------
+    KVBenchError
+        For a size that is not a positive integer, or a batch above 1 with ``backend=compiled`` (the
+        compiled step is of one cache; batched steps run eagerly).
+    """
+    size = cfg.runner.get("batch_size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise KVBenchError(f"runner.batch_size must be a positive integer, got {size!r}")
+    if size > 1 and cfg.get("backend", "eager") != "eager":
+        raise KVBenchError(
+            f"runner.batch_size={size} runs eager decode steps (each row on its own cache); "
+            "backend=compiled takes runner.batch_size=1"
+        )
+    return size
 
 
 def check_lengths(cfg: DictConfig, task: Task, samples: list, prompts: list) -> None:
@@ -188,6 +210,7 @@ def run_quality(cfg: DictConfig) -> dict:
         For bad input, before any model is loaded (or before generation for too-long prompts).
     """
     refuse_untrained(cfg)
+    batch_size = check_batch_size(cfg)
     method, task = build_components(cfg)
     config = run_config(cfg, method.budget_applies)
     tokenizer, samples, prompts = load_prompts(cfg, task)
@@ -212,23 +235,25 @@ def run_quality(cfg: DictConfig) -> dict:
     )
     results: list[GenerationResult] = []
     predictions: list[dict] = []
+    done: list[int] = []  # sample index of each result, in the order they ended
+
+    def begin(i: int):
+        return lambda: start_row(
+            model, prompts[i].to(model.device), method, budgets[i], task.max_new(samples[i]),
+            eos | stop_token_ids(tokenizer, samples[i].stop_strings),
+            min_new_tokens=task.min_new_tokens, question_start=starts[i],
+        )  # fmt: skip
+
     with recording(cfg, store, record, predictions, lambda: record.update(samples_done=len(results))):
-        for sample, ids in tqdm(
-            list(zip(samples, prompts, strict=True)), desc=f"{method.label}", disable=not cfg.runner.progress
-        ):
-            budget, start = budgets[len(results)], starts[len(results)]
-            res = greedy_generate(
-                model,
-                ids.to(model.device),
-                method,
-                budget,
-                task.max_new(sample),
-                eos | stop_token_ids(tokenizer, sample.stop_strings),
-                min_new_tokens=task.min_new_tokens,
-                question_start=start,
-            )
+        start = time.perf_counter()
+        rows = decode_rows(model, [(i, begin(i)) for i in range(len(samples))], batch_size)
+        for i, res in tqdm(rows, total=len(samples), desc=method.label, disable=not cfg.runner.progress):
+            done.append(i)
             results.append(res)
-            predictions.append(prediction_row(tokenizer, sample, ids, start, res))
+            predictions.append(prediction_row(tokenizer, samples[i], prompts[i], starts[i], res))
+        order = sorted(range(len(done)), key=done.__getitem__)  # sample order, whatever the batch
+        results[:], predictions[:] = [results[j] for j in order], [predictions[j] for j in order]
         close_record(record, task, samples, prompts, results, predictions, model.device)
+        record["efficiency"]["samples_per_s"] = len(samples) / (time.perf_counter() - start)
     print_summary(record)
     return record

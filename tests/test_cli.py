@@ -79,6 +79,8 @@ BAD_INPUT = [
     (["runner=quality_grid", "budget=0.3"], "budget=0.3 would be ignored"),
     (["runner=quality_grid", "backend=compiled"], "runner=quality_grid runs eager decode steps"),
     (["task=ruler", "task.query_aware=no"], "task.query_aware must be true or false, got 'no'"),
+    (["runner.batch_size=0"], "runner.batch_size must be a positive integer, got 0"),
+    (["runner.batch_size=2", "backend=compiled"], "backend=compiled takes runner.batch_size=1"),
 ]
 if not torch.cuda.is_available():
     BAD_INPUT.append((["device=cuda"], "device=cuda, but CUDA is not available"))

@@ -80,6 +80,24 @@ def test_missing_less_kernels_name_a_training_command_that_works(tmp_path, data_
     assert len(build_method(compose_run(*run)).kernels) == layers  # found: one kernel per layer
 
 
+def test_a_batched_quality_run_stores_what_batch_one_stores(tmp_path, data_dir, saved_model):
+    """``runner.batch_size=3`` on six XSum articles of different lengths (rows end at different steps):
+    the same predictions, in sample order, and the same per-sample budgets and bytes, under its own
+    run id; batch 1's id is that of a run stored before the option existed."""
+    common = ["model=hf", f"model.id={saved_model}", "method=h2o", "budget=0.3", "task.limit=6",
+              "task.max_new_tokens=8", "model.max_context=2048", "runner.progress=false", "logger=table",
+              f"task.data_dir={data_dir}",
+              f"paths.results_dir={tmp_path}"]  # fmt: skip
+    one, three = (RUNNER_REGISTRY["quality"](compose_run(*common, f"runner.batch_size={n}")) for n in (1, 3))
+    assert one["status"] == three["status"] == "ok" and one["run_id"] != three["run_id"]
+    files = [tmp_path / "runs" / r["run_id"] / "predictions.jsonl" for r in (one, three)]
+    rows = [[json.loads(x) for x in f.read_text().splitlines()] for f in files]
+    fields = ("id", "prediction", "prompt_tokens", "generated_tokens", "budget_slots", "kv_bytes_end")
+    assert [[p[f] for f in fields] for p in rows[0]] == [[p[f] for f in fields] for p in rows[1]]
+    assert len({p["prompt_tokens"] for p in rows[0]}) > 1 and one["metrics"] == three["metrics"]
+    assert three["config"]["runner"]["batch_size"] == 3 and three["efficiency"]["samples_per_s"] > 0
+
+
 @pytest.mark.parametrize(
     ("model", "options"),
     [

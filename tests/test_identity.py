@@ -142,3 +142,14 @@ def test_query_aware_true_keeps_the_ids_of_runs_stored_before_the_switch():
     aware = config | {"task": {"name": "longbench", "query_aware": True}}
     agnostic = config | {"task": {"name": "longbench", "query_aware": False}}
     assert setting_id(aware) == setting_id(config) != setting_id(agnostic)
+
+
+def test_batch_size_one_keeps_the_ids_of_runs_stored_before_the_option():
+    """One prompt at a time (``runner.batch_size=1``) is what every quality run did before the option:
+    the id is unchanged; a batched run (other timings, the same tokens) is another run."""
+    config = {"model": {"name": "m"}, "method": {"name": "h2o"}, "task": {"name": "xsum"},
+              "runner": {"name": "quality", "progress": True}, "budget": 0.1, "budget_unit": "prompt",
+              "seed": 0}  # fmt: skip
+    one = config | {"runner": {"name": "quality", "progress": True, "batch_size": 1}}
+    eight = config | {"runner": {"name": "quality", "progress": True, "batch_size": 8}}
+    assert setting_id(one) == setting_id(config) != setting_id(eight)

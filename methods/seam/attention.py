@@ -10,6 +10,8 @@ them, and this function owns causality. The :class:`~methods.seam.cache.Compress
   rule (the method, or ``methods.seam.sliding`` on a sliding layer) scores and compresses the layer.
 - Chunk (several tokens on a prefilled layer: a question appended after the context was compressed):
   one decode step per token (``methods.seam.step.chunk_step``).
+- Rows: a :class:`~methods.seam.rows.RowsCache` batches the decode steps of several prompts'
+  caches; each row takes its own decode step on its own layer.
 - Decode step: explicit attention over the slots with the ``log_weight`` bias
   (``kernels.decode_attention``), whose probabilities the method uses to update its scores
   before evicting/merging (ZSMerge Algorithm 1 order). Methods that need no probabilities get
@@ -22,6 +24,7 @@ import torch
 from transformers import AttentionInterface
 
 from methods.seam.cache import CompressedCache
+from methods.seam.rows import RowsCache, RowsLayer
 from methods.seam.step import chunk_step, decode_step, prefill_attention, prefill_step
 
 __all__ = ["ATTN_IMPLEMENTATION", "kvbench_attention", "prefill_attention"]
@@ -39,7 +42,7 @@ def kvbench_attention(
     dropout: float = 0.0,
     softcap: float | None = None,
     sliding_window: int | None = None,
-    kvbench_cache: CompressedCache | None = None,
+    kvbench_cache: CompressedCache | RowsCache | None = None,
     kvbench_observer=None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
@@ -61,8 +64,9 @@ def kvbench_attention(
     softcap, sliding_window : float | None, int | None
         What the model's attention module passes; they must agree with the layer's
         :class:`~methods.seam.architecture.LayerSpec`, which the cache read from the config.
-    kvbench_cache : CompressedCache
-        The cache the model was called with.
+    kvbench_cache : CompressedCache | RowsCache
+        The cache the model was called with (a :class:`~methods.seam.rows.RowsCache`: one prefilled
+        cache per batch row, decode steps only).
     kvbench_observer : callable, optional
         Called as ``observer(layer_idx, query, new_keys, new_values, out, scale)`` after each layer's
         attention, with this call's keys/values ``[batch, kv_heads, q_len, head_dim]`` and the output
@@ -88,7 +92,9 @@ def kvbench_attention(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     _check_layer(kvbench_cache.layers[module.layer_idx], softcap, sliding_window)
     layer = kvbench_cache.layers[module.layer_idx]
-    if not layer.prefilled:
+    if isinstance(layer, RowsLayer):  # several caches, one per batch row: each row its own step
+        out = layer.decode(query, scale)
+    elif not layer.prefilled:
         out = prefill_step(layer, query, key, value, scale)
     elif query.shape[2] == 1:
         out = decode_step(layer, query, scale)
