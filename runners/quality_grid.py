@@ -6,9 +6,11 @@ the run id that ``python run.py method=<m> compression_ratio=<r> task=ruler`` wo
 config: the job's other overrides, the method preset, the ratio or budget). Settings already finished
 are skipped; FullKV, which ignores the budget, runs once. Per sample the model's prefill forward runs
 once for every setting (``runners.shared_prefill``): the prompt's hidden states do not depend on the
-method, since every method computes prefill attention uncompressed. Each setting's tokens are those of
-its own run; its timings are not (``efficiency.prefill_shared_by`` says by how many settings the
-prefill forward, their compression included, was shared).
+method, since every method computes prefill attention uncompressed; then the settings' decode steps
+run ``runner.batch_size`` settings per forward (``runners.batched``; rows of different methods). Each
+setting's tokens are those of its own run; its timings are not (``efficiency.prefill_shared_by`` says
+by how many settings the prefill forward, their compression included, was shared; ``grid.batch_size``
+how many settings shared a decode forward).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from runners.build import build_components, check_run, load_prompts, refuse_untr
 from runners.generate import GenerationResult, eos_token_ids
 from runners.models import load_model
 from runners.quality import (
+    check_batch_size,
     check_budgets,
     check_lengths,
     close_record,
@@ -155,6 +158,7 @@ def run_quality_grid(cfg: DictConfig) -> dict:
         For bad input (:func:`setting_configs`, and every check of a quality run), before the model
         loads.
     """
+    batch_size = check_batch_size(cfg)
     settings, finished, (task, tokenizer, samples, prompts) = _prepare(cfg)
     check_lengths(cfg, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
@@ -162,7 +166,7 @@ def run_quality_grid(cfg: DictConfig) -> dict:
         s.budgets = check_budgets(s.cfg, s.method, s.config["budget"], samples, prompts, task, starts)
     print(f"{len(settings)} setting(s) to run, {len(finished)} already finished", flush=True)
     if settings:
-        _run(cfg, settings, task, tokenizer, samples, prompts, starts)
+        _run(cfg, settings, task, tokenizer, samples, prompts, starts, batch_size)
     records = finished + [s.record for s in settings]
     for r in records:
         first = next(iter((r.get("metrics") or {}).values()), None)
@@ -178,13 +182,13 @@ def run_quality_grid(cfg: DictConfig) -> dict:
     }
 
 
-def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts) -> None:
+def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts, batch_size: int) -> None:
     """Load the model once and run the settings sample by sample (records written whatever happens)."""
     print(f"loading model {cfg.model.name}", flush=True)
     model = load_model(cfg.model, cfg.device)
     eos = eos_token_ids(model, tokenizer)
     protocol = task.protocol() | {"eos_token_ids": sorted(eos)} | layer_protocol(layer_specs(model))
-    grid = {"settings": len(settings), "shared_prefill": True}
+    grid = {"settings": len(settings), "shared_prefill": True, "batch_size": batch_size}
     with contextlib.ExitStack() as stack:
         for s in settings:
             s.record = new_record(
@@ -200,7 +204,7 @@ def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts
                 results = shared_generate(
                     model, ids.to(model.device), [(s.method, s.budgets[i]) for s in settings],
                     task.max_new(sample), eos | stop_token_ids(tokenizer, sample.stop_strings),
-                    min_new_tokens=task.min_new_tokens, question_start=starts[i],
+                    min_new_tokens=task.min_new_tokens, question_start=starts[i], batch_size=batch_size,
                 )  # fmt: skip
                 for s, res in zip(settings, results, strict=True):
                     s.results.append(res)

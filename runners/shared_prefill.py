@@ -6,8 +6,9 @@ prompt's prefill are the same whatever the method and budget. A grid of settings
 model's prefill forward once per prompt: one forward (FullKV) whose observer hands every layer's
 queries, keys and values to each setting's own cache, where the setting's rule scores and compresses
 them exactly as in its own run (:class:`PrefillFanout`). Each setting then appends its question chunk
-(query-agnostic runs) and decodes on its own cache (``runners.generate.finish_generation``): its
-tokens are those of its own :func:`~runners.generate.greedy_generate` run (tests check it).
+(query-agnostic runs) and decodes on its own cache, the settings' decode steps ``batch_size`` at a
+time in one forward (``runners.batched``): its tokens are those of its own
+:func:`~runners.generate.greedy_generate` run (tests check it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch
 
 from methods import CompressedCache, CompressionMethod, FullKV
 from methods.seam.step import prefill_step
-from runners.generate import GenerationResult, ModelRun, finish_generation
+from runners.batched import Row, decode_rows
+from runners.generate import GenerationResult, ModelRun, begin_generation
 
 
 class PrefillFanout:
@@ -55,6 +57,7 @@ def shared_generate(
     eos_token_ids: set[int],
     min_new_tokens: int = 0,
     question_start: int | None = None,
+    batch_size: int = 1,
 ) -> list[GenerationResult]:
     """Greedy decoding of one prompt under several settings with one prefill forward.
 
@@ -68,6 +71,8 @@ def shared_generate(
         ``(method, slot budget)`` per setting (budgets resolved for this prompt).
     max_new_tokens, eos_token_ids, min_new_tokens, question_start
         As :func:`runners.generate.greedy_generate`.
+    batch_size : int
+        Settings whose decode steps run in one forward (``runners.batched``; 1: one by one).
 
     Returns
     -------
@@ -78,7 +83,8 @@ def shared_generate(
     Raises
     ------
     ValueError
-        If the batch size is not 1, no setting is given, or ``question_start`` is out of range.
+        If the prompt batch is not 1, no setting is given, ``question_start`` is out of range or
+        ``batch_size`` < 1.
     """
     if input_ids.shape[0] != 1 or not settings:
         raise ValueError("shared_generate takes one prompt and at least one setting")
@@ -92,13 +98,13 @@ def shared_generate(
     logits = driver.prefill(prefix)
     seconds = time.perf_counter() - start
     del driver
-    results = []
-    for (method, budget), cache in zip(settings, caches, strict=True):
-        run = ModelRun(model, method, budget, cache=cache)
-        results.append(
-            finish_generation(
-                run, input_ids, logits, budget, max_new_tokens, eos_token_ids, seconds,
-                min_new_tokens=min_new_tokens,
-            )
-        )  # fmt: skip
-    return results
+
+    def begin(cache: CompressedCache, budget: int | None) -> Row:
+        run = ModelRun(model, cache.method, budget, cache=cache)
+        result = begin_generation(run, input_ids, logits, budget, eos_token_ids, seconds, min_new_tokens)
+        return Row(run, result, max_new_tokens, eos_token_ids, min_new_tokens)
+
+    budgets = [budget for _, budget in settings]
+    rows = [(i, lambda c=c, b=b: begin(c, b)) for i, (c, b) in enumerate(zip(caches, budgets, strict=True))]
+    out = dict(decode_rows(model, rows, batch_size))
+    return [out[i] for i in range(len(settings))]

@@ -29,11 +29,15 @@ def own_runs(model, ids, grid, start):
     return [greedy_generate(model, ids, m, b, NEW, {2}, question_start=start) for m, b in grid]
 
 
-@pytest.mark.parametrize("start", [None, PROMPT - QUESTION], ids=["query_aware", "query_agnostic"])
-def test_shared_prefill_equals_each_settings_own_run(tiny_model, start):
+@pytest.mark.parametrize(
+    ("start", "batch"), [(None, 1), (PROMPT - QUESTION, 1), (PROMPT - QUESTION, 4)],
+    ids=["query_aware", "query_agnostic", "query_agnostic-decode_batch_4"],
+)  # fmt: skip
+def test_shared_prefill_equals_each_settings_own_run(tiny_model, start, batch):
+    """Batch 4: the settings' decode steps four rows per forward (rows of different methods)."""
     ids = torch.randint(3, 128, (1, PROMPT), generator=torch.Generator().manual_seed(5))
     grid = settings(20)
-    shared = shared_generate(tiny_model, ids, grid, NEW, {2}, question_start=start)
+    shared = shared_generate(tiny_model, ids, grid, NEW, {2}, question_start=start, batch_size=batch)
     own = own_runs(tiny_model, ids, settings(20), start)
     for (method, _), a, b in zip(grid, shared, own, strict=True):
         fields = ("tokens", "slots", "kv_bytes", "allocated_bytes", "prefill_slots", "prefill_head_slots")
@@ -62,17 +66,17 @@ def read_runs(results: Path) -> dict[str, tuple[dict, list[dict]]]:
 
 @pytest.mark.integration
 def test_grid_records_are_the_single_runs_records(run_py, data_dir, tmp_path):
-    """``runner=quality_grid`` on RULER (query-agnostic) stores each setting under the id of its own
-    run, with its predictions; FullKV runs once."""
+    """``runner=quality_grid`` on RULER (query-agnostic), its settings' decode steps batched, stores
+    each setting under the id of its own run, with its predictions; FullKV runs once."""
     common = ("task=ruler", "task.tasks=[niah_single_1]", "task.lengths=[1024]", "task.limit=2")
-    grid = run_py("runner=quality_grid", *common, "runner.methods=[fullkv,snapkv]",
+    grid = run_py("runner=quality_grid", *common, "runner.methods=[fullkv,snapkv]", "runner.batch_size=3",
                   "runner.compression_ratios=[0.5,0.75]", data_dir=str(data_dir))  # fmt: skip
     assert grid.returncode == 0, grid.stderr
     runs = read_runs(tmp_path / "results")
     assert sorted((r["method"], r["config"]["budget"]) for r, _ in runs.values()) == [
         ("fullkv", None), ("snapkv", 0.25), ("snapkv", 0.5)
     ]  # fmt: skip
-    assert all(r["efficiency"]["prefill_shared_by"] == 3 for r, _ in runs.values())
+    assert all(r["efficiency"]["prefill_shared_by"] == r["grid"]["batch_size"] == 3 for r, _ in runs.values())
     assert all(r["protocol"]["query_aware"] is False for r, _ in runs.values())
     single = run_py("method=snapkv", "compression_ratio=0.75", *common,
                     f"paths.results_dir={tmp_path / 'single'}", data_dir=str(data_dir))  # fmt: skip

@@ -1,0 +1,141 @@
+"""Batched quality runs (``runner.batch_size``): samples/s of XSum generation at batch 1, 4 and 8, the
+peak memory, and whether every batch size gives batch 1's predictions token for token.
+
+What is timed is what a quality run does per sample (``runners.quality``): the prompt's prefill on
+its own cache, its question chunk (none for XSum) and its decode steps, which ``runners.batched``
+runs for up to ``batch_size`` samples in one model forward (continuous batching: a finished sample's
+place goes to the next prompt at once). One model load serves every (method, batch) cell; the
+samples are the task's first ``--limit`` (XSum test, the chat prompt, 64 new tokens at most), with
+a budget of ``--budget`` of each prompt. The peak memory is the process's resident set (CPU) or the
+device's allocated peak (CUDA) over each cell, the model included.
+
+    python scripts/bench_batch.py                                  # embedded model, CPU, 20 samples
+    python scripts/bench_batch.py --device cuda --batches 1,8,16 --json results/bench/batch.json
+    python scripts/bench_batch.py --methods all --batches 1,8 --skip-timing   # the identity check only
+
+Targets (issue of the batch runner): batch 8 >= 2.5x the samples/s of batch 1 on a 2-core CPU, >= 6x
+on a GPU. Exit code 1 if any cell's predictions differ from batch 1's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from runners.batched import decode_rows, start_row  # noqa: E402
+from runners.build import build_components, load_prompts  # noqa: E402
+from runners.environment import device_info, peak_device_bytes, peak_rss_bytes, reset_peak_memory  # noqa: E402
+from runners.generate import eos_token_ids  # noqa: E402
+from runners.models import load_model  # noqa: E402
+from runners.quality import check_budgets, question_starts, stop_token_ids  # noqa: E402
+
+METHODS = ("fullkv", "h2o", "snapkv", "zsmerge", "keepkv")
+#: Presets a user must complete (a gate pattern, per-layer ratios) or that need trained kernels.
+NOT_RUNNABLE = ("duo_attention", "layer_ratios", "less", "less_random")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", default=",".join(METHODS), help="method presets, or 'all'")
+    p.add_argument("--batches", default="1,4,8", help="batch sizes; the first must be 1 (the reference)")
+    p.add_argument("--budget", type=float, default=0.1, help="fraction of each prompt kept")
+    p.add_argument("--limit", type=int, default=20, help="XSum samples")
+    p.add_argument("--model", default="smollm2-135m", help="model preset (configs/model)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--skip-timing", action="store_true", help="no table of speed (the identity check only)")
+    p.add_argument("--json", default=None, help="write the figures here (rewritten after every cell)")
+    return p.parse_args()
+
+
+def presets(names: str) -> list[str]:
+    if names != "all":
+        return names.split(",")
+    found = sorted(p.stem for p in (ROOT / "configs" / "method").glob("*.yaml"))
+    variants = ("zsmerge_", "kvmerger_", "keepkv_")  # the same methods with other papers' settings
+    return [n for n in found if n not in NOT_RUNNABLE and not n.startswith(variants)]
+
+
+def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None]:
+    """Generate every sample at ``batch``: (tokens per sample, samples/s, peak bytes)."""
+    method, task = build_components(cfg)
+    tokenizer, samples, prompts = load_prompts(cfg, task)
+    starts = question_starts(tokenizer, task, samples, prompts)
+    budgets = check_budgets(cfg, method, cfg.budget, samples, prompts, task, starts)
+    eos = eos_token_ids(model, tokenizer)
+
+    def begin(i: int):
+        return lambda: start_row(
+            model, prompts[i].to(model.device), method, budgets[i], task.max_new(samples[i]),
+            eos | stop_token_ids(tokenizer, samples[i].stop_strings),
+            min_new_tokens=task.min_new_tokens, question_start=starts[i],
+        )  # fmt: skip
+
+    reset_peak_memory(model.device)
+    start = time.perf_counter()
+    out = dict(decode_rows(model, [(i, begin(i)) for i in range(len(samples))], batch))
+    seconds = time.perf_counter() - start
+    peak = peak_device_bytes(model.device) if model.device.type == "cuda" else peak_rss_bytes()
+    return [out[i].tokens for i in range(len(samples))], len(samples) / seconds, peak
+
+
+def main() -> None:
+    args = parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    if batches[0] != 1:
+        sys.exit("error: --batches must start with 1 (the reference every batch is checked against)")
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        base = [f"model={args.model}", "task=xsum", f"task.limit={args.limit}", f"device={args.device}"]
+        model = load_model(compose("config", overrides=base).model, args.device)
+        out = {"device": device_info(model.device), "args": vars(args), "cells": {}}
+        torch.set_grad_enabled(False)
+        differ = []
+        for name in presets(args.methods):
+            cfg = compose("config", overrides=[*base, f"method={name}", f"budget={args.budget}"])
+            reference = None
+            for batch in batches:
+                tokens, rate, peak = run_cell(model, cfg, batch)
+                reference = tokens if reference is None else reference
+                same = tokens == reference
+                if not same:
+                    differ.append(f"{name} batch {batch}")
+                out["cells"][f"{name}/{batch}"] = {
+                    "method": name, "batch_size": batch, "samples_per_s": rate, "peak_bytes": peak,
+                    "same_tokens_as_batch_1": same,
+                    "samples_differing": sum(a != b for a, b in zip(tokens, reference, strict=True)),
+                }  # fmt: skip
+                print(f"{name:<26} batch {batch:>2}: {rate:6.3f} samples/s, peak {peak / 2**30:5.2f} GiB, "
+                      f"same tokens as batch 1: {same}", flush=True)  # fmt: skip
+                if args.json:
+                    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                    Path(args.json).write_text(json.dumps(out, indent=2))
+    if not args.skip_timing:
+        print_table(out, batches)
+    if differ:
+        print("predictions differ from batch 1: " + ", ".join(differ))
+        sys.exit(1)
+
+
+def print_table(out: dict, batches: list[int]) -> None:
+    """Markdown: one row per method, samples/s per batch, speed-up of the largest batch over batch 1."""
+    head = " | ".join(f"batch {b} samples/s" for b in batches)
+    print(f"\n| method | {head} | batch {batches[-1]} / batch 1 | peak GiB (batch {batches[-1]}) |")
+    print("|---|" + "---:|" * (len(batches) + 2))
+    names = dict.fromkeys(c["method"] for c in out["cells"].values())
+    for name in names:
+        rates = [out["cells"][f"{name}/{b}"]["samples_per_s"] for b in batches]
+        peak = out["cells"][f"{name}/{batches[-1]}"]["peak_bytes"]
+        cells = " | ".join(f"{r:.3f}" for r in rates)
+        print(f"| {name} | {cells} | {rates[-1] / rates[0]:.2f}x | {peak / 2**30:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
