@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from methods import FullKV
+from methods import H2O, FullKV
 from runners.generate import ModelRun, greedy_generate
 from runners.shared_prefill import shared_generate
 from tests.architectures import tiny_family
@@ -43,6 +43,24 @@ def test_shared_prefill_equals_each_settings_own_run(tiny_model, start, batch):
         fields = ("tokens", "slots", "kv_bytes", "allocated_bytes", "prefill_slots", "prefill_head_slots")
         assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields], method.label
     assert len({tuple(r.tokens) for r in shared}) > 1  # the settings do differ
+
+
+def test_equal_prompt_scores_of_a_grid_are_computed_once(tiny_model, monkeypatch):
+    """H2O at three budgets scores the prompt with the same causal column sums: computed once per
+    layer (``methods.seam.score_memo``), and each setting's run is still its own run's."""
+    import methods.seam.scoring as scoring
+
+    computed = []
+    real = scoring.remember
+    monkeypatch.setattr(scoring, "remember", lambda *a: (computed.append(1), real(*a)))
+    ids = torch.randint(3, 128, (1, PROMPT), generator=torch.Generator().manual_seed(8))
+    grid = [(build_preset("h2o"), b) for b in (12, 20, 30)] + [(H2O(chunk_size=7), 20)]
+    shared = shared_generate(tiny_model, ids, grid, NEW, {2})
+    layers = tiny_model.config.num_hidden_layers
+    assert len(computed) == 2 * layers  # once for the three budgets, once for the other chunk size
+    own = own_runs(tiny_model, ids, grid, None)
+    assert [(r.tokens, r.slots) for r in shared] == [(r.tokens, r.slots) for r in own]
+    assert len(computed) == 2 * layers + 4 * layers  # no memo outside a grid: every run its own
 
 
 def test_shared_prefill_on_sliding_layers_with_softcap():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from methods.seam.score_memo import lookup, remember
+
 
 def softcap_logits(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """Attention-logit soft-capping (Gemma-2, ``attn_logit_softcapping``): ``c * tanh(logits / c)``;
@@ -134,8 +136,12 @@ def causal_column_sums(
     Returns
     -------
     torch.Tensor
-        ``[batch, kv_heads, prompt]`` float32, averaged over the query heads of each group.
+        ``[batch, kv_heads, prompt]`` float32, averaged over the query heads of each group. Within
+        ``methods.seam.score_memo.shared_scores`` (a grid's prefill) an equal earlier call's result.
     """
+    args = (scaling, chunk, softcap)
+    if (shared := lookup(query, keys, row_weights, args)) is not None:  # a grid's earlier setting
+        return shared
     b, hkv, length, _ = keys.shape
     q = group_queries(query, hkv)
     out = torch.zeros((b, hkv, length), dtype=torch.float32, device=keys.device)
@@ -144,13 +150,16 @@ def causal_column_sums(
         stop = min(start + chunk, length)
         logits = torch.einsum("bhgqd,bhkd->bhgqk", q[:, :, :, start:stop].float(), keys[:, :, :stop].float())
         logits = softcap_logits(logits * scaling, softcap)
-        future = k_pos[None, :stop] > torch.arange(start, stop, device=keys.device)[:, None]
-        probs = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
+        # only the chunk's own columns hold future keys: mask that block in place
+        future = k_pos[None, start:stop] > k_pos[start:stop, None]
+        logits[..., start:stop].masked_fill_(future, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
         if row_weights is None:
             out[..., :stop] += probs.sum(dim=3).mean(dim=2)
         else:
             w = row_weights[start:stop].to(probs.dtype)
             out[..., :stop] += torch.einsum("bhgqk,q->bhk", probs, w) / probs.shape[2]
+    remember(query, keys, row_weights, args, out)
     return out
 
 
