@@ -33,6 +33,12 @@ def cli() -> None:
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     # SIGTERM (kill, a scheduler's time limit) ends a run as Ctrl-C does: its record says "interrupted".
     signal.signal(signal.SIGTERM, _terminated)
+    from reports.store import renamed_override
+
+    renamed = renamed_override(sys.argv[1:])  # Hydra's own message would be a struct error
+    if renamed is not None:
+        print(f"error: {renamed}", file=sys.stderr)
+        sys.exit(2)
     try:
         main()
     except MissingConfigException as err:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from reports.runs import Filters
-from reports.store import ResultStore
+from reports.store import ResultStore, renamed_override
 from tasks.errors import KVBenchError
 
 FIGURES = ("budget", "niah", "pareto", "memory")
@@ -172,6 +172,9 @@ def main(argv: list[str]) -> int:
     out = Path(args.out or store.root / "reports")
     if args.overrides and args.name in COMMANDS:
         print(f"error: {args.name} takes no overrides (got {' '.join(args.overrides)})", file=sys.stderr)
+        return 2
+    if (renamed := renamed_override(args.overrides)) is not None:
+        print(f"error: {renamed}", file=sys.stderr)
         return 2
     try:
         return HANDLERS.get(args.name, experiment_command)(args, store, out)

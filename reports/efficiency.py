@@ -33,7 +33,7 @@ def _label(record: dict) -> str:
 
 def _shape(record: dict) -> str:
     s = record["shape"]
-    return f"{s['prompt_len']}+{s['gen_len']} x {s['batch']}"
+    return f"{s['prompt_len']}+{s['gen_len']} x {s['batch_size']}"
 
 
 def _device(record: dict) -> str:

@@ -8,7 +8,7 @@ What to show comes from the experiment file's ``report`` node (``configs/experim
     context) or ``error`` (attention-output error per budget).
 ``index``, ``columns``, ``values``
     Keys of a row (config groups by their chosen option, other keys from the stored config,
-    e.g. ``budget``, ``runner.batch``) and record metrics; a cell is the mean over its runs.
+    e.g. ``budget``, ``runner.batch_size``) and record metrics; a cell is the mean over its runs.
 ``figure``
     ``{x, y, hue, facet}`` for a line plot of the cell means (``table`` kind).
 ``paper``

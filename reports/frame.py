@@ -14,7 +14,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from reports.presets import budget_ignored
-from reports.store import ResultStore, flat_summary, run_config, run_identity, setting_id
+from reports.store import RENAMED_OPTIONS, ResultStore, flat_summary, run_config, run_identity, setting_id
 from reports.sweep_jobs import Job, composed_jobs
 
 GROUP_KEYS = ("method", "task", "model")  # config groups: a row shows the chosen option's name
@@ -24,7 +24,7 @@ def key_value(job: Job, record: dict | None, key: str) -> object:
     """The value of report key ``key`` for a job: the model's name (as the run recorded it, so a
     GGUF run through ``model=gguf`` or its converted folder shows under one name), a config
     group's chosen option (``method``, ``task``), or a field of the run's stored config
-    (``budget`` is None where the method ignores it), e.g. ``runner.batch`` or
+    (``budget`` is None where the method ignores it), e.g. ``runner.batch_size`` or
     ``method.residual_ratio``."""
     if key == "model":  # the run's model name (one model, one name: not the loader chosen)
         stored = ((record or {}).get("config") or {}).get("model") or {}
@@ -117,8 +117,8 @@ def near_misses(jobs: Sequence[Job], records: dict[str, dict | None], store: Res
                 diff = [k for k in diff if k != "budget"]
             if any(k == "budget" or k.startswith("method.") for k in diff):
                 continue  # another budget or other hyperparameters: another setting, not other overrides
-            if diff and len(diff) <= 3:
-                text = " ".join(f"{k}={_override(have.get(k))}" for k in diff)
+            if diff and len(diff) <= 3:  # identity keys hashed under an old name shown under the new one
+                text = " ".join(f"{RENAMED_OPTIONS.get(k, k)}={_override(have.get(k))}" for k in diff)
                 counts[text] = counts.get(text, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 

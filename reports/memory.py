@@ -38,7 +38,8 @@ def _series(record: dict) -> str:
         if r["budget_unit"] == "slots"
         else f" @ {100 * budget:g}%"
     )
-    return f"{r['label']}{where}" + (f", batch {shape['batch']}" if shape.get("batch", 1) != 1 else "")
+    batch_size = shape.get("batch_size", 1)
+    return f"{r['label']}{where}" + (f", batch {batch_size}" if batch_size != 1 else "")
 
 
 def record_points(record: dict) -> list[dict]:

@@ -30,12 +30,24 @@ SCHEMA_VERSION = 2
 IDENTITY_KEYS = ("model", "method", "task", "runner", "budget", "budget_unit", "seed")
 NON_IDENTITY_TASK_KEYS = ("data_dir",)
 NON_IDENTITY_RUNNER_KEYS = ("progress",)  # display only: a progress bar does not make another run
+#: Runners whose ``runner.batch_size`` was named ``runner.batch`` when their first runs were stored:
+#: their identity hashes it under that old key, so those runs keep their ids.
+BATCH_KEY_WAS_BATCH = ("efficiency", "oom")
+#: Options renamed since runs were first stored: old name -> new name. ``run.py`` refuses the old
+#: name with one error line; :meth:`ResultStore.read` shows an old record under the new names.
+RENAMED_OPTIONS = {"runner.batch": "runner.batch_size"}
+#: The same renames inside a record: (path of the mapping in the record, old key, new key).
+RENAMED_RECORD_KEYS = (
+    (("config", "runner"), "batch", "batch_size"),
+    (("shape",), "batch", "batch_size"),  # efficiency and OOM records' prompt shape
+)
 
 
 def run_identity(config: dict) -> dict:
     """The part of a resolved config that defines a run (paths, loggers and data location excluded;
     ``task.query_aware=true``, the whole prompt compressed, and ``runner.batch_size=1`` are left out:
-    runs stored before these options existed did that, and keep their ids)."""
+    runs stored before these options existed did that, and keep their ids; the efficiency and OOM
+    runners' ``runner.batch_size`` is hashed as ``batch``, its name when their runs were stored)."""
     identity = {k: config.get(k) for k in IDENTITY_KEYS}
     identity["task"] = {
         k: v for k, v in (config.get("task") or {}).items() if k not in NON_IDENTITY_TASK_KEYS
@@ -43,14 +55,50 @@ def run_identity(config: dict) -> dict:
     if identity["task"].get("query_aware") is True:  # the whole prompt compressed: what runs did before
         del identity["task"]["query_aware"]  # the switch existed, so their ids stay
     if isinstance(config.get("runner"), dict):
-        identity["runner"] = {k: v for k, v in config["runner"].items() if k not in NON_IDENTITY_RUNNER_KEYS}
-        if identity["runner"].get("batch_size") == 1:  # one prompt at a time: what runs did before
-            del identity["runner"]["batch_size"]  # the option existed, so their ids stay
+        runner = {k: v for k, v in config["runner"].items() if k not in NON_IDENTITY_RUNNER_KEYS}
+        if runner.get("name") in BATCH_KEY_WAS_BATCH and "batch_size" in runner:
+            runner["batch"] = runner.pop("batch_size")  # stored runs hashed it as runner.batch
+        elif runner.get("batch_size") == 1:  # one prompt at a time: what runs did before
+            del runner["batch_size"]  # the option existed, so their ids stay
+        identity["runner"] = runner
     if config.get("kernels", "auto") != "auto":  # a forced decode backend is another run
         identity["kernels"] = config["kernels"]
     if config.get("backend", "eager") != "eager":  # compiled decode steps are another run
         identity["backend"] = config["backend"]
     return identity
+
+
+def renamed_override(overrides: list[str]) -> str | None:
+    """The error message for the first command-line override naming a renamed option
+    (:data:`RENAMED_OPTIONS`, with or without a ``+``, ``++`` or ``~`` prefix), else None."""
+    for item in overrides:
+        key, assigns, value = item.partition("=")
+        new = RENAMED_OPTIONS.get(key.lstrip("~+"))
+        if new is not None:
+            return f"{key.lstrip('~+')} is now {new}" + (f" (write {new}={value})" if assigns else "")
+    return None
+
+
+def renamed_in_config(cfg: DictConfig) -> str | None:
+    """The error message for a composed config that still sets a renamed option (a config file
+    written before the rename: the option would be silently ignored), else None."""
+    for old, new in RENAMED_OPTIONS.items():
+        if OmegaConf.select(cfg, old, default=None) is not None:
+            return f"{old} is now {new}: a config file still sets {old}; rename it there"
+    return None
+
+
+def upgrade_record(record: dict) -> dict:
+    """``record`` (in place, and returned) under the current names of :data:`RENAMED_RECORD_KEYS`:
+    a record stored before a rename reads as a new one (``config.runner.batch`` and ``shape.batch``
+    of efficiency and OOM runs become ``batch_size``). The file on disk is left as it is."""
+    for path, old, new in RENAMED_RECORD_KEYS:
+        node = record
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and old in node and new not in node:
+            node[new] = node.pop(old)
+    return record
 
 
 def _digest(value: object, digits: int) -> str:
@@ -175,10 +223,11 @@ class ResultStore:
             self.corrupt.append((path, reason))
             print(f"warning: unreadable record {path} ({reason}); treated as missing", file=sys.stderr)
             return None
-        return record
+        return upgrade_record(record)
 
     def read(self, rid: str) -> dict | None:
-        """The record of run ``rid``, or None if there is none (or it is unreadable: see :meth:`_load`)."""
+        """The record of run ``rid`` under the current option names (:func:`upgrade_record`), or
+        None if there is none (or it is unreadable: see :meth:`_load`)."""
         path = self.run_dir(rid) / "record.json"
         return self._load(path) if path.is_file() else None
 
@@ -241,9 +290,10 @@ class ResultStore:
             if old == new or self.run_dir(new).exists():
                 continue
             self.run_dir(old).rename(self.run_dir(new))
+            path = self.run_dir(new) / "record.json"
+            stored = json.loads(path.read_text(encoding="utf-8"))  # as written, old names kept
             atomic_write_text(
-                self.run_dir(new) / "record.json",
-                json.dumps(record | {"run_id": new}, indent=2, sort_keys=True, default=str) + "\n",
+                path, json.dumps(stored | {"run_id": new}, indent=2, sort_keys=True, default=str) + "\n"
             )
             moved.append((old, new))
         return moved

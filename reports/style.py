@@ -75,7 +75,7 @@ METRIC_LABELS: dict[str, str] = {
     "context": "context (tokens)",
     "runner.prompt_len": "prompt length (tokens)",
     "runner.gen_len": "generated tokens",
-    "runner.batch": "batch size (sequences)",
+    "runner.batch_size": "batch size (sequences)",
 }
 
 #: Metric key -> the values it can take (an interval is clipped to them). Task metrics are scores

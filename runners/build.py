@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from methods import METHOD_REGISTRY, CompressionMethod, validate_budget
+from reports.store import renamed_in_config
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
@@ -88,17 +89,21 @@ def apply_compression_ratio(cfg: DictConfig) -> None:
 
 
 def check_run(cfg: DictConfig) -> None:
-    """The checks of the top-level config every runner shares: ``device``, ``seed``, the result
-    store (``paths.results_dir``), and ``compression_ratio`` turned into its budget
-    (:func:`apply_compression_ratio`).
+    """The checks of the top-level config every runner shares: no option under an old name, ``device``,
+    ``seed``, the result store (``paths.results_dir``), and ``compression_ratio`` turned into its
+    budget (:func:`apply_compression_ratio`).
 
     Raises
     ------
     KVBenchError
-        For a device this machine does not have (:func:`check_device`), a seed that is not an
-        integer, a results dir that cannot be written (``runners.paths.check_writable_dir``), or a
-        bad compression ratio.
+        For an option a config file sets under its old name (``reports.store.RENAMED_OPTIONS``), a
+        device this machine does not have (:func:`check_device`), a seed that is not an integer, a
+        results dir that cannot be written (``runners.paths.check_writable_dir``), or a bad
+        compression ratio.
     """
+    renamed = renamed_in_config(cfg)
+    if renamed is not None:
+        raise KVBenchError(renamed)
     apply_compression_ratio(cfg)
     check_writable_dir(cfg.paths.results_dir, RESULTS)
     check_device(cfg.get("device"))

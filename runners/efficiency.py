@@ -44,7 +44,7 @@ def check_shape(cfg: DictConfig) -> None:
         (``model.max_context``, filled from the model's config by ``runners.build.build_method``).
     """
     r = cfg.runner
-    for key in ("prompt_len", "gen_len", "batch", "repeats"):
+    for key in ("prompt_len", "gen_len", "batch_size", "repeats"):
         if int(r[key]) < 1:
             raise KVBenchError(f"runner.{key} must be >= 1, got {r[key]}")
     if r.prompt_len + r.gen_len > cfg.model.max_context:
@@ -54,10 +54,10 @@ def check_shape(cfg: DictConfig) -> None:
         )
 
 
-def summarise(runs: list[TimedRun], batch: int, prompt_len: int, peaks: list[int | None]) -> dict:
+def summarise(runs: list[TimedRun], batch_size: int, prompt_len: int, peaks: list[int | None]) -> dict:
     """Medians over repeats of one shape: the efficiency block of the record.
 
-    Throughput follows ZSMerge Table 1: generated tokens (batch x gen_len) over the latency
+    Throughput follows ZSMerge Table 1: generated tokens (batch_size x gen_len) over the latency
     (prefill + decode, seconds); decode tokens/s counts decode steps only.
     """
     prefill = statistics.median(r.prefill_seconds for r in runs)
@@ -70,9 +70,9 @@ def summarise(runs: list[TimedRun], batch: int, prompt_len: int, peaks: list[int
         "prefill_seconds": prefill,
         "decode_seconds": decode,
         "latency_seconds": prefill + decode,
-        "prefill_tokens_per_s": batch * prompt_len / prefill,
-        "decode_tokens_per_s": batch * n_steps / decode if n_steps else None,
-        "tokens_per_s": batch * (n_steps + 1) / (prefill + decode),
+        "prefill_tokens_per_s": batch_size * prompt_len / prefill,
+        "decode_tokens_per_s": batch_size * n_steps / decode if n_steps else None,
+        "tokens_per_s": batch_size * (n_steps + 1) / (prefill + decode),
         "decode_step_ms_median": 1000 * statistics.median(steps) if steps else None,
         "decode_step_ms_p90": 1000 * statistics.quantiles(steps, n=10)[-1] if len(steps) > 1 else None,
         "prefill_seconds_all": [r.prefill_seconds for r in runs],
@@ -96,7 +96,7 @@ def measure(
     decode step of the warm-up and of each repeat (a forward hook: a counter increment per step)."""
     r = cfg.runner
     device = model.device
-    ids = synthetic_prompts(model.config.vocab_size, r.batch, r.prompt_len, cfg.seed).to(device)
+    ids = synthetic_prompts(model.config.vocab_size, r.batch_size, r.prompt_len, cfg.seed).to(device)
     warmup = min(r.warmup_steps, r.gen_len - 1)
     total = (1 + warmup if r.warmup_steps else 0) + r.repeats * r.gen_len
     runs, peaks = [], []
@@ -117,7 +117,7 @@ def measure(
         finally:
             if hook is not None:
                 hook.remove()
-    return summarise(runs, r.batch, r.prompt_len, peaks), runs[0].curve
+    return summarise(runs, r.batch_size, r.prompt_len, peaks), runs[0].curve
 
 
 def run_efficiency(cfg: DictConfig) -> dict:
@@ -140,8 +140,8 @@ def run_efficiency(cfg: DictConfig) -> dict:
     r = cfg.runner
     record = new_record(
         rid, config, method.label, "synthetic", model.device,
-        shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch": r.batch},
-        budget_slots=budget, n_samples=r.batch,
+        shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch_size": r.batch_size},
+        budget_slots=budget, n_samples=r.batch_size,
     )  # fmt: skip
     with recording(cfg, store, record):
         efficiency, curve = measure(model, method, cfg, budget)

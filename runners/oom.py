@@ -98,7 +98,7 @@ def largest_fitting(fits: Callable[[int], Probe], low: int, high: int) -> tuple[
 def probe_shape(cfg: DictConfig, search: str, value: int) -> tuple[int, int]:
     """``(batch, prompt_len)`` of a probe at ``value`` of the searched quantity."""
     r = cfg.runner
-    return (value, r.prompt_len) if search == "batch" else (r.batch, value)
+    return (value, r.prompt_len) if search == "batch" else (r.batch_size, value)
 
 
 def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Module | None = None) -> None:
@@ -263,7 +263,7 @@ def run_oom(cfg: DictConfig) -> dict:
 
     record = new_record(
         rid, config, method.label, "synthetic", device,
-        shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch": r.batch}, n_samples=0,
+        shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch_size": r.batch_size}, n_samples=0,
     )  # fmt: skip
     with recording(cfg, store, record):  # an OOM inside a probe is an outcome, never raised here
         threshold, probes = largest_fitting(fits, r.low, r.high)

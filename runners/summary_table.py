@@ -22,7 +22,7 @@ def summary_title(record: dict) -> str:
     cfg = record.get("config") or {}
     shape = record.get("shape")
     size = (
-        f"prompt {shape['prompt_len']} + gen {shape['gen_len']} tokens x batch {shape['batch']}"
+        f"prompt {shape['prompt_len']} + gen {shape['gen_len']} tokens x batch {shape['batch_size']}"
         if shape
         else f"{record.get('n_samples')} samples"
     )

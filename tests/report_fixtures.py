@@ -172,7 +172,7 @@ def efficiency_runs(store: ResultStore) -> list[dict]:
     """FullKV and ZSMerge at 64 slots, 128-token prompts grown to 384 tokens (curve every 64)."""
     out = []
     for method in ("fullkv", "zsmerge"):
-        runner = {"name": "efficiency", "prompt_len": 128, "gen_len": 256, "batch": 1, "curve_every": 64}
+        runner = {"name": "efficiency", "prompt_len": 128, "gen_len": 256, "batch_size": 1, "curve_every": 64}
         curve = []
         for context in (192, 256, 320, 384):
             kv = 9216 * (context if method == "fullkv" else 65)
@@ -203,7 +203,7 @@ def efficiency_runs(store: ResultStore) -> list[dict]:
                 metrics={"tokens_per_s": 40.0},
                 efficiency=eff,
                 curve=curve,
-                shape={"prompt_len": 128, "gen_len": 256, "batch": 1},
+                shape={"prompt_len": 128, "gen_len": 256, "batch_size": 1},
                 device={"type": "cpu", "name": "x86_64"},
             )
         )

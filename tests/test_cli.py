@@ -81,6 +81,9 @@ BAD_INPUT = [
     (["task=ruler", "task.query_aware=no"], "task.query_aware must be true or false, got 'no'"),
     (["runner.batch_size=0"], "runner.batch_size must be a positive integer, got 0"),
     (["runner.batch_size=2", "backend=compiled"], "backend=compiled takes runner.batch_size=1"),
+    (["runner=efficiency", "runner.batch=8"], "error: runner.batch is now runner.batch_size (write runner."),
+    (["runner=oom", "+runner.batch=8"], "runner.batch is now runner.batch_size (write runner.batch_size=8)"),
+    (["hydra.searchpath=[file://{tmp}/conf]", "experiment=old_batch"], "a config file still sets runner."),
 ]
 if not torch.cuda.is_available():
     BAD_INPUT.append((["device=cuda"], "device=cuda, but CUDA is not available"))
@@ -89,13 +92,17 @@ if not torch.cuda.is_available():
 @pytest.mark.parametrize(("overrides", "message"), BAD_INPUT, ids=[" ".join(o) for o, _ in BAD_INPUT])
 def test_bad_input_is_one_error_line_before_any_model_load(tmp_path, run_py, overrides, message):
     """One ``error:`` line, exit code 2, no model loaded and no record; ``{tmp}`` is a folder
-    holding a plain file ``file`` and a data dir whose XSum file has invalid UTF-8 on line 2,
-    ``{ro}`` a read-only directory. Run in-process (``run_py``); the command line's own process is
-    exercised by the other tests of this file."""
+    holding a plain file ``file``, a data dir whose XSum file has invalid UTF-8 on line 2 and a
+    config dir whose experiment ``old_batch`` sets ``runner.batch``, ``{ro}`` a read-only directory.
+    Run in-process (``run_py``); the command line's own process is exercised by the other tests of
+    this file."""
     (tmp_path / "file").write_text("not a directory")
     (tmp_path / "data" / "xsum").mkdir(parents=True)
     row = b'{"document": "a", "summary": "b", "id": "%d"}\n'
     (tmp_path / "data" / "xsum" / "test.jsonl").write_bytes(row % 1 + row.replace(b'"a"', b'"a\xff"') % 2)
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    old = "# @package _global_\ndefaults:\n  - override /runner: efficiency\nrunner:\n  batch: 4\n"
+    (tmp_path / "conf" / "experiment" / "old_batch.yaml").write_text(old)
     where = {"tmp": tmp_path, "ro": read_only_dir(tmp_path)}
     proc = run_py("task.limit=2", *(o.format(**where) for o in overrides))
     lines = proc.stderr.strip().splitlines()

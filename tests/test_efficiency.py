@@ -75,7 +75,7 @@ def test_progress_bar_counts_every_forward_of_warmup_and_repeats(tiny_model, mon
             bars.append(self)
 
     monkeypatch.setattr(runners.efficiency, "tqdm", Recorder)
-    runner = {"batch": 1, "prompt_len": PROMPT, "gen_len": 6, "warmup_steps": 2, "repeats": 3,
+    runner = {"batch_size": 1, "prompt_len": PROMPT, "gen_len": 6, "warmup_steps": 2, "repeats": 3,
               "curve_every": 0, "progress": True}  # fmt: skip
     cfg = OmegaConf.create({"runner": runner, "seed": 0})
     efficiency, _ = measure(tiny_model, H2O(), cfg, 20)
@@ -122,7 +122,7 @@ def fake_run(prefill: float, steps: list[float]) -> TimedRun:
 
 def test_summary_is_the_median_over_repeats():
     runs = [fake_run(1.0, [0.1] * 4), fake_run(3.0, [0.3] * 4), fake_run(2.0, [0.2] * 4)]
-    eff = summarise(runs, batch=2, prompt_len=50, peaks=[7, 9, None])
+    eff = summarise(runs, batch_size=2, prompt_len=50, peaks=[7, 9, None])
     assert eff["prefill_seconds"] == 2.0 and math.isclose(eff["decode_seconds"], 0.8)
     assert math.isclose(eff["latency_seconds"], 2.8)
     assert math.isclose(eff["decode_tokens_per_s"], 2 * 4 / 0.8)
@@ -177,7 +177,7 @@ def test_capped_child_reports_oom_not_a_crash():
     ("overrides", "message"),
     [
         (["runner=efficiency", "runner.prompt_len=8000", "runner.gen_len=500"], "exceeds the context"),
-        (["runner=efficiency", "runner.batch=0"], "runner.batch must be >= 1"),
+        (["runner=efficiency", "runner.batch_size=0"], "runner.batch_size must be >= 1"),
         (["runner=oom", "runner.search=width"], "runner.search must be one of"),
         (["runner=oom", "runner.low=9", "runner.high=4"], "runner.low <= runner.high"),
         (["runner=oom", "runner.device=auto"], "runner.device must be cpu or cuda[:N], got 'auto'"),
@@ -196,13 +196,13 @@ def test_bad_runner_input_is_one_error_line(run_py, overrides, message):
 def test_efficiency_runner_record_on_the_embedded_model(tmp_path, run_py):
     proc = run_py(
         "runner=efficiency", "method=h2o", "budget=0.25", "runner.prompt_len=64",
-        "runner.gen_len=9", "runner.batch=2", "runner.repeats=2", "runner.warmup_steps=2",
+        "runner.gen_len=9", "runner.batch_size=2", "runner.repeats=2", "runner.warmup_steps=2",
         "runner.curve_every=4",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     record = json.loads(next((tmp_path / "results" / "runs").glob("*/record.json")).read_text())
     eff = record["efficiency"]
-    assert record["status"] == "ok" and record["shape"] == {"prompt_len": 64, "gen_len": 9, "batch": 2}
+    assert record["status"] == "ok" and record["shape"] == {"prompt_len": 64, "gen_len": 9, "batch_size": 2}
     for key in ("prefill_seconds", "decode_seconds", "latency_seconds", "tokens_per_s", "decode_tokens_per_s",
                 "prefill_tokens_per_s", "decode_step_ms_median", "peak_memory_bytes"):  # fmt: skip
         assert eff[key] > 0, key

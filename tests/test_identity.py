@@ -8,6 +8,7 @@ is another run, never "already finished". No weights are loaded here.
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -153,3 +154,48 @@ def test_batch_size_one_keeps_the_ids_of_runs_stored_before_the_option():
     one = config | {"runner": {"name": "quality", "progress": True, "batch_size": 1}}
     eight = config | {"runner": {"name": "quality", "progress": True, "batch_size": 8}}
     assert setting_id(one) == setting_id(config) != setting_id(eight)
+
+
+def test_runner_batch_size_keeps_the_ids_of_efficiency_and_oom_runs_stored_as_runner_batch(tmp_path, capsys):
+    """The efficiency and OOM runners' ``runner.batch_size`` was ``runner.batch``: ``batch_size=n``
+    has the setting id the old ``batch=n`` had (1 included: it is not dropped as the quality
+    runner's is), another ``n`` is another run. A finished run stored under the old name is found
+    by the new command and shown under the new names; its file stays as written, also when
+    :meth:`ResultStore.reindex` moves it."""
+    config = {"model": {"name": "m"}, "method": {"name": "h2o"}, "task": None, "budget": 0.1,
+              "budget_unit": "prompt", "seed": 0}  # fmt: skip
+    for name in ("efficiency", "oom"):
+        ids = {}
+        for n in (1, 8):
+            new = config | {"runner": {"name": name, "prompt_len": 64, "batch_size": n, "progress": True}}
+            old = config | {"runner": {"name": name, "prompt_len": 64, "batch": n}}
+            assert setting_id(new) == setting_id(old)
+            ids[n] = setting_id(new)
+        assert ids[1] != ids[8]
+
+    from runners.summary_table import print_summary
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(
+            config_name="config",
+            overrides=["runner=efficiency", "runner.batch_size=2", f"paths.results_dir={tmp_path}",
+                       "logger=table"],
+        )  # fmt: skip
+    new = run_config(cfg)
+    old = new | {"runner": {("batch" if k == "batch_size" else k): v for k, v in new["runner"].items()}}
+    shape = {"prompt_len": cfg.runner.prompt_len, "gen_len": cfg.runner.gen_len, "batch": 2}
+    inputs = run_inputs(cfg)
+    rid = run_id(old, inputs)
+    record = new_record(rid, old, "h2o", "synthetic", torch.device("cpu"), status="ok", shape=shape)
+    record["inputs"] = inputs
+    path = ResultStore(tmp_path).write(record, [])
+    written = path.read_bytes()
+    capsys.readouterr()
+    _, found, done = stored_run(cfg, new, print_summary)
+    assert found == rid and done["config"]["runner"] == new["runner"]
+    assert done["shape"] == {"prompt_len": shape["prompt_len"], "gen_len": shape["gen_len"], "batch_size": 2}
+    assert "tokens x batch 2" in capsys.readouterr().out and path.read_bytes() == written
+    other = ResultStore(tmp_path / "other")
+    other.write(record | {"run_id": "stale"}, [])
+    assert other.reindex() == [("stale", rid)]
+    assert json.loads((other.run_dir(rid) / "record.json").read_text()) == json.loads(written)

@@ -83,9 +83,9 @@ def test_zsmerge_table1_runs_in_the_papers_float32_and_stores_its_latencies(pape
     assert {job.cfg.model.dtype for job in jobs} == {"float32"}
     cells = OmegaConf.to_container(base.report.paper.cells)
     assert all({"tokens_per_s", "latency_seconds"} <= set(c) for c in cells)
-    shapes = {(c["runner.prompt_len"], c["runner.batch"]) for c in cells}
+    shapes = {(c["runner.prompt_len"], c["runner.batch_size"]) for c in cells}
     assert shapes == {(1024, 4), (1024, 8), (2048, 8), (2048, 16), (4096, 4), (4096, 8), (4096, 16)}
-    zsmerge = {(c["runner.prompt_len"], c["runner.batch"]): c for c in cells if c["method"] == "zsmerge"}
+    zsmerge = {(c["runner.prompt_len"], c["runner.batch_size"]): c for c in cells if c["method"] == "zsmerge"}
     assert (zsmerge[(2048, 16)]["tokens_per_s"], zsmerge[(2048, 16)]["latency_seconds"]) == (281.9, 178.4)
 
 

@@ -73,31 +73,38 @@ def test_comparison_keeps_error_runs_out_names_presets_and_prints_no_nan(tmp_pat
     assert "nan" not in out.lower() and "<NA>" not in out
 
 
-def efficiency_record(method: str, batch: int, status: str = "ok", tokens_per_s: float = 10.0) -> dict:
+def efficiency_record(
+    method: str, batch: int, status: str = "ok", tokens_per_s: float = 10.0, key: str = "batch_size"
+) -> dict:
+    """An efficiency record; ``key="batch"``: as stored before ``runner.batch`` became ``batch_size``."""
     eff = {
         "tokens_per_s": tokens_per_s, "latency_seconds": 20.0, "decode_tokens_per_s": 12.0,
         "kv_bytes_end": 2**20, "allocated_kv_bytes_end": 2**20 + 1024, "fullkv_bytes_end": 2**24,
         "peak_memory_bytes": 2**30,
     }  # fmt: skip
+    runner = {"name": "efficiency", key: batch}
     return {
         "run_id": f"{method}-{batch}-{status}",
         "status": status,
         "method": method,
         "task": "synthetic",
         "device": {"type": "cpu", "name": "x86_64"},
-        "shape": {"prompt_len": 1024, "gen_len": 1024, "batch": batch},
-        "config": {"model": {"name": "m"}, "budget": 0.05, "method": {}, "runner": {"name": "efficiency"}},
+        "shape": {"prompt_len": 1024, "gen_len": 1024, key: batch},
+        "config": {"model": {"name": "m"}, "budget": 0.05, "method": {}, "runner": runner},
         "efficiency": eff if status == "ok" else None,
         "curve": [{"context": 1100, "tokens_per_s": 9.0, "kv_bytes": 2**20, "memory_bytes": 2**29}],
     }
 
 
 def test_efficiency_report_has_table1_cells_and_oom(tmp_path, capsys):
+    """Table 1 cells and OOM; a record stored before the rename (``batch``) shares its row with a
+    new one (``batch_size``): the store reads it under the new names."""
     from reports.efficiency import main as efficiency_main
+    from reports.efficiency import throughput_table
     from reports.store import ResultStore
 
     store = ResultStore(tmp_path)
-    store.write(efficiency_record("fullkv", 8, tokens_per_s=177.8), [])
+    store.write(efficiency_record("fullkv", 8, tokens_per_s=177.8, key="batch"), [])
     store.write(efficiency_record("zsmerge", 8, tokens_per_s=161.6), [])
     store.write(efficiency_record("h2o", 16, status="oom"), [])
     error = efficiency_record("zsmerge", 1)
@@ -112,3 +119,10 @@ def test_efficiency_report_has_table1_cells_and_oom(tmp_path, capsys):
     assert "1024+1024 x 8" in out and "1024+1024 x 16" in out
     assert "4.321e-01" in out and "Context growth" in out
     assert efficiency_main([str(tmp_path / "empty")]) == 1
+    old = store.read("fullkv-8-ok")
+    assert old["shape"]["batch_size"] == old["config"]["runner"]["batch_size"] == 8
+    table = throughput_table([r for r in store.records() if r["run_id"] != "err"])
+    row = table.xs("1024+1024 x 8", level="shape")
+    assert len(row) == 1 and list(row.iloc[0][["FullKV @ 5% of prompt", "ZSMerge @ 5% of prompt"]]) == [
+        "177.8 / 20.0", "161.6 / 20.0"
+    ]  # fmt: skip

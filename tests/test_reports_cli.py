@@ -1,5 +1,5 @@
-"""``python -m reports`` on the command line: the store-wide summary, unknown names refused, and the
-command a near-miss hint prints runs as printed."""
+"""``python -m reports`` on the command line: the store-wide summary, unknown names and renamed options
+refused, and the command a near-miss hint prints runs as printed."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ def test_reports_cli_writes_the_summary_and_rejects_unknown_experiments(tmp_path
     assert "1 records moved" in capsys.readouterr().out  # the fixture's id "b" is not its config's hash
     assert main(["nope", "--results-dir", str(store.root)]) == 2
     assert "unknown experiment 'nope'" in capsys.readouterr().err
+    assert main(["keepkv_table1", "runner.batch=8", "--results-dir", str(store.root)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == "error: runner.batch is now runner.batch_size (write runner.batch_size=8)"
     (moved,) = store.records()
     assert moved["method"] == "h2o" and moved["run_id"] != "b" and not store.run_dir("b").exists()
 

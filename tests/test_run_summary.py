@@ -18,7 +18,7 @@ RECORD = {
     "method": "zsmerge",
     "task": "synthetic",
     "config": {"model": {"name": "smollm2-135m"}, "budget": 64},
-    "shape": {"prompt_len": 128, "gen_len": 97, "batch": 2},
+    "shape": {"prompt_len": 128, "gen_len": 97, "batch_size": 2},
     "n_samples": 2,
     "metrics": {"tokens_per_s": 1.95},
     "efficiency": {"kv_bytes_end": 2949120, "fullkv_bytes_end": 10321920, "latency_seconds": 49.67},
