@@ -27,6 +27,7 @@ from runners.generate import (
     begin_generation,
     end_generation,
     generation_done,
+    prefill_prompt,
 )
 
 
@@ -62,20 +63,10 @@ def start_row(
     Raises
     ------
     ValueError
-        As :func:`runners.generate.greedy_generate`.
+        As :func:`runners.generate.prefill_prompt`.
     """
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"a row is one prompt, got batch {input_ids.shape[0]}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if question_start is not None and not 0 < question_start < input_ids.shape[1]:
-        raise ValueError(f"question_start must be in [1, {input_ids.shape[1] - 1}], got {question_start}")
-    run = ModelRun(model, method, budget, input_ids.shape[1] + max_new_tokens - 1)
-    start = time.perf_counter()
-    logits = run.prefill(input_ids if question_start is None else input_ids[:, :question_start])
-    result = begin_generation(
-        run, input_ids, logits, budget, eos_token_ids, time.perf_counter() - start, min_new_tokens
-    )
+    run, logits, seconds = prefill_prompt(model, input_ids, method, budget, max_new_tokens, question_start)
+    result = begin_generation(run, input_ids, logits, budget, eos_token_ids, seconds, min_new_tokens)
     return Row(run, result, max_new_tokens, eos_token_ids, min_new_tokens)
 
 

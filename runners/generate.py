@@ -27,6 +27,7 @@ __all__ = [
     "finish_generation",
     "generation_done",
     "greedy_generate",
+    "prefill_prompt",
 ]
 
 
@@ -211,8 +212,36 @@ def greedy_generate(
         If the batch size is not 1, ``max_new_tokens`` < 1, or ``question_start`` does not leave at
         least one token on each side.
     """
+    run, logits, seconds = prefill_prompt(
+        model, input_ids, method, budget, max_new_tokens, question_start, observer
+    )
+    return finish_generation(
+        run, input_ids, logits, budget, max_new_tokens, eos_token_ids, seconds, on_step, min_new_tokens
+    )
+
+
+def prefill_prompt(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    method: CompressionMethod,
+    budget: int | None,
+    max_new_tokens: int,
+    question_start: int | None = None,
+    observer=None,
+) -> tuple[ModelRun, torch.Tensor, float]:
+    """Prefill one prompt ``[1, prompt]`` into a new cache sized for ``max_new_tokens`` more: the whole
+    prompt, or its first ``question_start`` tokens (the context of a query-agnostic run; the question
+    is appended by :func:`begin_generation`). Returns the run, the last position's logits ``[1, vocab]``
+    and the prefill's wall time (seconds).
+
+    Raises
+    ------
+    ValueError
+        If the batch size is not 1, ``max_new_tokens`` < 1, or ``question_start`` does not leave at
+        least one token on each side.
+    """
     if input_ids.shape[0] != 1:
-        raise ValueError(f"greedy_generate takes one prompt at a time, got batch {input_ids.shape[0]}")
+        raise ValueError(f"a generation takes one prompt at a time, got batch {input_ids.shape[0]}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if question_start is not None and not 0 < question_start < input_ids.shape[1]:
@@ -220,10 +249,7 @@ def greedy_generate(
     run = ModelRun(model, method, budget, input_ids.shape[1] + max_new_tokens - 1, observer)
     start = time.perf_counter()
     logits = run.prefill(input_ids if question_start is None else input_ids[:, :question_start])
-    return finish_generation(
-        run, input_ids, logits, budget, max_new_tokens, eos_token_ids, time.perf_counter() - start,
-        on_step, min_new_tokens,
-    )  # fmt: skip
+    return run, logits, time.perf_counter() - start
 
 
 @torch.inference_mode()

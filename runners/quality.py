@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from omegaconf import DictConfig
@@ -17,7 +18,7 @@ from tqdm import tqdm
 from methods import CompressionMethod, resolve_budget
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
-from runners.batched import decode_rows, start_row
+from runners.batched import Row, decode_rows, start_row
 from runners.build import build_components, load_prompts, refuse_untrained
 from runners.environment import (
     peak_device_bytes,
@@ -182,6 +183,25 @@ def prediction_row(tokenizer, sample, ids: torch.Tensor, start: int | None, res:
     }
 
 
+def sample_rows(
+    model, tokenizer, task: Task, method: CompressionMethod, samples: list, prompts: list, budgets: list,
+    starts: list, eos: set[int],
+) -> list[tuple[int, Callable[[], Row]]]:  # fmt: skip
+    """``(sample index, start)`` per sample of ``task`` (``samples``, their ``prompts``), for
+    :func:`runners.batched.decode_rows`: ``start()`` prefills the sample (:func:`runners.batched.start_row`)
+    with its budget, question start, new-token limit and stop tokens (EOS ids ``eos`` plus the
+    sample's stop strings)."""
+
+    def begin(i: int) -> Callable[[], Row]:
+        return lambda: start_row(
+            model, prompts[i].to(model.device), method, budgets[i], task.max_new(samples[i]),
+            eos | stop_token_ids(tokenizer, samples[i].stop_strings),
+            min_new_tokens=task.min_new_tokens, question_start=starts[i],
+        )  # fmt: skip
+
+    return [(i, begin(i)) for i in range(len(samples))]
+
+
 def close_record(
     record: dict,
     task: Task,
@@ -237,16 +257,10 @@ def run_quality(cfg: DictConfig) -> dict:
     predictions: list[dict] = []
     done: list[int] = []  # sample index of each result, in the order they ended
 
-    def begin(i: int):
-        return lambda: start_row(
-            model, prompts[i].to(model.device), method, budgets[i], task.max_new(samples[i]),
-            eos | stop_token_ids(tokenizer, samples[i].stop_strings),
-            min_new_tokens=task.min_new_tokens, question_start=starts[i],
-        )  # fmt: skip
-
     with recording(cfg, store, record, predictions, lambda: record.update(samples_done=len(results))):
         start = time.perf_counter()
-        rows = decode_rows(model, [(i, begin(i)) for i in range(len(samples))], batch_size)
+        starting = sample_rows(model, tokenizer, task, method, samples, prompts, budgets, starts, eos)
+        rows = decode_rows(model, starting, batch_size)
         for i, res in tqdm(rows, total=len(samples), desc=method.label, disable=not cfg.runner.progress):
             done.append(i)
             results.append(res)

@@ -31,12 +31,12 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runners.batched import decode_rows, start_row  # noqa: E402
+from runners.batched import decode_rows  # noqa: E402
 from runners.build import build_components, load_prompts  # noqa: E402
 from runners.environment import device_info, peak_device_bytes, peak_rss_bytes, reset_peak_memory  # noqa: E402
 from runners.generate import eos_token_ids  # noqa: E402
 from runners.models import load_model  # noqa: E402
-from runners.quality import check_budgets, question_starts, stop_token_ids  # noqa: E402
+from runners.quality import check_budgets, question_starts, sample_rows  # noqa: E402
 
 METHODS = ("fullkv", "h2o", "snapkv", "zsmerge", "keepkv")
 #: Presets a user must complete (a gate pattern, per-layer ratios) or that need trained kernels.
@@ -70,18 +70,12 @@ def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None
     tokenizer, samples, prompts = load_prompts(cfg, task)
     starts = question_starts(tokenizer, task, samples, prompts)
     budgets = check_budgets(cfg, method, cfg.budget, samples, prompts, task, starts)
-    eos = eos_token_ids(model, tokenizer)
-
-    def begin(i: int):
-        return lambda: start_row(
-            model, prompts[i].to(model.device), method, budgets[i], task.max_new(samples[i]),
-            eos | stop_token_ids(tokenizer, samples[i].stop_strings),
-            min_new_tokens=task.min_new_tokens, question_start=starts[i],
-        )  # fmt: skip
-
+    rows = sample_rows(
+        model, tokenizer, task, method, samples, prompts, budgets, starts, eos_token_ids(model, tokenizer)
+    )
     reset_peak_memory(model.device)
     start = time.perf_counter()
-    out = dict(decode_rows(model, [(i, begin(i)) for i in range(len(samples))], batch))
+    out = dict(decode_rows(model, rows, batch))
     seconds = time.perf_counter() - start
     peak = peak_device_bytes(model.device) if model.device.type == "cuda" else peak_rss_bytes()
     return [out[i].tokens for i in range(len(samples))], len(samples) / seconds, peak
