@@ -64,8 +64,9 @@ def presets(names: str) -> list[str]:
     return [n for n in found if n not in NOT_RUNNABLE and not n.startswith(variants)]
 
 
-def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None]:
-    """Generate every sample at ``batch``: (tokens per sample, samples/s, peak bytes)."""
+def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None, float, float]:
+    """Generate every sample at ``batch``: (tokens per sample, samples/s, peak bytes, wall seconds,
+    seconds of the samples' prefills, question chunks included)."""
     method, task = build_components(cfg)
     tokenizer, samples, prompts = load_prompts(cfg, task)
     starts = question_starts(tokenizer, task, samples, prompts)
@@ -78,7 +79,8 @@ def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None
     out = dict(decode_rows(model, rows, batch))
     seconds = time.perf_counter() - start
     peak = peak_device_bytes(model.device) if model.device.type == "cuda" else peak_rss_bytes()
-    return [out[i].tokens for i in range(len(samples))], len(samples) / seconds, peak
+    prefill = sum(r.prefill_seconds for r in out.values())
+    return [out[i].tokens for i in range(len(samples))], len(samples) / seconds, peak, seconds, prefill
 
 
 def main() -> None:
@@ -96,17 +98,19 @@ def main() -> None:
             cfg = compose("config", overrides=[*base, f"method={name}", f"budget={args.budget}"])
             reference = None
             for batch in batches:
-                tokens, rate, peak = run_cell(model, cfg, batch)
+                tokens, rate, peak, wall, prefill = run_cell(model, cfg, batch)
                 reference = tokens if reference is None else reference
                 same = tokens == reference
                 if not same:
                     differ.append(f"{name} batch {batch}")
                 out["cells"][f"{name}/{batch}"] = {
                     "method": name, "batch_size": batch, "samples_per_s": rate, "peak_bytes": peak,
+                    "wall_s": wall, "prefill_s": prefill,
                     "same_tokens_as_batch_1": same,
                     "samples_differing": sum(a != b for a, b in zip(tokens, reference, strict=True)),
                 }  # fmt: skip
-                print(f"{name:<26} batch {batch:>2}: {rate:6.3f} samples/s, peak {peak / 2**30:5.2f} GiB, "
+                timing = f"{rate:6.3f} samples/s ({wall:.1f} s, prefill {prefill:.1f} s)"
+                print(f"{name:<26} batch {batch:>2}: {timing}, peak {peak / 2**30:5.2f} GiB, "
                       f"same tokens as batch 1: {same}", flush=True)  # fmt: skip
                 if args.json:
                     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -121,14 +125,18 @@ def main() -> None:
 def print_table(out: dict, batches: list[int]) -> None:
     """Markdown: one row per method, samples/s per batch, speed-up of the largest batch over batch 1."""
     head = " | ".join(f"batch {b} samples/s" for b in batches)
-    print(f"\n| method | {head} | batch {batches[-1]} / batch 1 | peak GiB (batch {batches[-1]}) |")
-    print("|---|" + "---:|" * (len(batches) + 2))
+    last = batches[-1]
+    print(f"\n| method | {head} | batch {last} / batch 1 | decode part: batch {last} / batch 1 | "
+          f"prefill share (batch {last}) | peak GiB (batch {last}) |")  # fmt: skip
+    print("|---|" + "---:|" * (len(batches) + 4))
     names = dict.fromkeys(c["method"] for c in out["cells"].values())
     for name in names:
         rates = [out["cells"][f"{name}/{b}"]["samples_per_s"] for b in batches]
-        peak = out["cells"][f"{name}/{batches[-1]}"]["peak_bytes"]
+        one, big = out["cells"][f"{name}/1"], out["cells"][f"{name}/{last}"]
+        decode = (one["wall_s"] - one["prefill_s"]) / (big["wall_s"] - big["prefill_s"])
         cells = " | ".join(f"{r:.3f}" for r in rates)
-        print(f"| {name} | {cells} | {rates[-1] / rates[0]:.2f}x | {peak / 2**30:.2f} |")
+        print(f"| {name} | {cells} | {rates[-1] / rates[0]:.2f}x | {decode:.2f}x | "
+              f"{big['prefill_s'] / big['wall_s']:.0%} | {big['peak_bytes'] / 2**30:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
