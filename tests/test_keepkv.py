@@ -203,3 +203,27 @@ def test_cosine_layer_budgets_average_to_the_budget():
     budgets = [method.plan(layer).bound for layer in layers]
     assert budgets[0] > budgets[-1] and budgets == sorted(budgets, reverse=True)
     assert abs(sum(budgets) / 30 - 200) < 1.0
+
+
+@pytest.mark.parametrize("k", [1, 7])
+def test_partners_are_the_retained_slots_of_highest_key_cosine(k):
+    """Algorithm 1 line 5, brute force: every evicted slot's partner is the retained slot of
+    highest ``F.cosine_similarity`` with its key, and the returned cosine is that similarity; for a
+    decode step's one slot (every other slot a candidate) and a prefill's many (the complement)."""
+    from methods.seam.layer import CompressedLayer
+    from methods.seam.scoring import complement
+
+    gen = torch.Generator().manual_seed(k)
+    keys = torch.randn(2, 3, 24, D, generator=gen)
+    layer = CompressedLayer(KeepKV(), None)
+    layer.update(keys, torch.zeros_like(keys))
+    evicted = torch.stack([torch.randperm(24, generator=gen)[:k] for _ in range(6)]).view(2, 3, k)
+    retained = None if k == 1 else complement(evicted, 24)
+    best, partner = KeepKV.partners(layer, evicted, retained)
+    for b in range(2):
+        for h in range(3):
+            for i, e in enumerate(evicted[b, h].tolist()):
+                cos = torch.nn.functional.cosine_similarity(keys[b, h, e][None], keys[b, h], dim=-1)
+                cos[evicted[b, h]] = -2.0
+                assert int(partner[b, h, i]) == int(cos.argmax())
+                assert float(best[b, h, i]) == pytest.approx(float(cos.max()), abs=1e-6)

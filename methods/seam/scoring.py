@@ -47,10 +47,11 @@ def window_logits(
     length = keys.shape[-2]
     w = min(window, length)
     q = group_queries(query[:, :, length - w :], keys.shape[1]).float()
-    logits = softcap_logits(torch.einsum("bhgqd,bhkd->bhgqk", q, keys.float()) * scaling, softcap)
-    q_pos = torch.arange(length - w, length, device=keys.device)
-    k_pos = torch.arange(length, device=keys.device)
-    return logits.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    logits = softcap_logits(torch.einsum("bhgqd,bhkd->bhgqk", q, keys.float()).mul_(scaling), softcap)
+    # only the window's own block [w, w] has keys after their query: mask it in place
+    future = torch.ones(w, w, dtype=torch.bool, device=keys.device).triu_(1)
+    logits[..., length - w :].masked_fill_(future, float("-inf"))
+    return logits
 
 
 def window_attention(
