@@ -53,17 +53,28 @@ class EMAEstimator:
         layer.scalars["ema_log_alpha"] = const(math.log(alpha) if alpha > 0 else NEG_INF)
         layer.scalars["ema_log_1m_alpha"] = const(math.log(1 - alpha))
         layer.scalars["ema_terms"] = const(float(window))
+        layer.scalars["ema_correction"] = const(0.0)
+        self._correct(layer)
 
     def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """``S <- alpha S + (1 - alpha) s`` with this step's ``ln s`` ``[batch, kv_heads, slots]``."""
-        old = layer.state[self.state] + layer.scalars["ema_log_alpha"]
-        layer.store.write(self.state, torch.logaddexp(old, layer.scalars["ema_log_1m_alpha"] + log_s))
+        state = layer.state[self.state]  # a view of the store's buffer: updated in place
+        old = state + layer.scalars["ema_log_alpha"]
+        torch.logaddexp(old, layer.scalars["ema_log_1m_alpha"] + log_s, out=state)
         layer.scalars["ema_terms"] += 1
+        self._correct(layer)
+
+    @staticmethod
+    def _correct(layer: CompressedLayer) -> None:
+        """Store ``-ln(1 - alpha^n)`` for the current ``n`` (once per step, read by every merge), in
+        place (a compiled step's inputs keep their storage)."""
+        scalars = layer.scalars
+        scalars["ema_correction"].copy_(-torch.log1p(-torch.pow(scalars["ema_alpha"], scalars["ema_terms"])))
 
     def correction(self, layer: CompressedLayer) -> torch.Tensor:
         """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms; 0 for
-        ``alpha = 0``)."""
-        return -torch.log1p(-torch.pow(layer.scalars["ema_alpha"], layer.scalars["ema_terms"]))
+        ``alpha = 0``), a float64 0-d tensor."""
+        return layer.scalars["ema_correction"]
 
     def select(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""

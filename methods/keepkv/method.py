@@ -35,7 +35,7 @@ from typing import ClassVar
 import torch
 
 from methods.keepkv.estimators import EMAEstimator, WindowMeanEstimator
-from methods.keepkv.zip_merge import merge_groups
+from methods.keepkv.zip_merge import merge_groups, small_logsumexp
 from methods.seam.evict import ScoreEvict
 from methods.seam.layer import CompressedLayer, gather_slots
 from methods.seam.plan import LayerPlan
@@ -165,8 +165,9 @@ class KeepKV(ScoreEvict):
         """Initialise votes and score estimates from the last ``w`` prompt queries; compress."""
         length = layer.n_slots
         window = max(1, min(layer.plan.recent, length))
-        for name in (*self.counters, "dropped_votes"):  # device tensors: no host sync per step
-            layer.scalars[name] = torch.zeros((), device=layer.device)
+        b, h = layer.keys.shape[:2]
+        for name in (*self.counters, "dropped_votes"):  # per head, on the device: no sum, no sync per step
+            layer.scalars[name] = torch.zeros((b, h, 1), device=layer.device)
         logits = window_logits(query, layer.keys, window, scaling, layer.softcap)  # [b, h, g, w, L]
         log_s = torch.logsumexp(logits, dim=2) - math.log(logits.shape[2])  # group mean of exp(logit)
         self.scores.init(layer, log_s)
@@ -176,7 +177,7 @@ class KeepKV(ScoreEvict):
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Update score estimates with this step's logits ``[b, h, group, slots]``; evict/merge one."""
-        self.scores.update(layer, torch.logsumexp(probs, dim=2) - math.log(probs.shape[2]))
+        self.scores.update(layer, small_logsumexp(probs, dim=2) - math.log(probs.shape[2]))
         victim = self.decode_victim(layer, None)
         if victim is not None:
             self.merge_evicted(layer, victim.unsqueeze(-1))
@@ -246,22 +247,23 @@ class KeepKV(ScoreEvict):
         best, partner = self.partners(layer, evicted, retained)
         merge = best > self.threshold
         log_weight = layer.log_weight
+        not_merged = ~merge
         if in_place:  # members: the partner, then the victim (its votes dropped unless merged); one group
             members = torch.cat([partner, evicted], dim=-1)
-            target = torch.zeros_like(members)
-            groups = 1
-            log_votes = log_weight.gather(2, members)
-            log_votes = torch.cat(
-                [log_votes[..., :1], log_votes[..., 1:].masked_fill(~merge, NEG_INF)], dim=-1
-            )
+            target, groups = members, 1  # one group: merge_groups reads no target
+            pair_votes = log_weight.gather(2, members)
+            evicted_votes = pair_votes[..., 1:]
+            dropped_vote = evicted_votes.masked_fill(not_merged, NEG_INF)
+            log_votes = torch.cat([pair_votes[..., :1], dropped_vote], dim=-1)
         else:  # members: every slot; group of a retained slot = itself, of an evicted one = its partner
             members = torch.arange(n, device=evicted.device).expand(b, h, n)
             target = members.scatter(2, evicted, partner)
             groups = n
             dropped = torch.zeros((b, h, n), dtype=torch.bool, device=evicted.device).scatter(
-                2, evicted, ~merge
+                2, evicted, not_merged
             )
             log_votes = log_weight.masked_fill(dropped, NEG_INF)
+            evicted_votes = log_weight.gather(2, evicted)
         out = merge_groups(
             gather_slots(layer.keys, members),
             gather_slots(layer.values, members),
@@ -272,13 +274,18 @@ class KeepKV(ScoreEvict):
             zip_keys=self.merge == "zip",
             guard=self.guard,
             max_factor=self.max_factor,
+            merged=merge if in_place else None,
+            dtype=torch.float32 if in_place else torch.float64,  # a pair: float32 suffices
         )
         slots = partner if in_place else members
         state = self.scores.merged(layer, out.log_score, log_votes, target, groups, slots=members)
-        layer.scalars["merges"] += merge.sum()
-        layer.scalars["evictions"] += (~merge).sum()
-        layer.scalars["zip_fallbacks"] += out.fallback.sum()
-        layer.scalars["dropped_votes"] += (log_weight.gather(2, evicted).exp() * ~merge).sum()
+        for name, count in (
+            ("merges", merge),
+            ("evictions", not_merged),
+            ("zip_fallbacks", out.fallback),
+            ("dropped_votes", evicted_votes.exp() * not_merged),
+        ):
+            layer.scalars[name] += count if in_place else count.sum(dim=-1, keepdim=True)
         layer.store.replace(
             slots, keys=out.keys, values=out.values, log_weight=out.log_votes, **{self.scores.state: state}
         )

@@ -27,7 +27,7 @@ class GroupMerge:
     Attributes
     ----------
     keys, values : torch.Tensor
-        ``[batch, kv_heads, groups, head_dim]`` float64.
+        ``[batch, kv_heads, groups, head_dim]`` in the arithmetic dtype (``merge_groups``' ``dtype``).
     log_votes : torch.Tensor
         ``[batch, kv_heads, groups]`` ``ln P``: Electoral Votes of each merged slot (Eq. 6).
     log_score : torch.Tensor
@@ -56,10 +56,30 @@ def group_sum(x: torch.Tensor, target: torch.Tensor, groups: int) -> torch.Tenso
     return x.new_zeros((*x.shape[:2], groups, *x.shape[3:])).scatter_add(2, index, x)
 
 
+#: Up to this many terms, :func:`small_logsumexp` chains ``logaddexp`` (one elementwise op per
+#: term) instead of ``torch.logsumexp`` (max, subtract, exp, sum, log, add: about 15 us on a CPU
+#: for the few elements of a decode step).
+SMALL_TERMS = 8
+
+
+def small_logsumexp(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    """``log sum exp`` of ``x`` over ``dim``; a ``logaddexp`` chain for at most :data:`SMALL_TERMS`
+    terms (a decode step's GQA group, a merge pair), else ``torch.logsumexp``. Equal up to rounding;
+    ``-inf`` terms contribute nothing, all ``-inf`` gives ``-inf``."""
+    n = x.shape[dim]
+    if n == 1 or n > SMALL_TERMS:
+        return torch.logsumexp(x, dim=dim, keepdim=keepdim)
+    terms = x.unbind(dim)
+    out = torch.logaddexp(terms[0], terms[1])
+    for term in terms[2:]:
+        out = torch.logaddexp(out, term)
+    return out.unsqueeze(dim) if keepdim else out
+
+
 def group_logsumexp(x: torch.Tensor, target: torch.Tensor, groups: int) -> torch.Tensor:
     """``log sum exp`` of ``x`` ``[b, h, n, *extra]`` over members with equal ``target`` ``[b, h, n]``."""
     if groups == 1:
-        return torch.logsumexp(x, dim=2, keepdim=True)
+        return small_logsumexp(x, dim=2, keepdim=True)
     extra = x.shape[3:]
     index = target.view(*target.shape, *([1] * len(extra))).expand_as(x)
     shape = (*x.shape[:2], groups, *extra)
@@ -83,13 +103,15 @@ def merge_groups(
     zip_keys: bool = True,
     guard: float = 1e-3,
     max_factor: float = 4.0,
+    merged: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> GroupMerge:
     """Merge slots into ``groups`` slots by ZIP-Merging (KeepKV Eq. 7) or the convex average.
 
     Parameters
     ----------
     keys, values : torch.Tensor
-        ``[batch, kv_heads, n, head_dim]`` members (any float dtype; computed in float64).
+        ``[batch, kv_heads, n, head_dim]`` members (any float dtype; computed in ``dtype``).
     log_votes : torch.Tensor
         ``[batch, kv_heads, n]`` ``ln p``; ``-inf`` excludes a member (evicted, not merged).
     log_score : torch.Tensor
@@ -104,26 +126,33 @@ def merge_groups(
     guard, max_factor : float
         ZIP falls back to the convex key when ``|sum_i lam_i ln s_i| < guard`` or the factor is
         outside ``(0, max_factor]`` (docs/methods.md section 9, decision 1).
+    merged : torch.Tensor | None
+        ``[batch, kv_heads, groups]`` bool: which groups have more than one member, when the caller
+        knows (a decode step's pair: whether the victim merges); None: counted from ``log_votes``.
+    dtype : torch.dtype
+        Arithmetic dtype: float64 (default; a prefill's groups sum many members), float32 for a
+        decode step's pair.
 
     Returns
     -------
     GroupMerge
     """
-    log_votes, log_score = log_votes.double(), log_score.double()
+    log_votes, log_score = log_votes.to(dtype), log_score.to(dtype)
     log_w = log_votes + log_score
     log_total = group_logsumexp(log_w, target, groups)  # ln W
     log_p = group_logsumexp(log_votes, target, groups)  # ln P
     lam = torch.exp(log_w - spread(log_total, target, groups))  # 0 for excluded members
-    k_bar = group_sum(lam.unsqueeze(-1) * keys.double(), target, groups)
-    v_bar = group_sum(lam.unsqueeze(-1) * values.double(), target, groups)
-    merged = group_sum(torch.isfinite(log_votes).double(), target, groups) > 1
+    k_bar = group_sum(lam.unsqueeze(-1) * keys.to(dtype), target, groups)
+    v_bar = group_sum(lam.unsqueeze(-1) * values.to(dtype), target, groups)
+    if merged is None:
+        merged = group_sum(torch.isfinite(log_votes).to(dtype), target, groups) > 1
     log_s_r = log_total - log_p
     fallback = torch.zeros_like(merged)
-    if zip_keys:
-        weighted = torch.where(lam > 0, lam * log_score, torch.zeros_like(lam))
-        denom = group_sum(weighted, target, groups)
+    if zip_keys:  # sum_i lam_i ln s_i, excluded members (lam = 0, ln s maybe -inf: NaN) adding 0
+        inf = float("inf")
+        denom = group_sum(torch.nan_to_num(lam * log_score, nan=0.0, posinf=inf, neginf=-inf), target, groups)
         factor = log_s_r / denom
-        ok = (denom.abs() >= guard) & (factor > 0) & (factor <= max_factor) & torch.isfinite(factor)
+        ok = (denom.abs() >= guard) & (factor > 0) & (factor <= max_factor)  # NaN fails both bounds
         k_bar = torch.where((merged & ok).unsqueeze(-1), k_bar * factor.unsqueeze(-1), k_bar)
         fallback = merged & ~ok
     return GroupMerge(k_bar, v_bar, log_p, log_s_r, merged, fallback)

@@ -113,7 +113,10 @@ class CompressedCache(Cache):
     def counters(self) -> dict[str, int]:
         """The method's event counters (``method.counters``, e.g. merges, fallbacks) summed over layers."""
         names = self.method.counters
-        return {name: int(sum(layer.scalars.get(name, 0) for layer in self.layers)) for name in names}
+        return {
+            name: int(sum(float(torch.as_tensor(layer.scalars.get(name, 0)).sum()) for layer in self.layers))
+            for name in names
+        }
 
     def bytes_per_token(self) -> int:
         """Key+value bytes one token occupies over all layers (batch included)."""

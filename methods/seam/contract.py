@@ -48,8 +48,8 @@ class CompressionMethod:
         Whether the method ever sets ``log_weight`` (merged or padded slots); if not, decode
         attention skips the bias.
     counters : tuple[str, ...]
-        Names of event counters the method keeps in ``layer.scalars`` (summed over layers and
-        samples into the run record).
+        Names of event counters the method keeps in ``layer.scalars`` (numbers or tensors of any
+        shape, e.g. per head; summed over their elements, layers and samples into the run record).
     """
 
     name: ClassVar[str] = "base"

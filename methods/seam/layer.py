@@ -57,8 +57,8 @@ class CompressedLayer(CacheLayerMixin):
         The method's budget arithmetic for this layer and sample (``methods.seam.plan``): set by
         :meth:`update` when the prompt arrives (None before).
     scalars : dict[str, torch.Tensor | int]
-        Method scalars shared by all heads of the layer that change during a sample: event
-        counters (those named in ``CompressionMethod.counters`` are summed into the run record),
+        Method numbers of the layer that change during a sample: event counters (those named in
+        ``CompressionMethod.counters`` are summed into the run record; KeepKV keeps them per head),
         ZSMerge's residual-slot count, KeepKV's EMA constants; device tensors stay on the device
         (no host synchronisation per step).
     ragged : RaggedStore | None
