@@ -13,37 +13,18 @@ samples (or tokens) over the whole loop's wall time.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 import torch
 
-from methods.seam.rows import RowsCache
 from runners.generate import (
     GenerationResult,
-    ModelRun,
-    add_token,
+    Row,
     begin_generation,
     end_generation,
-    generation_done,
     prefill_prompt,
+    step_rows,
 )
-
-
-@dataclass
-class Row:
-    """One prompt being generated: its run (prefilled cache), its result so far and its limits."""
-
-    run: ModelRun
-    result: GenerationResult
-    max_new_tokens: int
-    eos_token_ids: set[int]
-    min_new_tokens: int = 0
-
-    def done(self) -> bool:
-        """Whether the row's generation has ended."""
-        return generation_done(self.result, self.eos_token_ids, self.max_new_tokens)
 
 
 def start_row(
@@ -72,14 +53,12 @@ def start_row(
 
 @torch.inference_mode()
 def decode_rows(
-    model: torch.nn.Module, rows: Iterable[tuple[object, Callable[[], Row]]], batch_size: int
+    rows: Iterable[tuple[object, Callable[[], Row]]], batch_size: int
 ) -> Iterator[tuple[object, GenerationResult]]:
     """Greedy decode steps of many rows, up to ``batch_size`` per model forward.
 
     Parameters
     ----------
-    model : torch.nn.Module
-        A causal LM loaded with ``attn_implementation="kvbench"``.
     rows : Iterable[tuple[object, Callable[[], Row]]]
         ``(key, start)`` per prompt, in order: ``start()`` prefills it (:func:`start_row`) when a
         place in the batch is free, so at most ``batch_size`` caches exist at once.
@@ -114,7 +93,7 @@ def decode_rows(
                 active.append((key, row))
         if not active:
             return
-        _step([row for _, row in active], model)
+        step_rows([row for _, row in active])
         still = []
         for key, row in active:
             if row.done():
@@ -122,25 +101,3 @@ def decode_rows(
             else:
                 still.append((key, row))
         active = still
-
-
-def _step(rows: list[Row], model: torch.nn.Module) -> None:
-    """One decode forward of every row: its last token at its own position, on its own cache (a
-    single row: its own run's step, eager or compiled, as :func:`runners.generate.greedy_generate`)."""
-    device = rows[0].run.cache.layers[0].device
-    tokens = torch.tensor([row.result.tokens[-1] for row in rows], device=device)
-    start = time.perf_counter()
-    if len(rows) == 1:
-        logits = rows[0].run.step(tokens)
-    else:
-        positions = torch.tensor([[row.run.seen] for row in rows], device=device)
-        cache = RowsCache([row.run.cache for row in rows])
-        logits = model(
-            input_ids=tokens[:, None], position_ids=positions, past_key_values=cache, use_cache=True,
-            kvbench_cache=cache,
-        ).logits[:, -1]  # fmt: skip
-        for row in rows:
-            row.run.seen += 1
-    seconds = time.perf_counter() - start
-    for row, row_logits in zip(rows, logits, strict=True):
-        add_token(row.result, row_logits, row.eos_token_ids, row.min_new_tokens, seconds)

@@ -1,25 +1,24 @@
 """Our own greedy loop: prefill, then one token per decode step, with the compressed cache
-(:class:`ModelRun`, the one model-call loop, shared with the timing loop of ``runners.timing``).
-
-The decode step runs eagerly (the reference) or compiled (config ``backend=compiled``:
-``torch.compile`` of the model's one-token forward, cache seam and method included; CUDA graphs
-on CUDA via ``mode="reduce-overhead"``). The prefill always runs eagerly.
+(the model calls: ``runners.model_run``). A prompt being generated is a :class:`Row`; one decode
+step of one row or of several (:func:`step_rows`) is the step of :func:`greedy_generate` and of the
+batched loop (``runners.batched``), so batch 1 and batch N share one decode loop body.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
-from kernels.switch import Switch
-from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
 from runners.generation_result import GenerationResult
+from runners.model_run import ModelRun, forward_rows
 
 __all__ = [
     "GenerationResult",
     "ModelRun",
+    "Row",
     "add_token",
     "begin_generation",
     "end_generation",
@@ -28,119 +27,8 @@ __all__ = [
     "generation_done",
     "greedy_generate",
     "prefill_prompt",
+    "step_rows",
 ]
-
-
-BACKENDS = ("eager", "compiled")
-#: How decode steps run: ``eager`` (the reference) or ``compiled`` (:func:`compiled_forward`).
-DECODE_BACKEND = Switch("backend", BACKENDS, "eager")
-set_decode_backend, get_decode_backend = DECODE_BACKEND.set, DECODE_BACKEND.get
-
-
-def compiled_forward(model: torch.nn.Module):
-    """``torch.compile`` of ``model``'s forward, made once per model and kept on the model object
-    (not as a submodule). Inductor on every device; on CUDA ``mode="reduce-overhead"`` (CUDA graphs
-    over the whole step), the whole step as one graph (``fullgraph``: a method that breaks the graph
-    raises instead of running partly eager). Integers start static; the token position, which
-    changes at every step, becomes symbolic after the first recompilation (Dynamo's automatic
-    dynamic shapes), and a compressing layer has the same shapes at every step once it is full."""
-    fn = model.__dict__.get("_kvbench_compiled")
-    if fn is None:
-        torch._dynamo.reset()  # one model per run: earlier models' graphs would count towards the limit
-        # a graph break or a recompilation past the limit raises instead of falling back to eager
-        torch._dynamo.config.fail_on_recompile_limit_hit = True
-        mode = "reduce-overhead" if next(model.parameters()).is_cuda else None
-        fn = torch.compile(model.forward, mode=mode, fullgraph=True)
-        model.__dict__["_kvbench_compiled"] = fn
-    return fn
-
-
-class ModelRun:
-    """One model over one compressed cache: KVBench's only model-call loop (prefill, then one
-    token per row and decode step), used by :func:`greedy_generate` and by the timing loop
-    (``runners.timing.Decoder``). Positions are the true token indices; the cache is handed to
-    the attention function explicitly (``kvbench_cache``), since ``model.generate`` rejects
-    unknown keyword arguments.
-
-    Parameters
-    ----------
-    model : torch.nn.Module
-        A causal LM loaded with ``attn_implementation="kvbench"``.
-    method : CompressionMethod
-        Compression rules.
-    budget : int | None
-        Slots per (layer, KV head); None for no compression.
-    max_tokens : int | None
-        Tokens the run appends at most (caps the cache's buffers; ``CompressedCache``).
-    observer : callable, optional
-        Handed to the attention function as ``kvbench_observer`` (``methods.seam.attention``).
-    backend : str | None
-        ``eager`` or ``compiled`` decode steps (:func:`compiled_forward`); None: the configured
-        one (:func:`set_decode_backend`). An observer forces eager steps (it is Python called per layer).
-    cache : CompressedCache | None
-        A cache that already holds a prefilled prompt (a shared prefill,
-        ``runners.shared_prefill``); ``method``, ``budget`` and ``max_tokens`` are then its own.
-
-    Raises
-    ------
-    ValueError
-        For an unknown backend.
-
-    Attributes
-    ----------
-    cache : CompressedCache
-    seen : int
-        Tokens fed so far (the position of the next one).
-    """
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        method: CompressionMethod,
-        budget: int | None,
-        max_tokens: int | None = None,
-        observer=None,
-        backend: str | None = None,
-        cache: CompressedCache | None = None,
-    ) -> None:
-        self.model, self.observer = model, observer
-        self.cache = CompressedCache.for_model(model, method, budget, max_tokens) if cache is None else cache
-        self.seen = self.cache.get_seq_length()
-        self.backend = get_decode_backend() if backend is None else backend
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        compiled = self.backend == "compiled" and observer is None
-        self._decode = compiled_forward(model) if compiled else model
-
-    def _forward(self, forward, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
-        batch, new = input_ids.shape
-        positions = torch.arange(self.seen, self.seen + new, device=input_ids.device).expand(batch, new)
-        out = forward(
-            input_ids=input_ids,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            kvbench_cache=self.cache,
-            kvbench_observer=self.observer,
-            **kwargs,
-        )
-        self.seen += new
-        return out.logits[:, -1]
-
-    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Feed the prompts ``[batch, prompt]`` (equal length, no padding); returns the last
-        position's logits ``[batch, vocab]``."""
-        return self._forward(self.model, input_ids, logits_to_keep=1)
-
-    def append(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Feed a chunk ``[batch, chunk]`` after the prefill (a question appended to the compressed
-        context: ``methods.seam.step.chunk_step``), eagerly; returns the last position's logits
-        ``[batch, vocab]``."""
-        return self._forward(self.model, input_ids, logits_to_keep=1)
-
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (``[batch]``); returns the logits ``[batch, vocab]``."""
-        return self._forward(self._decode, tokens[:, None])
 
 
 def eos_token_ids(model: torch.nn.Module, tokenizer=None) -> set[int]:
@@ -286,15 +174,45 @@ def finish_generation(
     GenerationResult
     """
     result = begin_generation(run, input_ids, logits, budget, eos_token_ids, prefill_seconds, min_new_tokens)
+    row = Row(run, result, max_new_tokens, eos_token_ids, min_new_tokens)
     if on_step is not None:
         on_step(run.cache)
-    while not generation_done(result, eos_token_ids, max_new_tokens):
-        start = time.perf_counter()
-        logits = run.step(torch.tensor([result.tokens[-1]], device=input_ids.device))
-        add_token(result, logits[0], eos_token_ids, min_new_tokens, time.perf_counter() - start)
+    while not row.done():
+        step_rows([row])
         if on_step is not None:
             on_step(run.cache)
     return end_generation(run, result)
+
+
+@dataclass
+class Row:
+    """One prompt being generated: its run (prefilled cache), its result so far and its limits."""
+
+    run: ModelRun
+    result: GenerationResult
+    max_new_tokens: int
+    eos_token_ids: set[int]
+    min_new_tokens: int = 0
+
+    def done(self) -> bool:
+        """Whether the row's generation has ended."""
+        return generation_done(self.result, self.eos_token_ids, self.max_new_tokens)
+
+
+def step_rows(rows: list[Row]) -> None:
+    """One decode step of every row (its last token, at its own position, on its own cache) and its
+    greedy next token: one row takes its run's own step (eager or compiled), several rows one eager
+    forward (:func:`runners.model_run.forward_rows`). Each row records the step's wall time."""
+    device = rows[0].run.cache.layers[0].device
+    tokens = torch.tensor([row.result.tokens[-1] for row in rows], device=device)
+    start = time.perf_counter()
+    if len(rows) == 1:
+        logits = rows[0].run.step(tokens)
+    else:
+        logits = forward_rows(rows[0].run.model, [row.run for row in rows], tokens)
+    seconds = time.perf_counter() - start
+    for row, row_logits in zip(rows, logits, strict=True):
+        add_token(row.result, row_logits, row.eos_token_ids, row.min_new_tokens, seconds)
 
 
 def begin_generation(

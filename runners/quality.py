@@ -18,7 +18,7 @@ from tqdm import tqdm
 from methods import CompressionMethod, resolve_budget
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
-from runners.batched import Row, decode_rows, start_row
+from runners.batched import decode_rows, start_row
 from runners.build import build_components, load_prompts, refuse_untrained
 from runners.environment import (
     peak_device_bytes,
@@ -26,7 +26,7 @@ from runners.environment import (
     process_peak_device_bytes,
     process_peak_rss_bytes,
 )
-from runners.generate import GenerationResult, eos_token_ids
+from runners.generate import GenerationResult, Row, eos_token_ids
 from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
 from runners.summary_table import print_summary
@@ -260,7 +260,7 @@ def run_quality(cfg: DictConfig) -> dict:
     with recording(cfg, store, record, predictions, lambda: record.update(samples_done=len(results))):
         start = time.perf_counter()
         starting = sample_rows(model, tokenizer, task, method, samples, prompts, budgets, starts, eos)
-        rows = decode_rows(model, starting, batch_size)
+        rows = decode_rows(starting, batch_size)
         for i, res in tqdm(rows, total=len(samples), desc=method.label, disable=not cfg.runner.progress):
             done.append(i)
             results.append(res)

@@ -13,7 +13,7 @@ from methods.less.train import run_train_less
 from runners.attention_error import run_attention_error
 from runners.build import check_run
 from runners.efficiency import run_efficiency
-from runners.generate import set_decode_backend
+from runners.model_run import set_decode_backend
 from runners.oom import run_oom
 from runners.quality import run_quality
 from runners.quality_grid import run_quality_grid

@@ -20,8 +20,8 @@ import torch
 from methods import CompressedCache, CompressionMethod, FullKV
 from methods.seam.score_memo import shared_scores
 from methods.seam.step import prefill_step
-from runners.batched import Row, decode_rows
-from runners.generate import GenerationResult, ModelRun, begin_generation
+from runners.batched import decode_rows
+from runners.generate import GenerationResult, ModelRun, Row, begin_generation
 
 
 class PrefillFanout:
@@ -109,5 +109,5 @@ def shared_generate(
 
     budgets = [budget for _, budget in settings]
     rows = [(i, lambda c=c, b=b: begin(c, b)) for i, (c, b) in enumerate(zip(caches, budgets, strict=True))]
-    out = dict(decode_rows(model, rows, batch_size))
+    out = dict(decode_rows(rows, batch_size))
     return [out[i] for i in range(len(settings))]

@@ -12,7 +12,7 @@ import torch
 
 from methods.seam.contract import CompressionMethod
 from runners.environment import rss_bytes
-from runners.generate import ModelRun
+from runners.model_run import ModelRun
 
 
 def synthetic_prompts(vocab_size: int, batch: int, length: int, seed: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ device's allocated peak (CUDA) over each cell, the model included.
     python scripts/bench_batch.py --device cuda --batches 1,8,16 --json results/bench/batch.json
     python scripts/bench_batch.py --methods all --batches 1,8 --skip-timing   # the identity check only
 
-Targets (issue of the batch runner): batch 8 >= 2.5x the samples/s of batch 1 on a 2-core CPU, >= 6x
+Targets: batch 8 >= 2.5x the samples/s of batch 1 on a 2-core CPU, >= 6x
 on a GPU. Exit code 1 if any cell's predictions differ from batch 1's.
 """
 
@@ -76,7 +76,7 @@ def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None
     )
     reset_peak_memory(model.device)
     start = time.perf_counter()
-    out = dict(decode_rows(model, rows, batch))
+    out = dict(decode_rows(rows, batch))
     seconds = time.perf_counter() - start
     peak = peak_device_bytes(model.device) if model.device.type == "cuda" else peak_rss_bytes()
     prefill = sum(r.prefill_seconds for r in out.values())

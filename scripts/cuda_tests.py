@@ -3,7 +3,7 @@
     python -m pytest -p scripts.cuda_tests tests/test_kernels.py tests/test_compiled.py
 
 The tests build their models (``tiny_model``, the embedded model) and prompts on the CPU. With this
-plugin every model that enters ``runners.generate.ModelRun`` (the one model-call loop: greedy
+plugin every model that enters ``runners.model_run.ModelRun`` (the one model-call loop: greedy
 generation, compiled steps, timing) is moved to the GPU first, and the token ids of its ``prefill``
 and ``step`` with it; the compiled backend then captures CUDA graphs (``mode="reduce-overhead"``)
 and ``kernels=auto`` takes the Triton decode kernel. Tests that build tensors on ``cuda`` themselves
@@ -41,7 +41,7 @@ def _patch_model_run() -> None:
     """``ModelRun`` moves its model before building the cache (the compiled step's mode and the
     cache's buffers follow the model's device) and the token ids of every call. Imported here, after
     the tests' conftest (which sets ``TRITON_INTERPRET`` on a machine without CUDA)."""
-    from runners.generate import ModelRun
+    from runners.model_run import ModelRun
 
     init, prefill, step = ModelRun.__init__, ModelRun.prefill, ModelRun.step
 

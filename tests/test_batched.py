@@ -47,7 +47,7 @@ def batched(model, ids: list[torch.Tensor], method, budget, batch: int, **row_kw
         (i, lambda i=i: start_row(model, ids[i], method, budget, **{k: v[i] for k, v in row_kwargs.items()}))
         for i in range(len(ids))
     ]
-    out = dict(decode_rows(model, rows, batch))
+    out = dict(decode_rows(rows, batch))
     return [out[i] for i in range(len(ids))]
 
 
@@ -104,7 +104,7 @@ def test_rows_of_different_methods_decode_together(tiny_model):
     grid = [(FullKV(), None), (build_preset("snapkv"), BUDGET), (build_preset("streamingllm"), BUDGET)]
     own = [greedy_generate(tiny_model, ids, m, b, NEW, {2}) for m, b in grid]
     rows = [(i, lambda m=m, b=b: start_row(tiny_model, ids, m, b, NEW, {2})) for i, (m, b) in enumerate(grid)]
-    out = dict(decode_rows(tiny_model, rows, len(grid)))
+    out = dict(decode_rows(rows, len(grid)))
     assert all(same(out[i], own[i]) for i in range(len(grid)))
     assert len({tuple(r.tokens) for r in own}) > 1
 
@@ -121,4 +121,4 @@ def test_rows_cache_refuses_what_it_cannot_decode(tiny_model):
     with pytest.raises(ValueError, match="one token for each of its 1 rows"):
         cache.update(keys, keys, 0)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        list(decode_rows(tiny_model, [], 0))
+        list(decode_rows([], 0))

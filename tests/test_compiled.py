@@ -83,11 +83,11 @@ def test_greedy_generate_follows_the_configured_backend(tiny_model, monkeypatch)
     """``greedy_generate`` decodes through :func:`compiled_forward` exactly when the configured
     backend is ``compiled`` (that the compiled step gives eager's tokens is the test above, through
     the same ``ModelRun``); the setting is restored and an unknown backend raises."""
-    import runners.generate
-    from runners.generate import get_decode_backend, set_decode_backend
+    import runners.model_run
+    from runners.model_run import get_decode_backend, set_decode_backend
 
     compiled: list[torch.nn.Module] = []
-    monkeypatch.setattr(runners.generate, "compiled_forward", lambda model: compiled.append(model) or model)
+    monkeypatch.setattr(runners.model_run, "compiled_forward", lambda model: compiled.append(model) or model)
     ids = synthetic_prompts(tiny_model.config.vocab_size, 1, 40, 1)
     method = METHOD_REGISTRY["h2o"]()
     eager = greedy_generate(tiny_model, ids, method, 16, 8, set()).tokens

@@ -1,0 +1,163 @@
+"""The one model call of every generation (:class:`ModelRun`): prefill, a question chunk, and decode
+steps, eager (the reference) or compiled (config ``backend=compiled``: ``torch.compile`` of the
+model's one-token forward, cache seam and method included; CUDA graphs on CUDA via
+``mode="reduce-overhead"``); and the forward of several rows' decode steps, one cache per row
+(:func:`forward_rows`). The prefill always runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.switch import Switch
+from methods.seam.cache import CompressedCache
+from methods.seam.contract import CompressionMethod
+from methods.seam.rows import RowsCache
+
+__all__ = [
+    "BACKENDS",
+    "ModelRun",
+    "compiled_forward",
+    "forward_rows",
+    "get_decode_backend",
+    "model_forward",
+    "set_decode_backend",
+]
+
+
+BACKENDS = ("eager", "compiled")
+#: How decode steps run: ``eager`` (the reference) or ``compiled`` (:func:`compiled_forward`).
+DECODE_BACKEND = Switch("backend", BACKENDS, "eager")
+set_decode_backend, get_decode_backend = DECODE_BACKEND.set, DECODE_BACKEND.get
+
+
+def compiled_forward(model: torch.nn.Module):
+    """``torch.compile`` of ``model``'s forward, made once per model and kept on the model object
+    (not as a submodule). Inductor on every device; on CUDA ``mode="reduce-overhead"`` (CUDA graphs
+    over the whole step), the whole step as one graph (``fullgraph``: a method that breaks the graph
+    raises instead of running partly eager). Integers start static; the token position, which
+    changes at every step, becomes symbolic after the first recompilation (Dynamo's automatic
+    dynamic shapes), and a compressing layer has the same shapes at every step once it is full."""
+    fn = model.__dict__.get("_kvbench_compiled")
+    if fn is None:
+        torch._dynamo.reset()  # one model per run: earlier models' graphs would count towards the limit
+        # a graph break or a recompilation past the limit raises instead of falling back to eager
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        mode = "reduce-overhead" if next(model.parameters()).is_cuda else None
+        fn = torch.compile(model.forward, mode=mode, fullgraph=True)
+        model.__dict__["_kvbench_compiled"] = fn
+    return fn
+
+
+class ModelRun:
+    """One model over one compressed cache: KVBench's only model-call loop (prefill, then one
+    token per row and decode step), used by :func:`greedy_generate` and by the timing loop
+    (``runners.timing.Decoder``). Positions are the true token indices; the cache is handed to
+    the attention function explicitly (``kvbench_cache``), since ``model.generate`` rejects
+    unknown keyword arguments.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A causal LM loaded with ``attn_implementation="kvbench"``.
+    method : CompressionMethod
+        Compression rules.
+    budget : int | None
+        Slots per (layer, KV head); None for no compression.
+    max_tokens : int | None
+        Tokens the run appends at most (caps the cache's buffers; ``CompressedCache``).
+    observer : callable, optional
+        Handed to the attention function as ``kvbench_observer`` (``methods.seam.attention``).
+    backend : str | None
+        ``eager`` or ``compiled`` decode steps (:func:`compiled_forward`); None: the configured
+        one (:func:`set_decode_backend`). An observer forces eager steps (it is Python called per layer).
+    cache : CompressedCache | None
+        A cache that already holds a prefilled prompt (a shared prefill,
+        ``runners.shared_prefill``); ``method``, ``budget`` and ``max_tokens`` are then its own.
+
+    Raises
+    ------
+    ValueError
+        For an unknown backend.
+
+    Attributes
+    ----------
+    cache : CompressedCache
+    seen : int
+        Tokens fed so far (the position of the next one).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        method: CompressionMethod,
+        budget: int | None,
+        max_tokens: int | None = None,
+        observer=None,
+        backend: str | None = None,
+        cache: CompressedCache | None = None,
+    ) -> None:
+        self.model, self.observer = model, observer
+        self.cache = CompressedCache.for_model(model, method, budget, max_tokens) if cache is None else cache
+        self.seen = self.cache.get_seq_length()
+        self.backend = get_decode_backend() if backend is None else backend
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        compiled = self.backend == "compiled" and observer is None
+        self._decode = compiled_forward(model) if compiled else model
+
+    def _forward(self, forward, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        batch, new = input_ids.shape
+        positions = torch.arange(self.seen, self.seen + new, device=input_ids.device).expand(batch, new)
+        logits = model_forward(forward, input_ids, positions, self.cache, self.observer, **kwargs)
+        self.seen += new
+        return logits
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Feed the prompts ``[batch, prompt]`` (equal length, no padding); returns the last
+        position's logits ``[batch, vocab]``."""
+        return self._forward(self.model, input_ids, logits_to_keep=1)
+
+    def append(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Feed a chunk ``[batch, chunk]`` after the prefill (a question appended to the compressed
+        context: ``methods.seam.step.chunk_step``), eagerly; returns the last position's logits
+        ``[batch, vocab]``."""
+        return self._forward(self.model, input_ids, logits_to_keep=1)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (``[batch]``); returns the logits ``[batch, vocab]``."""
+        return self._forward(self._decode, tokens[:, None])
+
+
+def model_forward(
+    forward,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    cache: CompressedCache | RowsCache,
+    observer=None,
+    **kwargs,
+) -> torch.Tensor:
+    """One call of ``forward`` (the model, or its compiled forward) on ``input_ids`` ``[batch, new]``
+    at ``positions`` ``[batch, new]`` with ``cache`` handed to the attention function
+    (``kvbench_cache``); returns the last position's logits ``[batch, vocab]``."""
+    out = forward(
+        input_ids=input_ids,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        kvbench_cache=cache,
+        kvbench_observer=observer,
+        **kwargs,
+    )
+    return out.logits[:, -1]
+
+
+def forward_rows(model: torch.nn.Module, runs: list[ModelRun], tokens: torch.Tensor) -> torch.Tensor:
+    """One eager decode forward of several runs, one token each (``tokens`` ``[rows]``), each at its
+    own position on its own cache (:class:`~methods.seam.rows.RowsCache`); returns the logits
+    ``[rows, vocab]`` and advances every run by one token."""
+    positions = torch.tensor([[run.seen] for run in runs], device=tokens.device)
+    logits = model_forward(model, tokens[:, None], positions, RowsCache([run.cache for run in runs]))
+    for run in runs:
+        run.seen += 1
+    return logits
