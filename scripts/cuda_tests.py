@@ -3,7 +3,7 @@
     python -m pytest -p scripts.cuda_tests tests/test_kernels.py tests/test_compiled.py
 
 The tests build their models (``tiny_model``, the embedded model) and prompts on the CPU. With this
-plugin every model that enters ``runners.model_run.ModelRun`` (the one model-call loop: greedy
+plugin every model that enters ``runners.model_run.ModelRun`` (every prefill and batch-1 step: greedy
 generation, compiled steps, timing) is moved to the GPU first, and the token ids of its ``prefill``
 and ``step`` with it; the compiled backend then captures CUDA graphs (``mode="reduce-overhead"``)
 and ``kernels=auto`` takes the Triton decode kernel. Tests that build tensors on ``cuda`` themselves

@@ -224,7 +224,7 @@ BAD_INPUT = [
     ),
     (["method=keepkv", "method.threshold=5"], "threshold is a cosine similarity in [-1, 1]"),
     (["method=keepkv", "method.guard=-1"], "guard must be >= 0"),
-    (["method=keepkv", "method.max_factor=0"], "max_factor must be > 0"),
+    (["method=keepkv", "method.max_factor=0"], "max_factor must be finite and > 0"),
     (
         ["task=niah", "task.lengths=[10000]", "+task.max_new_tokens=4"],
         "task.lengths [10000] exceed the model's context",

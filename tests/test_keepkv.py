@@ -227,3 +227,10 @@ def test_partners_are_the_retained_slots_of_highest_key_cosine(k):
                 cos[evicted[b, h]] = -2.0
                 assert int(partner[b, h, i]) == int(cos.argmax())
                 assert float(best[b, h, i]) == pytest.approx(float(cos.max()), abs=1e-6)
+
+
+@pytest.mark.parametrize("max_factor", [0.0, -1.0, math.inf, math.nan])
+def test_zip_factor_cap_must_be_finite_and_positive(max_factor):
+    """A cap outside (0, inf) would let a ZIP key factor of 0 or inf through the guard."""
+    with pytest.raises(ValueError, match="max_factor must be finite and > 0"):
+        KeepKV(max_factor=max_factor)

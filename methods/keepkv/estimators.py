@@ -58,9 +58,8 @@ class EMAEstimator:
 
     def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """``S <- alpha S + (1 - alpha) s`` with this step's ``ln s`` ``[batch, kv_heads, slots]``."""
-        state = layer.state[self.state]  # a view of the store's buffer: updated in place
-        old = state + layer.scalars["ema_log_alpha"]
-        torch.logaddexp(old, layer.scalars["ema_log_1m_alpha"] + log_s, out=state)
+        old = layer.state[self.state] + layer.scalars["ema_log_alpha"]
+        layer.store.write(self.state, torch.logaddexp(old, layer.scalars["ema_log_1m_alpha"] + log_s))
         layer.scalars["ema_terms"] += 1
         self._correct(layer)
 

@@ -131,9 +131,9 @@ class KeepKV(ScoreEvict):
             raise ValueError(f"threshold is a cosine similarity in [-1, 1], got {self.threshold}")
         if self.guard < 0:
             raise ValueError(f"guard must be >= 0, got {self.guard}")
-        if self.max_factor <= 0:
+        if not 0 < self.max_factor < math.inf:
             raise ValueError(
-                f"max_factor must be > 0 (ZIP key factors lie in (0, max_factor]), got {self.max_factor}"
+                f"max_factor must be finite and > 0 (ZIP key factors lie in (0, max_factor]), got {self.max_factor}"
             )
         self.scores = ESTIMATORS[self.estimator](self)
 

@@ -63,11 +63,12 @@ SMALL_TERMS = 8
 
 
 def small_logsumexp(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
-    """``log sum exp`` of ``x`` over ``dim``; a ``logaddexp`` chain for at most :data:`SMALL_TERMS`
-    terms (a decode step's GQA group, a merge pair), else ``torch.logsumexp``. Equal up to rounding;
-    ``-inf`` terms contribute nothing, all ``-inf`` gives ``-inf``."""
+    """``log sum exp`` of ``x`` over ``dim`` (the result has ``x``'s shape without ``dim``, or with it
+    as size 1 for ``keepdim``); a ``logaddexp`` chain for 2 to :data:`SMALL_TERMS` terms (a decode
+    step's GQA group, a merge pair), else ``torch.logsumexp``. Equal up to rounding; ``-inf`` terms
+    contribute nothing, all ``-inf`` gives ``-inf``."""
     n = x.shape[dim]
-    if n == 1 or n > SMALL_TERMS:
+    if n <= 1 or n > SMALL_TERMS:
         return torch.logsumexp(x, dim=dim, keepdim=keepdim)
     terms = x.unbind(dim)
     out = torch.logaddexp(terms[0], terms[1])
