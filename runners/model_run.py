@@ -52,7 +52,8 @@ def compiled_forward(model: torch.nn.Module):
 class ModelRun:
     """One model over one compressed cache (prefill, then one token per row and decode step), used
     by :func:`greedy_generate` and by the timing loop (``runners.timing.Decoder``); every model call
-    goes through :func:`model_forward` (this class's, and :func:`forward_rows`' batched rows). Positions are the true token indices; the cache is handed to
+    goes through :func:`model_forward` (this class's, and :func:`forward_rows`' batched rows).
+    Positions are the true token indices; the cache is handed to
     the attention function explicitly (``kvbench_cache``), since ``model.generate`` rejects
     unknown keyword arguments.
 

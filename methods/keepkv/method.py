@@ -133,7 +133,8 @@ class KeepKV(ScoreEvict):
             raise ValueError(f"guard must be >= 0, got {self.guard}")
         if not 0 < self.max_factor < math.inf:
             raise ValueError(
-                f"max_factor must be finite and > 0 (ZIP key factors lie in (0, max_factor]), got {self.max_factor}"
+                "max_factor must be finite and > 0 (ZIP key factors lie in (0, max_factor]), "
+                f"got {self.max_factor}"
             )
         self.scores = ESTIMATORS[self.estimator](self)
 
