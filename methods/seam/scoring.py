@@ -150,7 +150,7 @@ def causal_column_sums(
     for start in range(0, length, chunk):
         stop = min(start + chunk, length)
         logits = torch.einsum("bhgqd,bhkd->bhgqk", q[:, :, :, start:stop].float(), keys[:, :, :stop].float())
-        logits = softcap_logits(logits * scaling, softcap)
+        logits = softcap_logits(logits.mul_(scaling), softcap)
         # only the chunk's own columns hold future keys: mask that block in place
         future = k_pos[None, start:stop] > k_pos[start:stop, None]
         logits[..., start:stop].masked_fill_(future, float("-inf"))
