@@ -47,8 +47,9 @@ def start_row(
         As :func:`runners.generate.prefill_prompt`.
     """
     run, logits, seconds = prefill_prompt(model, input_ids, method, budget, max_new_tokens, question_start)
-    result = begin_generation(run, input_ids, logits, budget, eos_token_ids, seconds, min_new_tokens)
-    return Row(run, result, max_new_tokens, eos_token_ids, min_new_tokens)
+    return begin_generation(
+        run, input_ids, logits, budget, max_new_tokens, eos_token_ids, seconds, min_new_tokens
+    )
 
 
 @torch.inference_mode()

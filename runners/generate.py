@@ -173,15 +173,16 @@ def finish_generation(
     -------
     GenerationResult
     """
-    result = begin_generation(run, input_ids, logits, budget, eos_token_ids, prefill_seconds, min_new_tokens)
-    row = Row(run, result, max_new_tokens, eos_token_ids, min_new_tokens)
+    row = begin_generation(
+        run, input_ids, logits, budget, max_new_tokens, eos_token_ids, prefill_seconds, min_new_tokens
+    )
     if on_step is not None:
         on_step(run.cache)
     while not row.done():
         step_rows([row])
         if on_step is not None:
             on_step(run.cache)
-    return end_generation(run, result)
+    return end_generation(run, row.result)
 
 
 @dataclass
@@ -220,17 +221,19 @@ def begin_generation(
     input_ids: torch.Tensor,
     logits: torch.Tensor,
     budget: int | None,
+    max_new_tokens: int,
     eos_token_ids: set[int],
     prefill_seconds: float = 0.0,
     min_new_tokens: int = 0,
-) -> GenerationResult:
+) -> Row:
     """The part of :func:`finish_generation` before the decode steps: the realised prompt compression
     is read, the question chunk (``input_ids[:, run.seen:]``) appended, the first token picked.
 
     Returns
     -------
-    GenerationResult
-        With its first token; ``prefill_seconds`` includes the chunk.
+    Row
+        The prompt as a row to decode: its result holds the first token, and its
+        ``prefill_seconds`` include the chunk.
     """
     cache = run.cache
     prefill_tokens = run.seen
@@ -243,7 +246,7 @@ def begin_generation(
     result = GenerationResult(tokens=[token], prefill_seconds=seconds, budget=budget)
     result.prefill_slots, result.prefill_head_slots = prefill_slots, head_slots
     result.prefill_tokens = prefill_tokens
-    return result
+    return Row(run, result, max_new_tokens, eos_token_ids, min_new_tokens)
 
 
 def generation_done(result: GenerationResult, eos_token_ids: set[int], max_new_tokens: int) -> bool:

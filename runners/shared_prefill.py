@@ -104,8 +104,9 @@ def shared_generate(
 
     def begin(cache: CompressedCache, budget: int | None) -> Row:
         run = ModelRun(model, cache.method, budget, cache=cache)
-        result = begin_generation(run, input_ids, logits, budget, eos_token_ids, seconds, min_new_tokens)
-        return Row(run, result, max_new_tokens, eos_token_ids, min_new_tokens)
+        return begin_generation(
+            run, input_ids, logits, budget, max_new_tokens, eos_token_ids, seconds, min_new_tokens
+        )
 
     budgets = [budget for _, budget in settings]
     rows = [(i, lambda c=c, b=b: begin(c, b)) for i, (c, b) in enumerate(zip(caches, budgets, strict=True))]
