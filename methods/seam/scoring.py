@@ -20,6 +20,17 @@ def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query.view(b, kv_heads, hq // kv_heads, q, d)
 
 
+def mask_future_block_(logits: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal mask, in place, of the logits ``[..., m, keys]`` of the ``m`` queries at positions
+    ``start .. start + m - 1`` over keys at positions ``0 ..``: only their own block (key columns
+    ``start .. start + m - 1``) holds keys after a query, so only its upper triangle is set to
+    ``-inf`` (keys past ``start + m`` must not be in ``logits``). Returns ``logits``."""
+    m = logits.shape[-2]
+    future = torch.ones(m, m, dtype=torch.bool, device=logits.device).triu_(1)
+    logits[..., start : start + m].masked_fill_(future, float("-inf"))
+    return logits
+
+
 def window_logits(
     query: torch.Tensor, keys: torch.Tensor, window: int, scaling: float, softcap: float | None = None
 ) -> torch.Tensor:
@@ -48,10 +59,7 @@ def window_logits(
     w = min(window, length)
     q = group_queries(query[:, :, length - w :], keys.shape[1]).float()
     logits = softcap_logits(torch.einsum("bhgqd,bhkd->bhgqk", q, keys.float()).mul_(scaling), softcap)
-    # only the window's own block [w, w] has keys after their query: mask it in place
-    future = torch.ones(w, w, dtype=torch.bool, device=keys.device).triu_(1)
-    logits[..., length - w :].masked_fill_(future, float("-inf"))
-    return logits
+    return mask_future_block_(logits, length - w)
 
 
 def window_attention(
@@ -146,14 +154,11 @@ def causal_column_sums(
     b, hkv, length, _ = keys.shape
     q = group_queries(query, hkv)
     out = torch.zeros((b, hkv, length), dtype=torch.float32, device=keys.device)
-    k_pos = torch.arange(length, device=keys.device)
     for start in range(0, length, chunk):
         stop = min(start + chunk, length)
         logits = torch.einsum("bhgqd,bhkd->bhgqk", q[:, :, :, start:stop].float(), keys[:, :, :stop].float())
         logits = softcap_logits(logits.mul_(scaling), softcap)
-        # only the chunk's own columns hold future keys: mask that block in place
-        future = k_pos[None, start:stop] > k_pos[start:stop, None]
-        logits[..., start:stop].masked_fill_(future, float("-inf"))
+        mask_future_block_(logits, start)
         probs = torch.softmax(logits, dim=-1)
         if row_weights is None:
             out[..., :stop] += probs.sum(dim=3).mean(dim=2)
