@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from reports import style
-from reports.budget import draw_lines, draw_reference, method_legend
+from reports.budget import DODGE_POINTS, draw_lines, draw_reference, method_legend
 from reports.pairing import Pairing
 from reports.ruler import GROUP, LABELS, task_columns
 
@@ -25,6 +25,18 @@ PROTOCOL_NOTE = (
     "Query-agnostic: the context is compressed, then the question is appended (kvpress's protocol); "
     "query-aware: the whole prompt, question included, is compressed."
 )
+
+
+def _x_limits(ax, ticks: list[float], n_lines: int) -> tuple[float, float]:
+    """x limits that hold every dodged point: the outermost line is drawn ``(n_lines - 1) / 2 x
+    DODGE_POINTS`` points (plus its marker) beside its tick, so the margin ``m`` in data units
+    solves ``m = s (d + 2 m) / W`` (``s`` that distance and ``W`` the axes' width, in inches; ``d``
+    the ticks' span)."""
+    reach = ((n_lines - 1) / 2 * DODGE_POINTS + 6) / 72
+    width = ax.get_position().width * ax.figure.get_figwidth() * 0.7  # the legend and layout shrink the axes
+    span = max(ticks) - min(ticks) or 1.0
+    margin = max(0.06, reach * span / max(width - 2 * reach, 0.5))
+    return min(ticks) - margin, max(ticks) + margin
 
 
 def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = None) -> style.Plot:
@@ -47,7 +59,7 @@ def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = No
         if len(lines):
             ticks = sorted(set(lines[column]))
             ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-            ax.set_xlim(min(ticks) - 0.06, max(ticks) + 0.06)
+            ax.set_xlim(*_x_limits(ax, ticks, lines["label"].nunique()))
         ax.set_ylim(0, 100 * 1.02)
         ax.set_xlabel(AXES[label], fontsize=8)
         ax.set_ylabel(f"average of {len(task_columns(part))} RULER tasks (x100)", fontsize=8)

@@ -48,7 +48,6 @@ METHODS: dict[str, MethodStyle] = {
     "layer_ratios_snapkv": MethodStyle("SnapKV (layer ratios)", "#fdae6b"),
     "adakv_snapkv": MethodStyle("AdaKV-SnapKV", "#843c39"),
     "adakv_expected_attention": MethodStyle("AdaKV-ExpectedAttention", "#d6616b"),
-    "adakv_expected_attention_e2": MethodStyle("AdaKV-ExpectedAttention (eps 0.01)", "#e7969c"),
     "criticalkv_snapkv": MethodStyle("CriticalKV-SnapKV", "#7b4173"),
     "duo_attention": MethodStyle("DuoAttention", "#3182bd"),
 }
