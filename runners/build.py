@@ -235,3 +235,10 @@ def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.
     if not samples:
         raise KVBenchError(f"task {task.name} selected no samples")
     return tokenizer, samples, [task.encode(tokenizer, s) for s in samples]
+
+
+def run_budget(cfg: DictConfig, method: CompressionMethod) -> float | int | None:
+    """The budget the run compresses to: the configured one, or None where the method's traits say
+    it does not apply (FullKV; KVMerger at a fixed ``theta`` and DuoAttention, whose kept fraction is
+    an outcome)."""
+    return cfg.budget if method.traits.budget_applies else None

@@ -72,7 +72,7 @@ def test_compiled_decode_gives_eager_tokens_without_graph_breaks(shallow, name):
                     token = run.step(token).argmax(-1)
                     out.append(int(token))
             tokens[backend].append(out)
-            if budget is not None and method.budget_holds_in_decode:
+            if budget is not None and method.traits.holds_in_decode:
                 assert max(run.cache.n_slots) <= budget
     assert tokens["compiled"] == tokens["eager"]
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
