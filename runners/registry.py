@@ -9,7 +9,7 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from kernels import set_backend
-from methods.less.train import run_train_less
+from runners.train_less import run_train_less
 from runners.attention_error import run_attention_error
 from runners.build import check_run
 from runners.efficiency import run_efficiency

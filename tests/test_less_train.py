@@ -83,7 +83,7 @@ def _head_kernels(kernels, h):
 def test_training_beats_the_sparse_policy_on_held_out_text(tmp_path, data_dir, monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    from methods.less.train import run_train_less
+    from runners.train_less import run_train_less
     from tests.conftest import REPO
 
     for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):  # wandb's files in tmp_path
