@@ -22,7 +22,6 @@ from methods.pyramidkv import PyramidKV
 from methods.random import Random
 from methods.rkv import RKV
 from methods.seam import attention  # noqa: F401  (registers the attention implementation)
-from methods.seam.budget import resolve_budget, validate_budget
 from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
@@ -87,6 +86,4 @@ __all__ = [
     "SnapKV",
     "StreamingLLM",
     "ZSMerge",
-    "resolve_budget",
-    "validate_budget",
 ]

@@ -15,9 +15,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
+from methods import CompressedCache, CompressionMethod, FullKV
 from methods.seam.architecture import LayerSpec, layer_specs
 from methods.seam.step import decode_step, prefill_step
+from runners.budget import resolve_budget
 from runners.build import build_components, load_prompts, refuse_untrained
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model

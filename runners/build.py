@@ -15,8 +15,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from methods import METHOD_REGISTRY, CompressionMethod, validate_budget
+from methods import METHOD_REGISTRY, CompressionMethod
 from reports.store import renamed_in_config
+from runners.budget import validate_budget
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir

@@ -18,7 +18,8 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from methods import CompressionMethod, resolve_budget
+from methods import CompressionMethod
+from runners.budget import resolve_budget
 from runners.build import build_method, run_budget
 from runners.environment import (
     peak_device_bytes,

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from methods import resolve_budget
+from runners.budget import resolve_budget
 from runners.build import build_method, check_device
 from runners.record import failure, is_oom, new_record, recording, run_config, stored_run
 from tasks.errors import KVBenchError

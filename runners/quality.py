@@ -15,10 +15,11 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from methods import CompressionMethod, resolve_budget
+from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from runners.batched import decode_rows, start_row
+from runners.budget import resolve_budget
 from runners.build import build_components, load_prompts, refuse_untrained, run_budget
 from runners.environment import (
     peak_device_bytes,
@@ -100,7 +101,7 @@ def check_budgets(
     task: Task,
     starts: list[int | None],
 ) -> list[int | None]:
-    """Each sample's slot budget (``methods.seam.budget.resolve_budget``; a prompt fraction is of
+    """Each sample's slot budget (``runners.budget.resolve_budget``; a prompt fraction is of
     the tokens the prefill compresses: the whole prompt, or the context before the question of a
     query-agnostic run, as kvpress's compression ratio; a context fraction is of
     ``model.max_context``), checked with the method (``CompressionMethod.check_budget``) before any

@@ -13,8 +13,9 @@ import torch
 from omegaconf import OmegaConf
 from torch._dynamo.utils import counters
 
-from methods import METHOD_REGISTRY, SnapKV, resolve_budget
+from methods import METHOD_REGISTRY, SnapKV
 from reports.store import run_identity
+from runners.budget import resolve_budget
 from runners.generate import ModelRun, greedy_generate
 from runners.timing import synthetic_prompts
 from tests.conftest import REPO

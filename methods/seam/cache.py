@@ -36,7 +36,7 @@ class CompressedCache(Cache):
     method : CompressionMethod
         The rules (scoring, eviction, merging) applied to every full-attention layer.
     budget : int | None
-        Slots per (layer, KV head), already resolved for this sample (``methods.seam.budget``);
+        Slots per (layer, KV head), already resolved for this sample (``runners.budget``);
         None disables compression.
     specs : list[LayerSpec] | int
         One :class:`~methods.seam.architecture.LayerSpec` per decoder layer

@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 
 
 class SlotStorage(ABC):
-    """Where one layer's slots live (module docstring). Operations a kind cannot do (merging inside
-    packed heads) raise ``NotImplementedError`` naming the kind."""
+    """Where one layer's slots live (module docstring): append, keep, drop, views, per-head slot
+    counts, bytes and decode attention. The operations merging methods use (``swap``, ``replace``,
+    ``merge_into``, ``write``, ``reset``) and ``ragged`` (a head-adaptive allocator's swap) belong to
+    the kinds that offer them (the uniform store)."""
 
     kind: str = "storage"
 
@@ -94,46 +96,6 @@ class SlotStorage(ABC):
     def drop(self, slot: torch.Tensor, active: torch.Tensor | None = None) -> None:
         """Evict slot ``slot`` ``[batch, kv_heads]`` int64 of every head (of the heads where ``active``
         ``[batch, kv_heads]`` bool, when given), in place."""
-
-    def ragged(self, keep: torch.Tensor, bounds: torch.Tensor | None = None) -> SlotStorage:
-        """A store in which every head keeps its own slots: ``keep`` ``[batch, kv_heads, slots]`` bool,
-        ``bounds`` ``[batch, kv_heads]`` int64 (-1: the head keeps what it receives).
-
-        Raises
-        ------
-        NotImplementedError
-            Where the kind cannot become ragged.
-        """
-        raise NotImplementedError(f"a {self.kind} store cannot become ragged")
-
-    def swap(self, a: torch.Tensor, b: torch.Tensor) -> None:
-        """Exchange slots ``a`` and ``b`` ``[batch, kv_heads]`` int64 of every head."""
-        raise NotImplementedError(f"a {self.kind} store does not swap slots")
-
-    def replace(self, slot: torch.Tensor, **fields: torch.Tensor | float) -> None:
-        """Write ``fields`` (tensors ``[batch, kv_heads, k, *extra]`` or scalars) at ``slot``
-        ``[batch, kv_heads, k]`` int64."""
-        raise NotImplementedError(f"a {self.kind} store does not replace slots")
-
-    def merge_into(
-        self,
-        target: torch.Tensor,
-        source: torch.Tensor,
-        weight_target: torch.Tensor,
-        weight_source: torch.Tensor,
-        fields: tuple[str, ...] = ("keys", "values"),
-    ) -> None:
-        """Replace slot ``target`` by the weighted mean of ``target`` and ``source`` (each
-        ``[batch, kv_heads, 1]``) in every field of ``fields`` (ZSMerge Eq. 7)."""
-        raise NotImplementedError(f"a {self.kind} store does not merge slots")
-
-    def write(self, name: str, value: torch.Tensor) -> None:
-        """Set field ``name`` over every held slot to ``value`` ``[batch, kv_heads, slots, *extra]``."""
-        raise NotImplementedError(f"a {self.kind} store does not write fields")
-
-    def reset(self, **fields: torch.Tensor) -> None:
-        """Replace every slot at once by compact tensors ``[batch, kv_heads, k, *extra]``."""
-        raise NotImplementedError(f"a {self.kind} store cannot be rebuilt")
 
     # ------------------------------------------------------------------ attention
     @abstractmethod
