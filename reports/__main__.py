@@ -11,12 +11,11 @@ and figure. Reads only the store (``--results-dir``, default ``$KVBENCH_RESULTS_
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from reports.cli import Parser, check_out, default_results_dir, open_store, positive_int, run
 from reports.runs import Filters
 from reports.store import ResultStore, renamed_override
 from tasks.errors import KVBenchError
@@ -67,22 +66,22 @@ def ruler_command(args, store: ResultStore, out: Path) -> int:
 
 
 def runs_command(args, store: ResultStore, out: Path) -> int:
-    """Print every stored run, one compact line each, oldest first."""
-    from reports.tables import runs_table
-
-    table = runs_table(
-        store, Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit)
-    )
-    if table.empty:
-        print(f"no records under {store.root}/runs", file=sys.stderr)
-        return 1
+    """Print every stored run, one compact line each, oldest first; then name the settings run on
+    several inputs (reports show the newest finished run of each)."""
     from tabulate import tabulate
 
-    print(
-        tabulate(
-            table.to_numpy().tolist(), headers=list(table.columns), tablefmt="plain", disable_numparse=True
-        )
-    )
+    from reports.pairing import other_inputs
+    from reports.runs import runs_frame
+    from reports.tables import runs_table
+
+    filters = Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit)
+    table = runs_table(store, filters)
+    if table.empty:
+        raise KVBenchError(f"no runs under {store.root}/runs match the filters")
+    rows = table.to_numpy().tolist()
+    print(tabulate(rows, headers=list(table.columns), tablefmt="plain", disable_numparse=True))
+    for other in other_inputs(runs_frame(store, filters, status=None)):
+        print(other.note(), file=sys.stderr)
     return 0
 
 
@@ -120,6 +119,8 @@ def experiment_command(args, store: ResultStore, out: Path) -> int:
 
     report = build(args.name, args.scale, store.root, out, args.overrides)
     print(report.markdown)
+    for note in report.notes:
+        print(note, file=sys.stderr)
     print("written: " + ", ".join(str(p) for p in report.files))
     return 0
 
@@ -133,14 +134,14 @@ HANDLERS: dict[str, Callable] = {name: figure_command for name in FIGURES} | {
 }
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> Parser:
     """The command line (every command shares the store, output and filter options)."""
-    p = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m reports", description=__doc__.split("\n\n")[0])
     p.add_argument("name", help=f"{', '.join(COMMANDS)}, or an experiment name (configs/experiment)")
     p.add_argument(
         "overrides", nargs="*", help="experiment reports: extra overrides the sweep ran with (seed=0,1)"
     )
-    p.add_argument("--results-dir", default=os.environ.get("KVBENCH_RESULTS_DIR", "results"))
+    p.add_argument("--results-dir", default=default_results_dir(), help="the result store (must exist)")
     p.add_argument("--out", default=None, help="output directory (default <results-dir>/reports)")
     p.add_argument("--scale", default="smoke", choices=("smoke", "paper"), help="experiment reports")
     p.add_argument("--task", help="keep runs of this task (registry name: xsum, infinitebench, ...)")
@@ -148,7 +149,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--method", action="append", help="keep this method, preset or label (repeatable)")
     p.add_argument("--runner", help="keep runs of this runner (quality, efficiency, error, oom)")
     p.add_argument("--budget-unit", choices=("prompt", "context", "slots"), help="keep budgets in this unit")
-    p.add_argument("--limit", type=int, help="keep runs with this task.limit")
+    p.add_argument("--limit", type=positive_int, help="keep runs with this task.limit")
     p.add_argument(
         "--metric", help="budget/pareto: the metric (default the task's first); niah: the needle task"
     )
@@ -161,26 +162,27 @@ def parser() -> argparse.ArgumentParser:
         choices=("ratio", "budget"),
         help="ruler: label rows by kvpress's compression ratio or by the budget (kept fraction)",
     )
-    p.add_argument("--resamples", type=int, default=1000, help="summary: bootstrap resamples")
+    p.add_argument("--resamples", type=positive_int, default=1000, help="summary: bootstrap resamples")
     return p
 
 
-def main(argv: list[str]) -> int:
-    """Parse the arguments and write the requested report (``error:`` and exit 2 on bad input)."""
+def main(argv: Sequence[str]) -> int:
+    """Parse the arguments and write the requested report: one ``error:`` line and exit 2 on bad
+    input (:func:`reports.cli.run`), checked before any work where the arguments show it: the
+    store must exist (and, but for an experiment report, which lists its missing runs, hold runs),
+    ``--out`` must be a directory or creatable."""
+    return run(_main, argv)
+
+
+def _main(argv: Sequence[str]) -> int:
     args = parser().parse_intermixed_args(argv)  # overrides may follow options (the near-miss hints)
-    store = ResultStore(args.results_dir)
-    out = Path(args.out or store.root / "reports")
     if args.overrides and args.name in COMMANDS:
-        print(f"error: {args.name} takes no overrides (got {' '.join(args.overrides)})", file=sys.stderr)
-        return 2
+        raise KVBenchError(f"{args.name} takes no overrides (got {' '.join(args.overrides)})")
     if (renamed := renamed_override(args.overrides)) is not None:
-        print(f"error: {renamed}", file=sys.stderr)
-        return 2
-    try:
-        return HANDLERS.get(args.name, experiment_command)(args, store, out)
-    except KVBenchError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise KVBenchError(renamed)
+    store = open_store(args.results_dir, need_records=args.name in COMMANDS)
+    out = check_out(Path(args.out) if args.out else store.root / "reports")
+    return HANDLERS.get(args.name, experiment_command)(args, store, out)
 
 
 if __name__ == "__main__":

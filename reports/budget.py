@@ -17,7 +17,16 @@ from matplotlib import transforms
 
 from reports import style
 from reports.pairing import Pairing, pair_frame
-from reports.runs import MIN_N, SMALL_N, Filters, mean_interval, primary_metric, runs_frame, sample_scores
+from reports.runs import (
+    MIN_N,
+    SMALL_N,
+    Filters,
+    mean_interval,
+    pooled_scores,
+    primary_metric,
+    runs_frame,
+    sample_values,
+)
 from reports.store import ResultStore
 from tasks.errors import KVBenchError
 
@@ -29,8 +38,9 @@ def quality_points(
     store: ResultStore, filters: Filters, metric: str | None = None
 ) -> tuple[pd.DataFrame, str, Pairing]:
     """One row per (model, label, budget) of finished quality runs paired on the same samples
-    (:func:`reports.pairing.pair`): n, mean and 95% interval of ``metric`` over the per-sample
-    scores (seeds of one setting pooled), with the run ids. Returns the frame, the metric and
+    (:func:`reports.pairing.pair`), one run per setting (the newest finished): n, mean and 95%
+    interval of ``metric`` over the per-sample scores (the runs of several seeds averaged per
+    sample: n counts distinct samples), with the run ids. Returns the frame, the metric and
     the pairing (the runs left out and why).
 
     Raises
@@ -56,10 +66,11 @@ def quality_points(
     runs = runs.assign(budget_key=runs["budget"].map(lambda b: "none" if b is None or b != b else repr(b)))
     rows = []
     for (model, label, _), group in runs.groupby(["model", "label", "budget_key"], sort=False):
-        scores = [s for rid in group["run_id"] for s in sample_scores(store, rid, metric)]
+        scores = pooled_scores([sample_values(store, rid, metric) for rid in group["run_id"]])
         if not scores:  # a run without predictions: its recorded mean, no interval
             scores_mean = float(pd.Series([m.get(metric) for m in group["metrics"]]).mean())
-            mean, low, high, n = scores_mean, float("nan"), float("nan"), int(group["n"].sum())
+            n = int(group["n"].max())  # paired runs: the same samples
+            mean, low, high = scores_mean, float("nan"), float("nan")
         else:
             (mean, low, high), n = mean_interval(scores, metric), len(scores)
         first = group.iloc[0]
@@ -84,6 +95,7 @@ def quality_points(
                 "peak_mib": group["peak_bytes"].astype(float).mean() / 2**20,
                 "peak_kind": first["peak_kind"],
                 "run_ids": " ".join(group["run_id"]),
+                "other_inputs": " ".join(o for o in group["other_inputs"] if o),
             }
         )
     return pd.DataFrame(rows), metric, pairing

@@ -3,24 +3,24 @@ side by side.
 
 One table per task, one row per finished quality run (efficiency, error and OOM records have
 their own report, ``python -m reports.efficiency``): model, method preset and the settings that
-differ from it, budget and its unit, quality metrics, decode speed and memory. Later runs of the
-same identity replace earlier ones (the store keeps one record per run id). Empty cells print as
-``–``. The store is ``results_dir``, ``--results-dir``, ``$KVBENCH_RESULTS_DIR`` or ``results``.
+differ from it, budget and its unit, quality metrics, decode speed and memory. A setting run on
+several inputs is one row, its newest finished run; the others are named in a note. Empty cells
+print as ``–``. The store is ``results_dir``, ``--results-dir``, ``$KVBENCH_RESULTS_DIR`` or ``results``.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
+from collections.abc import Sequence
 
 import pandas as pd
 
+from reports import cli
 from reports.pairing import Pairing, describe, pair_frame
 from reports.presets import non_default_settings
 from reports.runs import Filters, records_frame
-from reports.store import ResultStore
 from reports.tables import DASH, budget_text, display, missing
+from tasks.errors import KVBenchError
 
 __all__ = ["comparison", "main", "non_default_settings"]
 
@@ -97,22 +97,27 @@ def comparison(records: list[dict], task: str | None = None, pairing: Pairing | 
     return out.drop(columns="_budget").reset_index(drop=True)
 
 
-def main(argv: list[str]) -> int:
-    """Print the comparison table (plain text, or Markdown with ``--markdown``)."""
-    parser = argparse.ArgumentParser(prog="python -m reports.compare", description=__doc__.splitlines()[0])
+def main(argv: Sequence[str]) -> int:
+    """Print the comparison table (plain text, or Markdown with ``--markdown``); bad input (an
+    unknown option, a missing store, no finished quality run) is one ``error:`` line, exit 2."""
+    return cli.run(_main, argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+    parser = cli.Parser(prog="python -m reports.compare", description=__doc__.splitlines()[0])
     parser.add_argument("results_dir", nargs="?", default=None)
     parser.add_argument("--results-dir", dest="results_dir_opt", default=None)
     parser.add_argument("--task", default=None)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
-    root = args.results_dir or args.results_dir_opt or os.environ.get("KVBENCH_RESULTS_DIR", "results")
-    store = ResultStore(root)
+    root = args.results_dir or args.results_dir_opt or cli.default_results_dir()
+    store = cli.open_store(root)
     records = store.records()
     pairing = pair_frame(store, quality_runs(records, args.task))
     frame = comparison(records, args.task, pairing)
     if frame.empty:
-        print(f"no finished quality runs under {root}/runs", file=sys.stderr)
-        return 1
+        of_task = f" of task {args.task}" if args.task else ""
+        raise KVBenchError(f"no finished quality runs{of_task} under {root}/runs")
     frame["budget"] = [
         f"kept {100 * b:.0f}% of {u}" if kept else budget_text(b, u or None)  # kept: an outcome
         for b, u, kept in zip(frame["budget"], frame["budget unit"], frame["budget realised"], strict=True)

@@ -1,6 +1,7 @@
 """``python -m reports.efficiency [results_dir] [--markdown]``: the efficiency tables.
 
-Reads the result store only (never re-measures):
+Reads the result store only (never re-measures), one run per setting (the newest finished; runs
+of the setting on other inputs are named in a note):
 
 - throughput: one row per (model, device, prompt_len + gen_len, batch), one column per method
   (with its budget): ``tokens/s / latency s`` as ZSMerge Table 1, ``OOM`` for an OOM run;
@@ -12,16 +13,16 @@ Reads the result store only (never re-measures):
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
+from collections.abc import Sequence
 
 import pandas as pd
 
-from reports.pairing import model_key
+from reports.cli import Parser, default_results_dir, open_store, run
+from reports.pairing import OtherInputs, model_key, newest_per_setting
 from reports.runs import row
-from reports.store import ResultStore
 from reports.tables import budget_text
+from tasks.errors import KVBenchError
 
 
 def _label(record: dict) -> str:
@@ -116,17 +117,20 @@ def oom_table(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["model", "search", "method"])
 
 
-def main(argv: list[str]) -> int:
-    """Print every efficiency table the store has records for."""
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: Sequence[str]) -> int:
+    """Print every efficiency table the store has records for; bad input (an unknown option, a
+    missing store, no efficiency, error or OOM record) is one ``error:`` line, exit 2."""
+    return run(_main, argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+    parser = Parser(prog="python -m reports.efficiency", description=__doc__)
     parser.add_argument("results_dir", nargs="?", default=None)
     parser.add_argument("--results-dir", dest="results_dir_opt", default=None)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
-    args.results_dir = (
-        args.results_dir or args.results_dir_opt or os.environ.get("KVBENCH_RESULTS_DIR", "results")
-    )
-    records = ResultStore(args.results_dir).records()
+    args.results_dir = args.results_dir or args.results_dir_opt or default_results_dir()
+    records, others = newest_per_setting(open_store(args.results_dir).records())
     runner = {}
     for r in records:
         runner.setdefault(r["config"].get("runner", {}).get("name"), []).append(r)
@@ -144,12 +148,14 @@ def main(argv: list[str]) -> int:
     ]
     tables = [(title, t) for title, t in tables if isinstance(t, pd.DataFrame) and not t.empty]
     if not tables:
-        print(f"no efficiency, error or OOM records under {args.results_dir}/runs", file=sys.stderr)
-        return 1
+        raise KVBenchError(f"no efficiency, error or OOM records under {args.results_dir}/runs")
     for title, table in tables:
         print(f"\n## {title}\n")
         with pd.option_context("display.width", 220, "display.max_columns", None):
             print(table.to_markdown() if args.markdown else table.to_string())
+    for r in [*efficiency, *errors, *ooms]:
+        if r["run_id"] in others:
+            print(OtherInputs(r["run_id"], _label(r), others[r["run_id"]]).note(), file=sys.stderr)
     return 0
 
 

@@ -29,7 +29,7 @@ from reports.cells import display_keys, markdown, ordered
 from reports.frame import job_frame, near_misses, not_done, report_jobs
 from reports.kinds import KINDS, Context
 from reports.pairing import Pairing, describe, model_key, pair_frame
-from reports.store import ResultStore, atomic_write_text
+from reports.store import ResultStore, atomic_write_text, setting_of
 
 
 @dataclass
@@ -41,6 +41,7 @@ class Report:
     table: pd.DataFrame
     files: list[Path] = field(default_factory=list)
     plots: list[style.Plot] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def build(
@@ -95,7 +96,9 @@ def build(
     lines += ["", "## Compared samples", ""]
     lines += [f"- {', '.join(group)}: {describe(key)}" for group, key in pairing.samples.items()] or ["none"]
     if pairing.unpaired or pairing.no_reference:
-        lines += ["", "## Not paired", ""] + [f"- {n.removeprefix('note: ')}" for n in pairing.notes()]
+        unpaired = pairing.unpaired_notes()
+        lines += ["", "## Not paired", ""] + [f"- {n.removeprefix('note: ')}" for n in unpaired]
+    lines += pairing.other_section()
     if finished < len(distinct):
         lines += _near_miss_lines(experiment, scale, overrides, near_misses(jobs, records, store))
     files = []
@@ -110,7 +113,8 @@ def build(
     for heading, part in extra:
         tex += "\n" + tables.latex(tables.display(display_keys(part, hue)), f"{title}: {heading}")
     atomic_write_text(stem.with_suffix(".tex"), tex)
-    return Report(text, table, [stem.with_suffix(".md"), stem.with_suffix(".tex"), *files], plots)
+    files = [stem.with_suffix(".md"), stem.with_suffix(".tex"), *files]
+    return Report(text, table, files, plots, pairing.notes())
 
 
 #: The status a finished run gets in a report's frame when it was scored on other samples.
@@ -121,7 +125,9 @@ def paired(
     frame: pd.DataFrame, records: dict[str, dict | None], store: ResultStore
 ) -> tuple[pd.DataFrame, Pairing]:
     """The job frame with each finished run that :func:`reports.pairing.pair` leaves out marked
-    ``unpaired`` (its reason in ``error``): cells and figures then skip it, the report lists it."""
+    ``unpaired`` (its reason in ``error``): cells and figures then skip it, the report lists it.
+    A job's run is its setting's newest finished run (``ResultStore.find``); the pairing names the
+    setting's runs on other inputs."""
     done = frame[frame["status"] == "ok"].drop_duplicates("run_id")
     runs = pd.DataFrame(
         {
@@ -131,6 +137,7 @@ def paired(
             "method": [records[r].get("method") for r in done["run_id"]],
             "label": [records[r].get("method") for r in done["run_id"]],
             "n": done["n_samples"],
+            "other_inputs": [_others(store, r) for r in done["run_id"]],
         }
     )
     pairing = pair_frame(store, runs)
@@ -141,6 +148,12 @@ def paired(
         error=frame["error"].where(~left, frame["run_id"].map(reasons)),
     )
     return frame, pairing
+
+
+def _others(store: ResultStore, rid: str) -> str:
+    """The run ids of ``rid``'s setting on other inputs, newest first, space-separated."""
+    runs = store.of_setting(setting_of(rid))
+    return " ".join(r["run_id"] for r in reversed(runs) if r["run_id"] != rid)
 
 
 def _near_miss_lines(

@@ -7,7 +7,6 @@ an experiment should have, so a run that is missing or failed is listed, not sil
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 
 import pandas as pd
@@ -53,7 +52,7 @@ def report_jobs(
 
     A job's record is found by its setting id (``setting_id``: the config alone; a run's id adds
     the hash of the model and data it read), the newest finished run of that setting
-    (``ResultStore.find``; a line on stderr names a setting run on several inputs). Its setting
+    (``ResultStore.find``; the report names the setting's runs on other inputs). Its setting
     depends on whether its method uses the budget (FullKV does not: its record has budget null);
     both candidates are looked up and the one with a record is the job's (a job with neither is
     missing under the setting id :func:`reports.presets.budget_ignored` names). Returns the
@@ -67,7 +66,6 @@ def report_jobs(
         for sid in sids:
             if sid not in found:
                 found[sid] = store.find(sid)
-                _note_several(store, sid, found[sid])
         guess = 1 if budget_ignored(configs[0].get("method") or {}) else 0
         pick = next((i for i, sid in enumerate(sids) if found[sid] is not None), guess)
         record = found[sids[pick]]
@@ -76,17 +74,6 @@ def report_jobs(
         names = {"method": (record or {}).get("method"), "task": (record or {}).get("task")}
         jobs.append(Job(job_overrides, cfg, configs[pick], rid, names))
     return base, jobs, records
-
-
-def _note_several(store: ResultStore, sid: str, chosen: dict | None) -> None:
-    """One stderr line when a setting has finished runs on several inputs (model files, data)."""
-    done = [r["run_id"] for r in store.of_setting(sid) if r.get("status") == "ok"]
-    if len(done) > 1 and chosen is not None:
-        print(
-            f"note: setting {sid} has {len(done)} finished runs on other models or data "
-            f"({', '.join(done)}); the newest, {chosen['run_id']}, is shown",
-            file=sys.stderr,
-        )
 
 
 def _flat(value: object, prefix: str = "") -> dict[str, object]:

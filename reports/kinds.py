@@ -14,7 +14,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from reports import figures, style
 from reports.cells import ordered, paper_cells, spread_reference, wide_table, with_paper
 from reports.frame import cell_means, label
-from reports.runs import budget_axis, mean_interval, sample_scores
+from reports.runs import budget_axis, mean_interval, pooled_scores, sample_values
 from reports.store import ResultStore
 
 
@@ -49,17 +49,18 @@ Rendered = tuple[pd.DataFrame, list[style.Plot], list[tuple[str, pd.DataFrame]]]
 
 def scored_cells(ctx: Context, keys: list[str], metrics: list[str]) -> pd.DataFrame:
     """Per ``keys`` cell and metric: mean, 95% interval and n over the per-sample scores of the
-    cell's distinct finished runs (the record's mean and n where a run has no predictions)."""
+    cell's distinct finished runs, averaged per sample id so that none counts twice (the record's
+    mean and n where a run has no predictions)."""
     done = ctx.frame[ctx.frame["status"] == "ok"].drop_duplicates(["run_id", *keys])
     rows = []
     for cell, group in done.groupby([*keys], sort=False, dropna=False):
         cell = cell if isinstance(cell, tuple) else (cell,)
         for metric in metrics:
-            scores = [v for rid in group["run_id"] for v in sample_scores(ctx.store, rid, metric)]
+            scores = pooled_scores([sample_values(ctx.store, rid, metric) for rid in group["run_id"]])
             if scores:
                 (mean, low, high), n = mean_interval(scores, metric), len(scores)
             elif metric in group and group[metric].notna().any():
-                mean, low, high, n = float(group[metric].mean()), None, None, group["n_samples"].sum()
+                mean, low, high, n = float(group[metric].mean()), None, None, group["n_samples"].max()
             else:
                 continue
             rows.append(

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reports import style
-from reports.pairing import is_reference
+from reports.pairing import is_reference, newest_per_setting, other_inputs
 from reports.runs import Filters, row
 from reports.store import ResultStore
 from tasks.errors import KVBenchError
@@ -42,8 +42,9 @@ def _series(record: dict) -> str:
     return f"{r['label']}{where}" + (f", batch {batch_size}" if batch_size != 1 else "")
 
 
-def record_points(record: dict) -> list[dict]:
-    """The points of one efficiency record: its curve, or one point at prompt + generated tokens."""
+def record_points(record: dict, others: str = "") -> list[dict]:
+    """The points of one efficiency record: its curve, or one point at prompt + generated tokens;
+    ``others``: the run ids of its setting on other inputs (not drawn, named in the notes)."""
     r = row(record)
     eff, shape = record.get("efficiency") or {}, record.get("shape") or {}
     curve = record.get("curve") or [
@@ -67,6 +68,7 @@ def record_points(record: dict) -> list[dict]:
             "memory_mib": (point.get("memory_bytes") or 0) / 2**20,
             "tokens_per_s": point.get("tokens_per_s"),
             "from_curve": bool(record.get("curve")),
+            "other_inputs": others,
         }
         for point in curve
     ]
@@ -74,7 +76,8 @@ def record_points(record: dict) -> list[dict]:
 
 def curve_points(store: ResultStore, filters: Filters) -> pd.DataFrame:
     """One row per (run, context) point: model, device type, method, series label, context
-    (tokens), KV MiB, memory MiB and decode tokens/s.
+    (tokens), KV MiB, memory MiB and decode tokens/s; one run per setting, the newest finished
+    (``other_inputs`` names the others, :func:`reports.pairing.newest_per_setting`).
 
     Raises
     ------
@@ -82,11 +85,12 @@ def curve_points(store: ResultStore, filters: Filters) -> pd.DataFrame:
         When no finished efficiency run passes the filters.
     """
     keep = Filters(**{**vars(filters), "runner": None}).keep
+    records, others = newest_per_setting(store.records())
     rows = [
         point
-        for record in store.records()
+        for record in records
         if record.get("status") == "ok" and (row(record)["runner"] == "efficiency") and keep(row(record))
-        for point in record_points(record)
+        for point in record_points(record, others.get(record["run_id"], ""))
     ]
     if not rows:
         raise KVBenchError(
@@ -133,11 +137,15 @@ def draw(points: pd.DataFrame, title: str | None = None) -> style.Plot:
     )
     alone = [m for m in models if not points[points["model"] == m]["method"].map(is_reference).any()]
     notes = [f"note: no FullKV run of model {m} to compare with" for m in alone]
+    others = other_inputs(points.drop_duplicates("run_id").rename(columns={"series": "label"}))
+    notes += [o.note() for o in others]
     style.caption(
         fig,
         "Points every runner.curve_every decode steps of one run (or one point per run at "
         "prompt_len + gen_len); dashed: FullKV; one row per model. KV cache: exact bytes of the kept "
-        "keys and values." + (f" No FullKV run of {', '.join(alone)}." if alone else ""),
+        "keys and values."
+        + (f" No FullKV run of {', '.join(alone)}." if alone else "")
+        + "".join(f" {o.label} (run {o.run_id}) also run on other inputs: {o.ids()}." for o in others),
     )
     return style.Plot(fig, points, "memory_vs_context", notes)
 

@@ -1,5 +1,9 @@
-"""Which stored runs a report may compare: runs of one model and task scored on the same samples.
+"""Which stored runs a report may compare: one run per setting, and runs of one model and task
+scored on the same samples.
 
+Every report reads the store's records through :func:`newest_per_setting`: a setting run on several
+inputs (another model file, changed data; the run id is ``<setting id>-<inputs hash>``) is one run,
+the newest finished, and the others are named in a note ("also run on other inputs"), never pooled.
 Every comparison (the ``budget``, ``pareto`` and ``niah`` figures, ``summary``, ``reports.compare``
 and the experiment tables) goes through :func:`pair`. Within each (model, task) it picks the
 sample set most of the compressed runs were scored on, keeps the runs scored on exactly those
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from reports.store import ResultStore
+from reports.store import ResultStore, by_age, newest, setting_of
 
 #: Registry names of the methods that are the reference of a comparison (the uncompressed cache).
 REFERENCE_METHODS = frozenset({"fullkv"})
@@ -69,6 +73,50 @@ def describe(key: SampleKey) -> str:
     return f"{len(ids)} samples (ids {shown})"
 
 
+def newest_per_setting(records: Sequence[dict]) -> tuple[list[dict], dict[str, str]]:
+    """The records reports show: one per setting (:func:`reports.store.newest`: the newest finished,
+    else the newest), in the order of ``records``; and, for each shown run whose setting has other
+    runs (on other inputs: changed data, another model file), their run ids, newest first,
+    space-separated."""
+    groups: dict[str, list[dict]] = {}
+    for record in records:
+        groups.setdefault(setting_of(record["run_id"]), []).append(record)
+    shown, others = set(), {}
+    for group in groups.values():
+        chosen = newest(group)
+        shown.add(chosen["run_id"])
+        rest = [r["run_id"] for r in reversed(by_age(group)) if r is not chosen]
+        if rest:
+            others[chosen["run_id"]] = " ".join(rest)
+    return [r for r in records if r["run_id"] in shown], others
+
+
+@dataclass(frozen=True)
+class OtherInputs:
+    """A shown run whose setting was also run on other inputs (runs not shown, not pooled)."""
+
+    run_id: str
+    label: str
+    others: str
+
+    def ids(self) -> str:
+        """The other run ids, comma-separated."""
+        return ", ".join(self.others.split())
+
+    def note(self) -> str:
+        """One line for the console and the Markdown."""
+        shown = f"{self.label} (run {self.run_id}, newest finished)"
+        return f"note: {shown}: also run on other inputs: {self.ids()}"
+
+
+def other_inputs(runs: pd.DataFrame) -> list[OtherInputs]:
+    """The :class:`OtherInputs` of the rows of ``runs`` (``run_id``, ``label``, ``other_inputs``)."""
+    if "other_inputs" not in runs:
+        return []
+    found = runs[runs["other_inputs"].fillna("").astype(bool)].drop_duplicates("run_id")
+    return [OtherInputs(r.run_id, str(r.label), r.other_inputs) for r in found.itertuples()]
+
+
 @dataclass(frozen=True)
 class Unpaired:
     """A run a report could not compare, and why."""
@@ -92,12 +140,34 @@ class Pairing:
     samples: dict[tuple, SampleKey] = field(default_factory=dict)
     unpaired: list[Unpaired] = field(default_factory=list)
     no_reference: list[tuple] = field(default_factory=list)
+    other_inputs: list[OtherInputs] = field(default_factory=list)
 
-    def notes(self) -> list[str]:
+    def unpaired_notes(self) -> list[str]:
         """Console lines: every unpaired run and every group compared without FullKV."""
         lines = [u.note() for u in self.unpaired]
         lines += [f"note: no FullKV run on the compared samples of {', '.join(g)}" for g in self.no_reference]
         return [line if line.startswith("note:") else f"note: {line}" for line in lines]
+
+    def other_notes(self) -> list[str]:
+        """Console lines: every run whose setting was also run on other inputs."""
+        return list(dict.fromkeys(o.note() for o in self.other_inputs))
+
+    def notes(self) -> list[str]:
+        """:meth:`unpaired_notes` and :meth:`other_notes`."""
+        return self.unpaired_notes() + self.other_notes()
+
+    def other_section(self) -> list[str]:
+        """Markdown lines naming the runs on other inputs (``## Also run on other inputs``), or none."""
+        notes = [f"- {n.removeprefix('note: ')}" for n in self.other_notes()]
+        return ["", "## Also run on other inputs", "", *notes] if notes else []
+
+    def merge(self, other: Pairing) -> None:
+        """Add ``other``'s runs, sample sets and notes (a report paired in several parts)."""
+        self.kept += other.kept
+        self.samples |= other.samples
+        self.unpaired += other.unpaired
+        self.no_reference += other.no_reference
+        self.other_inputs += other.other_inputs
 
     def caption(self) -> str:
         """One sentence for a caption: the samples compared, and how many runs were left out."""
@@ -106,6 +176,8 @@ class Pairing:
         if self.unpaired:
             runs = "; ".join(dict.fromkeys(f"{u.label} on {u.samples}" for u in self.unpaired))
             text += f" Not paired (other samples): {runs}."
+        for o in dict.fromkeys(self.other_inputs):
+            text += f" {o.label} (run {o.run_id}) also run on other inputs: {o.ids()}."
         return text.strip()
 
 
@@ -116,7 +188,8 @@ def pair(runs: pd.DataFrame, keys: Mapping[str, SampleKey], by: Sequence[str] = 
     ----------
     runs : pandas.DataFrame
         One row per run with columns ``run_id``, ``method`` (registry name), ``label`` (display)
-        and the ``by`` columns (model, task).
+        and the ``by`` columns (model, task); with ``other_inputs`` (:func:`newest_per_setting`)
+        the runs of their settings on other inputs are named in the notes.
     keys : Mapping[str, SampleKey]
         The sample key of each run id (:func:`sample_key`).
     by : Sequence[str]
@@ -129,7 +202,7 @@ def pair(runs: pd.DataFrame, keys: Mapping[str, SampleKey], by: Sequence[str] = 
         runs on it, FullKV included; every other run is unpaired with its reason. A group of only
         FullKV runs keeps the one on the most samples.
     """
-    out = Pairing()
+    out = Pairing(other_inputs=other_inputs(runs))
     if runs.empty:
         return out
     for group, part in runs.groupby(list(by), sort=False, dropna=False):

@@ -47,7 +47,7 @@ GROUP = ["model", "length", "protocol"]
 #: The columns of :func:`rows`' frame that are not scores (besides ``n/<task>``).
 ROW_COLUMNS = frozenset(
     {"run_id", "model", "task", "method", "label", "reference", "length", "query_aware", "key"}
-    | {"protocol", "compression_ratio", "budget", "n", "avg", "runs", "run_ids"}
+    | {"other_inputs", "protocol", "compression_ratio", "budget", "n", "avg", "runs", "run_ids"}
 )
 
 
@@ -155,7 +155,7 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
             counts = pd.Series([s.get("task") for s in here], dtype=object).value_counts()
             scores = _scores(run["metrics"], length, len(lengths) > 1)
             out.append(
-                {k: run[k] for k in ("run_id", "model", "task", "method", "reference")}
+                {k: run[k] for k in ("run_id", "model", "task", "method", "reference", "other_inputs")}
                 | {"label": _name(run)}
                 | {"length": length, "query_aware": qa, "key": key, "compression_ratio": ratio}
                 | {"budget": 1.0 if run["reference"] else float(run["budget"]), "n": len(here) or run["n"]}
@@ -188,11 +188,7 @@ def _pair(frame: pd.DataFrame) -> tuple[Pairing, pd.DataFrame]:
         part = frame[same & (frame["reference"] | (frame["query_aware"] == qa))]
         part = part.assign(protocol=PROTOCOLS[qa], length_key=f"{length:,} tokens")
         keys = dict(zip(part["run_id"], part["key"], strict=True))
-        found = pair(part, keys, by=("model", "task", "length_key", "protocol"))
-        pairing.kept += found.kept
-        pairing.samples |= found.samples
-        pairing.unpaired += found.unpaired
-        pairing.no_reference += found.no_reference
+        pairing.merge(found := pair(part, keys, by=("model", "task", "length_key", "protocol")))
         kept.append(part[part["run_id"].isin(found.kept)])
     return pairing, pd.concat(kept, ignore_index=True).drop(columns=["key", "length_key"])
 
@@ -249,6 +245,7 @@ def markdown(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None 
             "",
             "## Not compared",
             "",
-            *[f"- {line.removeprefix('note: ')}" for line in pairing.notes()],
+            *[f"- {line.removeprefix('note: ')}" for line in pairing.unpaired_notes()],
         ]
+    parts += pairing.other_section() if pairing is not None else []
     return "\n".join(parts) + "\n"

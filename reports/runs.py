@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from reports.pairing import is_reference, model_key
+from reports.pairing import is_reference, model_key, newest_per_setting
 from reports.presets import identify
 from reports.store import ResultStore
 from reports.style import metric_range, preset_label
@@ -121,17 +122,25 @@ class Filters:
         )
 
 
-def runs_frame(store: ResultStore, filters: Filters | None = None, status: str | None = "ok") -> pd.DataFrame:
-    """Rows (:func:`row`) of the store's records that pass ``filters`` with ``status`` (None: any)."""
-    return records_frame(store.records(), filters, status)
+def runs_frame(
+    store: ResultStore, filters: Filters | None = None, status: str | None = "ok", every: bool = False
+) -> pd.DataFrame:
+    """Rows (:func:`row`) of the store's records that pass ``filters`` with ``status`` (None: any):
+    one run per setting unless ``every`` (:func:`records_frame`)."""
+    return records_frame(store.records(), filters, status, every)
 
 
 def records_frame(
-    records: list[dict], filters: Filters | None = None, status: str | None = "ok"
+    records: list[dict], filters: Filters | None = None, status: str | None = "ok", every: bool = False
 ) -> pd.DataFrame:
-    """:func:`runs_frame` of records already read."""
+    """:func:`runs_frame` of records already read. Unless ``every``, a setting run on several inputs
+    is one row, its newest finished run (:func:`reports.pairing.newest_per_setting`), whose
+    ``other_inputs`` names the others (space-separated run ids; empty for most runs)."""
     filters = filters or Filters()
-    rows = [row(rec) for rec in records]
+    others: dict[str, str] = {}
+    if not every:
+        records, others = newest_per_setting(records)
+    rows = [row(rec) | {"other_inputs": others.get(rec["run_id"], "")} for rec in records]
     rows = [r for r in rows if filters.keep(r) and (status is None or r["status"] == status)]
     return pd.DataFrame(rows, columns=list(row_columns()))
 
@@ -163,20 +172,40 @@ def row_columns() -> list[str]:
         "peak_bytes",
         "peak_kind",
         "metrics",
+        "other_inputs",
     ]
 
 
-def sample_scores(store: ResultStore, run_id: str, metric: str) -> list[float]:
-    """Per-sample values of ``metric`` from a run's ``predictions.jsonl`` (empty when absent)."""
+def sample_values(
+    store: ResultStore, run_id: str, metric: str | None, any_metric: bool = False
+) -> dict[str, float]:
+    """Sample id -> value of ``metric`` in a run's ``predictions.jsonl`` (empty when absent). A
+    sample without an id is keyed ``#<line>``, an id met again ``<id>#<k>`` (its k-th time), so
+    that every line counts. ``any_metric``: a sample without ``metric`` gives its first metric."""
     path = store.run_dir(run_id) / "predictions.jsonl"
     if not path.is_file():
-        return []
-    scores = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        value = (json.loads(line).get("metrics") or {}).get(metric)
+        return {}
+    values: dict[str, float] = {}
+    seen: Counter[str] = Counter()
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        prediction = json.loads(line) if line else {}
+        per = prediction.get("metrics") or {}
+        value = per.get(metric, next(iter(per.values()), None) if any_metric else None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            scores.append(float(value))
-    return scores
+            key = f"#{i}" if prediction.get("id") is None else str(prediction["id"])
+            seen[key] += 1
+            values[f"{key}#{seen[key]}" if seen[key] > 1 else key] = float(value)
+    return values
+
+
+def pooled_scores(per_run: Sequence[dict[str, float]]) -> list[float]:
+    """One value per sample of runs scored on the same samples (:func:`sample_values` of several
+    seeds): the mean over the runs that scored it, so that no sample counts twice (n = samples)."""
+    pooled: dict[str, list[float]] = {}
+    for values in per_run:
+        for sid, value in values.items():
+            pooled.setdefault(sid, []).append(value)
+    return [sum(v) / len(v) for v in pooled.values()]
 
 
 def mean_interval(scores: Sequence[float], metric: str | None = None) -> tuple[float, float, float]:

@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +28,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 SCHEMA_VERSION = 2
+#: The form of a run id: 16 hex digits of the setting, 8 of the inputs (:func:`run_id`).
+RUN_ID = re.compile(r"[0-9a-f]{16}-[0-9a-f]{8}")
 IDENTITY_KEYS = ("model", "method", "task", "runner", "budget", "budget_unit", "seed")
 NON_IDENTITY_TASK_KEYS = ("data_dir",)
 NON_IDENTITY_RUNNER_KEYS = ("progress",)  # display only: a progress bar does not make another run
@@ -157,6 +160,25 @@ def run_config(cfg: DictConfig, budget_applies: bool = True) -> dict:
     return config
 
 
+def setting_of(rid: str) -> str:
+    """The setting part of run id ``rid`` (:func:`run_id`: ``<setting id>-<inputs hash>``); an id of
+    another form (a schema-1 record's setting id alone, a hand-made id) is its own setting."""
+    return rid.split("-", 1)[0] if RUN_ID.fullmatch(rid) else rid
+
+
+def by_age(records: list[dict]) -> list[dict]:
+    """``records`` oldest first (``created``, then run id)."""
+    return sorted(records, key=lambda r: (str(r.get("created") or ""), r["run_id"]))
+
+
+def newest(records: list[dict]) -> dict | None:
+    """The record reports show of several records of one setting: the newest (:func:`by_age`)
+    finished (``ok``) one, else the newest of any status; None for no records."""
+    ordered = by_age(records)
+    done = [r for r in ordered if r.get("status") == "ok"]
+    return (done or ordered or [None])[-1]
+
+
 def _file_mode() -> int:
     """``0o666`` less the process umask: the mode ``open()`` would give a new file (0644 usually)."""
     umask = os.umask(0)
@@ -235,15 +257,12 @@ class ResultStore:
         """Every readable record of setting ``sid`` (:func:`setting_id`): runs on any inputs, and
         a schema-1 record stored under the setting id alone; oldest first (``created``)."""
         paths = [self.run_dir(sid) / "record.json", *self.root.glob(f"runs/{sid}-*/record.json")]
-        found = [r for p in paths if p.is_file() and (r := self._load(p)) is not None]
-        return sorted(found, key=lambda r: (str(r.get("created") or ""), r["run_id"]))
+        return by_age([r for p in paths if p.is_file() and (r := self._load(p)) is not None])
 
     def find(self, sid: str) -> dict | None:
-        """The record reports show for setting ``sid``: the newest finished (``ok``) one, else the
-        newest of any status, None if there is none (:meth:`of_setting` lists them all)."""
-        found = self.of_setting(sid)
-        done = [r for r in found if r.get("status") == "ok"]
-        return (done or found or [None])[-1]
+        """The record reports show for setting ``sid`` (:func:`newest`), None if there is none
+        (:meth:`of_setting` lists them all)."""
+        return newest(self.of_setting(sid))
 
     def finished(self, rid: str) -> dict | None:
         """The record of run ``rid`` if it finished with status ``ok``."""

@@ -13,7 +13,6 @@ tasks it ran.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -23,25 +22,11 @@ from scipy.stats import bootstrap
 
 from reports.frame import label
 from reports.pairing import Pairing, describe, pair_frame
-from reports.runs import MIN_N, SMALL_N, row, row_columns
+from reports.runs import MIN_N, SMALL_N, Filters, pooled_scores, runs_frame, sample_values
 from reports.store import ResultStore
+from tasks.errors import KVBenchError
 
 CONFIDENCE = 0.95
-
-
-def sample_scores(store: ResultStore, record: dict) -> tuple[str, list[float]]:
-    """The primary metric of a quality record and its per-sample values (``predictions.jsonl``)."""
-    metric = next(iter(record.get("metrics") or {}), None)
-    path = store.run_dir(record["run_id"]) / "predictions.jsonl"
-    if metric is None or not path.is_file():
-        return metric or "", []
-    scores = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        per = json.loads(line).get("metrics") or {}
-        value = per.get(metric, next(iter(per.values()), None))
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            scores.append(float(value))
-    return metric, scores
 
 
 def interval(scores: list[float], n_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
@@ -63,38 +48,39 @@ OUTCOME = "outcome"
 
 
 def scored_runs(store: ResultStore, n_resamples: int = 1000) -> tuple[pd.DataFrame, Pairing]:
-    """One row per finished quality run with per-sample scores, paired on the same samples within
-    each (model, task) (:func:`reports.pairing.pair`): model, task, budget (``outcome`` for a
-    method that ignores it, with the fraction ``kept``), method label, ``reference`` (FullKV),
-    metric, n, mean, CI bounds. Of several paired runs with the same (model, task, budget, label)
-    the last is kept. Returns the rows and the pairing (the runs left out and why)."""
-    records = [
-        r
-        for r in store.records()
-        if r.get("status") == "ok" and ((r.get("config") or {}).get("runner") or {}).get("name") == "quality"
-    ]
-    infos = pd.DataFrame([row(r) for r in records], columns=row_columns())
+    """One row per (model, task, budget, method label) of finished quality runs with per-sample
+    scores, one run per setting (the newest finished) and paired on the same samples within each
+    (model, task) (:func:`reports.pairing.pair`): model, task, budget (``outcome`` for a method
+    that ignores it, with the fraction ``kept``), method label, ``reference`` (FullKV), metric (the
+    first of the record's), n, mean, CI bounds. Runs of several seeds are averaged per sample id
+    (:func:`reports.runs.pooled_scores`). Returns the rows and the pairing (the runs left out and
+    why, the runs on other inputs)."""
+    infos = runs_frame(store, Filters(runner="quality"))
     pairing = pair_frame(store, infos)
+    infos = infos[infos["run_id"].isin(pairing.kept)]
+    infos = infos.assign(
+        budget_key=[OUTCOME if r.budget_realised else label(r.budget) for r in infos.itertuples()],
+        metric=infos["metrics"].map(lambda ms: next(iter(ms), None)),
+    )
+    keys = ["model", "task", "budget_key", "budget_unit", "label"]
     rows = []
-    for rec, info in zip(records, infos.itertuples(), strict=True):
-        if info.run_id not in pairing.kept:
-            continue
-        metric, scores = sample_scores(store, rec)
-        if not scores:
+    for (model, task, budget, unit, method), group in infos.groupby(keys, sort=False, dropna=False):
+        metric = group["metric"].iloc[0]
+        scores = pooled_scores([sample_values(store, rid, metric, True) for rid in group["run_id"]])
+        if metric is None or not scores:
             continue
         low, high = interval(scores, n_resamples)
+        kept = group["budget"].iloc[0] if budget == OUTCOME else None
         rows.append({
-            "model": info.model, "task": info.task,
-            "budget": OUTCOME if info.budget_realised else label(info.budget),
-            "budget_unit": info.budget_unit, "kept": info.budget if info.budget_realised else None,
-            "method": info.label, "reference": info.reference,
+            "model": model, "task": task, "budget": budget, "budget_unit": unit, "kept": kept,
+            "method": method, "reference": bool(group["reference"].iloc[0]),
             "metric": metric, "n": len(scores), "mean": float(np.mean(scores)), "low": low, "high": high,
         })  # fmt: skip
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame, pairing
     keys = ["model", "task", "budget", "budget_unit", "method"]
-    return frame.drop_duplicates(keys, keep="last").sort_values(keys).reset_index(drop=True), pairing
+    return frame.sort_values(keys).reset_index(drop=True), pairing
 
 
 def _cell(r: pd.Series) -> str:
@@ -145,10 +131,18 @@ def _budget_order(budget: str) -> tuple[int, float]:
 def render(store: ResultStore, out_dir: str | Path, n_resamples: int = 1000) -> tuple[str, Path, list[str]]:
     """Write ``summary.md`` under ``out_dir``; returns its text, its path and warnings (runs with
     fewer than :data:`~reports.runs.SMALL_N` samples, whose bootstrap intervals are unreliable,
-    and runs left out because they were scored on other samples)."""
+    runs left out because they were scored on other samples, runs on other inputs).
+
+    Raises
+    ------
+    KVBenchError
+        When the store holds no finished quality run with per-sample scores (nothing is written).
+    """
     from reports.store import atomic_write_text
 
     runs, pairing = scored_runs(store, n_resamples)
+    if runs.empty:
+        raise KVBenchError(f"no finished quality runs with per-sample scores under {store.root}/runs")
     lines = [
         "# Summary: methods ranked per budget across tasks",
         "",
@@ -177,9 +171,10 @@ def render(store: ResultStore, out_dir: str | Path, n_resamples: int = 1000) -> 
         lines += ["", f"## {heading}", "", shown.to_markdown(index=False, floatfmt=".2f", missingval="–")]
     lines += ["", "## Compared samples", ""]
     lines += [f"- {', '.join(group)}: {describe(key)}" for group, key in pairing.samples.items()]
-    notes = pairing.notes()
-    lines += ["", "## Not paired", ""] + ([f"- {n.removeprefix('note: ')}" for n in notes] or ["none"])
-    warnings += notes
+    unpaired = pairing.unpaired_notes()
+    lines += ["", "## Not paired", ""] + ([f"- {n.removeprefix('note: ')}" for n in unpaired] or ["none"])
+    lines += pairing.other_section()
+    warnings += pairing.notes()
     path = Path(out_dir) / "summary.md"
     text = "\n".join(lines) + "\n"
     atomic_write_text(path, text)

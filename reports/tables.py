@@ -37,9 +37,9 @@ def budget_text(budget: object, unit: str | None) -> str:
 
 
 def runs_table(store: ResultStore, filters: Filters | None = None) -> pd.DataFrame:
-    """Every stored run (any status) as one compact line: time, runner, model, method (preset and
-    settings), task, budget, status, error, short run id; oldest first."""
-    frame = runs_frame(store, filters, status=None)
+    """Every stored run (any status, every run of a setting) as one compact line: time, runner,
+    model, method (preset and settings), task, budget, status, error, run id; oldest first."""
+    frame = runs_frame(store, filters, status=None, every=True)
     if frame.empty:
         return frame
     frame = frame.sort_values("created", na_position="first")
@@ -55,7 +55,7 @@ def runs_table(store: ResultStore, filters: Filters | None = None) -> pd.DataFra
             "n": frame["n"].map(lambda n: "" if missing(n) else str(int(n))),
             "status": frame["status"],
             "error": error,
-            "run": frame["run_id"].str[:8],
+            "run": frame["run_id"],  # in full: runs of one setting on other inputs share the first part
         }
     )
 

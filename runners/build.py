@@ -91,16 +91,16 @@ def apply_compression_ratio(cfg: DictConfig) -> None:
 
 def check_run(cfg: DictConfig) -> None:
     """The checks of the top-level config every runner shares: no option under an old name, ``device``,
-    ``seed``, the result store (``paths.results_dir``), and ``compression_ratio`` turned into its
-    budget (:func:`apply_compression_ratio`).
+    ``seed``, ``rerun``, the result store (``paths.results_dir``), and ``compression_ratio`` turned
+    into its budget (:func:`apply_compression_ratio`).
 
     Raises
     ------
     KVBenchError
         For an option a config file sets under its old name (``reports.store.RENAMED_OPTIONS``), a
         device this machine does not have (:func:`check_device`), a seed that is not an integer, a
-        results dir that cannot be written (``runners.paths.check_writable_dir``), or a bad
-        compression ratio.
+        ``rerun`` that is not a boolean, a results dir that cannot be written
+        (``runners.paths.check_writable_dir``), or a bad compression ratio.
     """
     renamed = renamed_in_config(cfg)
     if renamed is not None:
@@ -111,6 +111,8 @@ def check_run(cfg: DictConfig) -> None:
     seed = cfg.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise KVBenchError(f"seed must be an integer, got {seed!r}")
+    if not isinstance(cfg.get("rerun"), bool):
+        raise KVBenchError(f"rerun must be true or false, got {cfg.get('rerun')!r}")
 
 
 def refuse_untrained(cfg: DictConfig) -> None:
@@ -172,15 +174,16 @@ def build_node(node: DictConfig, group: str, registry: dict) -> object:
     target = node.get("_target_", "")
     if registered_name(target, registry) is None:
         raise KVBenchError(f"unknown {group} target {target!r} (known {group}s: {sorted(registry)})")
-    missing = sorted(OmegaConf.missing_keys(node))
+    missing = sorted(OmegaConf.missing_keys(node))  # full keys when the node sits in a run config
     if missing:
-        names = ", ".join(f"{group}.{key}" for key in missing)
+        names = ", ".join(key if key.startswith(f"{group}.") else f"{group}.{key}" for key in missing)
         raise KVBenchError(f"{names} must be set (the {group} config leaves it ???)")
     try:
         return instantiate(node)
     except Exception as err:  # hydra wraps the dataclass' ValueError/TypeError
         cause = err.__cause__ or err
-        raise KVBenchError(f"invalid {group} config: {cause}") from err
+        prefix = "" if isinstance(cause, KVBenchError) else f"invalid {group} config: "  # data read on build
+        raise KVBenchError(f"{prefix}{cause}") from err
 
 
 def build_method(cfg: DictConfig) -> CompressionMethod:

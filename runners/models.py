@@ -90,13 +90,39 @@ def read_model_config(cfg: DictConfig):
         raise KVBenchError(f"cannot read the config of model {name}: {err}") from err
 
 
+def check_weights(source: str | Path, name: str) -> None:
+    """Check every safetensors file of a model folder without loading it: its header parses and
+    the file is exactly as long as the header says (``safetensors.safe_open`` maps the file and
+    checks both). A hub id (not a folder) is left to transformers.
+
+    Raises
+    ------
+    KVBenchError
+        Naming the first file that is truncated, padded or not safetensors at all.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(source)
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise KVBenchError(
+                f"model {name}: {path} is not a complete safetensors file ({err}); save or download it again"
+            ) from err
+
+
 def resolve_model_config(cfg: DictConfig):
     """Validate ``cfg`` (the ``model`` node), check the architecture, and fill what it leaves null
     from the model's own config, in place: ``name`` (``runners.model_sources.default_name``: a
     GGUF's ``<general.name>-<quantization>``, the name a converted folder recorded, or the id's
     last path component), ``dtype`` (``auto``: the
     checkpoint's dtype, float32 if it names none), ``max_context`` (``max_position_embeddings``)
-    and ``longbench_max_input_tokens`` (``max_context - 640``).
+    and ``longbench_max_input_tokens`` (``max_context - 640``); a folder's safetensors files are
+    checked (:func:`check_weights`) before anything reads them.
 
     Returns
     -------
@@ -106,13 +132,14 @@ def resolve_model_config(cfg: DictConfig):
     Raises
     ------
     KVBenchError
-        As :func:`validate_model_config` and :func:`read_model_config`, or with the unsupported
-        feature named (``methods.seam.architecture.check_supported``).
+        As :func:`validate_model_config`, :func:`read_model_config` and :func:`check_weights`, or
+        with the unsupported feature named (``methods.seam.architecture.check_supported``).
     """
     with open_dict(cfg):
         validate_model_config(cfg)
         cfg.name = safe_name(cfg.name) if cfg.get("name") else default_name(cfg)
         config = read_model_config(cfg)
+        check_weights(_source(cfg), cfg.name)
         try:
             check_supported(config)
         except UnsupportedArchitectureError as err:

@@ -42,7 +42,7 @@ from runners.quality import (
     question_starts,
     stop_token_ids,
 )
-from runners.record import failure, new_record, presets, recording, run_config, stored_run
+from runners.record import claim_run, failure, identify_run, new_record, presets, recording, run_config
 from runners.shared_prefill import shared_generate
 from tasks.errors import KVBenchError
 
@@ -128,8 +128,9 @@ def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
 
 def _prepare(cfg: DictConfig) -> tuple[list[Setting], list[dict], tuple]:
     """Build and check every setting (no model): the ones to run, the finished records, and the
-    shared ``(task, tokenizer, samples, prompts)``."""
-    settings, finished, seen, shared = [], [], set(), None
+    shared ``(model config, task, tokenizer, samples, prompts)``. The settings' run locks are taken in run-id
+    order (``runners.run_lock``: two grids never wait for each other in a circle)."""
+    candidates, seen, shared = [], set(), None
     for preset, scfg in setting_configs(cfg):
         check_run(scfg)
         refuse_untrained(scfg)
@@ -139,13 +140,15 @@ def _prepare(cfg: DictConfig) -> tuple[list[Setting], list[dict], tuple]:
             continue
         seen.add(setting_id(config))
         if shared is None:
-            shared = (task, *load_prompts(scfg, task))
-        store, rid, done = stored_run(scfg, config, lambda r: None, shared[2])
-        if done is not None:
-            finished.append(done)
-            continue
-        settings.append(Setting(scfg, preset, method, config, store, rid))
-    return settings, finished, shared
+            shared = (scfg.model, task, *load_prompts(scfg, task))
+        store, rid = identify_run(scfg, config, shared[3])
+        candidates.append(Setting(scfg, preset, method, config, store, rid))
+    done = {
+        s.rid: claim_run(s.cfg, s.store, s.rid, s.config, lambda r: None)
+        for s in sorted(candidates, key=lambda s: s.rid)
+    }
+    finished = [done[s.rid] for s in candidates if done[s.rid] is not None]
+    return [s for s in candidates if done[s.rid] is None], finished, shared
 
 
 def run_quality_grid(cfg: DictConfig) -> dict:
@@ -159,7 +162,8 @@ def run_quality_grid(cfg: DictConfig) -> dict:
         loads.
     """
     batch_size = check_batch_size(cfg)
-    settings, finished, (task, tokenizer, samples, prompts) = _prepare(cfg)
+    settings, finished, (model, task, tokenizer, samples, prompts) = _prepare(cfg)
+    cfg.model = model  # resolved by the settings' build (model=hf fills max_context from the folder)
     check_lengths(cfg, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
     for s in settings:

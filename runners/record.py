@@ -24,9 +24,10 @@ from reports.store import (  # noqa: F401
     setting_id,
 )
 from runners.environment import device_info, git_sha, package_versions, release_free_memory, reset_peak_memory
+from runners.run_lock import lock_run
 from tasks.data import samples_fingerprint
 
-#: The inputs :func:`stored_run` identified each run of this process by (run id -> inputs), which
+#: The inputs :func:`identify_run` identified each run of this process by (run id -> inputs), which
 #: :func:`new_record` stores in the record.
 _inputs_of_run: dict[str, dict] = {}
 
@@ -70,7 +71,7 @@ def presets() -> dict[str, str] | None:
 
 def new_record(rid: str, config: dict, method: str, task: str, device: torch.device, **fields) -> dict:
     """A record in state ``running`` with provenance (git sha, versions, device, config
-    :func:`presets`), its ``setting_id`` and ``inputs`` (as :func:`stored_run` found them for
+    :func:`presets`), its ``setting_id`` and ``inputs`` (as :func:`identify_run` found them for
     ``rid``) and ``fields``."""
     return {
         "schema_version": SCHEMA_VERSION,
@@ -147,27 +148,48 @@ def run_inputs(cfg: DictConfig, samples: list | None = None) -> dict:
     }
 
 
-def stored_run(
-    cfg: DictConfig, config: dict, show: Callable[[dict], None], samples: list | None = None
-) -> tuple[ResultStore, str, dict | None]:
-    """The store, the run id of ``config`` on its inputs (:func:`run_inputs` of the resolved model
-    and ``samples``, the task's loaded samples; None for synthetic prompts), and its finished
-    record unless ``rerun`` is set (a finished run is not repeated: its record is shown with
-    ``show`` and returned). A finished run of the same setting on other inputs (another model
-    file, changed data) is named in one line and kept; this run gets its own id."""
+def identify_run(cfg: DictConfig, config: dict, samples: list | None = None) -> tuple[ResultStore, str]:
+    """The store and the run id of ``config`` on its inputs (:func:`run_inputs` of the resolved
+    model and ``samples``, the task's loaded samples; None for synthetic prompts)."""
     inputs = run_inputs(cfg, samples)
     rid = run_id(config, inputs)
     _inputs_of_run[rid] = inputs
-    store = ResultStore(cfg.paths.results_dir)
+    return ResultStore(cfg.paths.results_dir), rid
+
+
+def claim_run(
+    cfg: DictConfig, store: ResultStore, rid: str, config: dict, show: Callable[[dict], None]
+) -> dict | None:
+    """Take run ``rid``'s lock (``runners.run_lock.lock_run``: another process computing the same
+    run is waited for), then return its finished record unless ``rerun`` is set (a finished run
+    is not repeated: its record is shown with ``show``); None when the run is to be computed. A
+    finished run of the same setting on other inputs (another model file, changed data) is named
+    in one line and kept; this run gets its own id.
+
+    Raises
+    ------
+    RuntimeError
+        Outside ``runners.run_lock.run_locks``.
+    """
+    lock_run(store.root, rid)
     if not cfg.rerun and (done := store.finished(rid)) is not None:
         print(f"run {rid} already finished (rerun=true to repeat); stored result:")
         show(done)
-        return store, rid, done
+        return done
     others = [r["run_id"] for r in store.of_setting(setting_id(config)) if r.get("status") == "ok"]
     if others:
         print(f"run {rid}: the finished run(s) {', '.join(others)} of this setting read another model "
               "or other data; they are kept and this run is stored beside them")  # fmt: skip
-    return store, rid, None
+    return None
+
+
+def stored_run(
+    cfg: DictConfig, config: dict, show: Callable[[dict], None], samples: list | None = None
+) -> tuple[ResultStore, str, dict | None]:
+    """:func:`identify_run`, then :func:`claim_run`: the store, the run id and the run's finished
+    record (None when it is to be computed)."""
+    store, rid = identify_run(cfg, config, samples)
+    return store, rid, claim_run(cfg, store, rid, config, show)
 
 
 @contextmanager

@@ -17,16 +17,21 @@ from runners.oom import run_oom
 from runners.quality import run_quality
 from runners.quality_grid import run_quality_grid
 from runners.record import in_multirun, record_failure
+from runners.run_lock import holding_run_locks
 from runners.train_less import run_train_less
 from tasks.errors import KVBenchError
 
+#: Runner name -> runner; each holds the run locks it takes until it returns (``runners.run_lock``).
 RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
-    "efficiency": run_efficiency,
-    "error": run_attention_error,
-    "oom": run_oom,
-    "quality": run_quality,
-    "quality_grid": run_quality_grid,
-    "train_less": run_train_less,
+    name: holding_run_locks(runner)
+    for name, runner in {
+        "efficiency": run_efficiency,
+        "error": run_attention_error,
+        "oom": run_oom,
+        "quality": run_quality,
+        "quality_grid": run_quality_grid,
+        "train_less": run_train_less,
+    }.items()
 }
 
 

@@ -13,15 +13,19 @@ from itertools import islice
 from pathlib import Path
 
 from tasks.errors import KVBenchError
+from tasks.fields import Schema, check_row
 
 
-def read_jsonl(path: Path, limit: int | None = None, fields: tuple[str, ...] = ()) -> list[dict]:
-    """The first ``limit`` rows (all if None) of a JSON-lines file, each an object with ``fields``.
+def read_jsonl(path: Path, limit: int | None = None, schema: Schema | None = None) -> list[dict]:
+    """The first ``limit`` rows (all if None) of a JSON-lines file, each an object that
+    ``schema`` accepts (``tasks.fields.check_row``: the fields a loader reads and their kinds).
 
     Raises
     ------
     KVBenchError
-        ``<file>:<line>: <what>`` for a line that is not UTF-8, not a JSON object or lacks a field.
+        ``<file>:<line>: <what>`` for a line that is not UTF-8 or not a JSON object, or a row that
+        lacks a field or holds one of another kind (``field 'document' must be a non-empty string,
+        got null``).
     """
     rows = []
     with path.open("rb") as fh:
@@ -37,11 +41,7 @@ def read_jsonl(path: Path, limit: int | None = None, fields: tuple[str, ...] = (
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise KVBenchError(f"{path}:{n}: invalid JSON ({err.msg} at column {err.colno})") from err
-            if not isinstance(row, dict):
-                raise KVBenchError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
-            if missing := [f for f in fields if f not in row]:
-                raise KVBenchError(f"{path}:{n}: missing field(s) {missing}")
-            rows.append(row)
+            rows.append(check_row(row, schema, f"{path}:{n}"))
     return rows
 
 
@@ -52,7 +52,7 @@ def load_rows(
     split: str,
     limit: int | None,
     hub_config: str | None = None,
-    fields: tuple[str, ...] = (),
+    schema: Schema | None = None,
     **hub_kwargs,
 ) -> tuple[list[dict], str]:
     """Rows of a benchmark: ``<data_dir>/<relative_path>`` if it exists, else the hub dataset.
@@ -68,8 +68,9 @@ def load_rows(
         ``hub_id`` of None means the data exists only as a local file.
     limit : int | None
         Rows to keep (first N, in file order).
-    fields : tuple[str, ...]
-        Fields every row must have (checked with the file and line of the first that lacks one).
+    schema : Schema | None
+        The fields every row must have and their kinds (``tasks.fields``), checked with the file
+        and line (or hub row) of the first row that fails.
 
     Returns
     -------
@@ -79,12 +80,12 @@ def load_rows(
     Raises
     ------
     KVBenchError
-        If neither the local file nor the hub dataset can be read.
+        If neither the local file nor the hub dataset can be read, or a row fails ``schema``.
     """
     if data_dir:
         path = Path(data_dir).expanduser() / relative_path
         if path.is_file():
-            return read_jsonl(path, limit, fields), str(path.resolve())
+            return read_jsonl(path, limit, schema), str(path.resolve())
     if hub_id is None:
         where = Path(data_dir or "<data_dir unset>") / relative_path
         raise KVBenchError(f"missing data: {where} not found (no hub equivalent; set KVBENCH_DATA_DIR)")
@@ -97,9 +98,8 @@ def load_rows(
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise KVBenchError(f"missing data: {where}hub dataset {hub_id} unavailable ({reason})") from err
     rows = ds.select(range(min(limit, len(ds)))) if limit is not None else ds
-    if missing := [f for f in fields if f not in ds.column_names]:
-        raise KVBenchError(f"hub dataset {hub_id} ({split}) has no field(s) {missing}")
-    return [dict(r) for r in rows], f"hf://{hub_id}/{split}"
+    where = f"hf://{hub_id}/{split}"
+    return [check_row(dict(r), schema, f"{where} row {n}") for n, r in enumerate(rows, start=1)], where
 
 
 def samples_fingerprint(samples: list) -> dict:

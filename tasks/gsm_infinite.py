@@ -43,6 +43,17 @@ SYMBOLIC_INSTRUCTION = (
     "variables that are equal to the value."
 )
 
+#: The fields of a realistic row (``tasks.fields``): the id's parts, the solution the answer is read
+#: from, and the prompt: the row's chat ``messages``, else its problem and question.
+ROW_KEYS = {"op": "id", "id": "id", "template": "string", "mode": "string", "solution": "text"}
+
+
+def row_schema(row: dict) -> dict[str, str]:
+    """What a realistic row must hold (``tasks.fields.Schema``)."""
+    prompt = {"messages": "messages"} if row.get("messages") else {"problem": "text", "question": "text"}
+    return ROW_KEYS | prompt
+
+
 #: Why ``query_aware=false`` is refused (``tasks.base.check_query_aware``).
 NO_SPLIT = "gsm_infinite marks no context/question split (hub rows are whole chat messages)"
 
@@ -119,8 +130,9 @@ class GSMInfinite(Task):
             else []
         )
         if files:
-            return [row for path in files for row in read_jsonl(path)], str(folder)
-        return load_rows(None, "", f"InfiniAILab/gsm_infinite_{self.subset}_{self.length}", f"ops_{op}", None)
+            return [row for path in files for row in read_jsonl(path, schema=row_schema)], str(folder)
+        hub_id = f"InfiniAILab/gsm_infinite_{self.subset}_{self.length}"
+        return load_rows(None, "", hub_id, f"ops_{op}", None, schema=row_schema)
 
     def _symbolic(self, tokenizer) -> list[Sample]:
         if tokenizer is None:

@@ -31,6 +31,9 @@ AVG_OUTPUT_TOKENS: dict[str, float] = {
     "longbook_sum_eng": 1100, "longbook_choice_eng": 5.3, "longbook_qa_chn": 6.3,
 }  # fmt: skip
 TASKS: tuple[str, ...] = tuple(AVG_OUTPUT_TOKENS)
+#: The fields a row's prompt and label read (``tasks.fields``); the choice tasks also read ``options``.
+ROW_SCHEMA = {"context": "text", "input": "string", "answer": "label"}
+CHOICE_TASKS = ("code_debug", "longbook_choice_eng")
 #: ZSMerge Table 6 columns.
 TABLE6 = ("longdialogue_qa_eng", "longbook_choice_eng", "longbook_sum_eng", "math_find", "kv_retrieval",
           "number_string", "passkey", "longbook_qa_chn")  # fmt: skip
@@ -55,7 +58,7 @@ def label_of(task: str, row: dict) -> list:
     """The label the scorer expects (official ``get_answer``): ``[text, letter]`` for the
     multiple-choice tasks, the answer list otherwise."""
     answer = row["answer"]
-    if task in ("code_debug", "longbook_choice_eng"):
+    if task in CHOICE_TASKS:
         answer = answer if isinstance(answer, list) else [answer]
         if len(answer) == 2 and answer[1] in ("A", "B", "C", "D"):
             return list(answer)
@@ -211,7 +214,7 @@ class InfiniteBench(Task):
         for task in self.selected:
             rows, where = load_rows(
                 self.data_dir, f"infinitebench/{task}.jsonl", self.hub_id, task, self.limit,
-                fields=("context", "input"),
+                schema=ROW_SCHEMA | ({"options": "texts"} if task in CHOICE_TASKS else {}),
             )  # fmt: skip
             sources.append(where)
             for i, row in enumerate(rows):

@@ -50,6 +50,9 @@ NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsh
 #: LongBench-E length buckets (by the row's ``length`` field, words).
 BUCKETS: tuple[tuple[str, int], ...] = (("0-4k", 4000), ("4-8k", 8000), ("8k+", 10**12))
 CHAT_TEMPLATE_MODES = ("thudm", "none", "all")
+#: The fields a row's prompt and scorer read (``tasks.fields``); ``input`` is empty in the
+#: summarisation subsets.
+ROW_SCHEMA = {"context": "text", "input": "string", "answers": "texts"}
 
 
 def base_subset(name: str) -> str:
@@ -173,7 +176,7 @@ class LongBench(Task):
             return rows
         seen: set[str] = set()
         for path in sorted(folder.glob("*.jsonl")):
-            for row in read_jsonl(path):
+            for row in read_jsonl(path, schema=ROW_SCHEMA):
                 key = row.get("_id") or json.dumps(row, sort_keys=True)[:200]
                 if key in seen:
                     continue
@@ -216,7 +219,7 @@ class LongBench(Task):
                 rows = self.local[subset][: self.limit] if self.limit else self.local[subset]
                 where = f"{self.data_dir}/longbench"
             else:
-                rows, where = load_rows(None, "", self.hub_id, "test", self.limit, subset)
+                rows, where = load_rows(None, "", self.hub_id, "test", self.limit, subset, ROW_SCHEMA)
             sources.append(f"{subset}:{where}")
             base = base_subset(subset)
             for i, row in enumerate(rows):

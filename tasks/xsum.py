@@ -91,10 +91,17 @@ class Summarization(Task):
         self.add_special_tokens = self.protocol_name == "chat"
 
     def load(self, tokenizer=None) -> list[Sample]:
-        """The first ``limit`` articles of the protocol's file (or hub split)."""
+        """The first ``limit`` articles of the protocol's file (or hub split).
+
+        Raises
+        ------
+        tasks.errors.KVBenchError
+            For missing data, or a row whose article or summary is not a non-empty string (or whose
+            id is neither a string nor an integer), named by file and line.
+        """
         path, hub_id, hub_config, doc_key, sum_key, id_key = self.files[self.protocol_name]
-        fields = tuple(f for f in (doc_key, sum_key, id_key) if f)
-        rows, self.source = load_rows(self.data_dir, path, hub_id, "test", self.limit, hub_config, fields)
+        schema = {doc_key: "text", sum_key: "text"} | ({id_key: "id"} if id_key else {})
+        rows, self.source = load_rows(self.data_dir, path, hub_id, "test", self.limit, hub_config, schema)
         samples = []
         for i, row in enumerate(rows):
             sid = str(row[id_key]) if id_key else f"{self.protocol_name}-{i}"

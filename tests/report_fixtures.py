@@ -4,6 +4,7 @@ efficiency runs with context-growth curves. Scores are seeded random numbers."""
 
 from __future__ import annotations
 
+import json
 import random
 
 from reports.store import ResultStore, run_id
@@ -188,6 +189,8 @@ def efficiency_runs(store: ResultStore) -> list[dict]:
             )
         eff = {
             "kv_bytes_end": curve[-1]["kv_bytes"],
+            "allocated_kv_bytes_end": curve[-1]["allocated_bytes"],
+            "fullkv_bytes_end": 9216 * 384,
             "peak_memory_bytes": 9e8,
             "decode_tokens_per_s": 46.0,
             "tokens_per_s": 40.0,
@@ -359,3 +362,28 @@ def ruler_runs(
             )
         )
     return out
+
+
+def rerun_on_other_inputs(
+    store: ResultStore, record: dict, created: str, data: str, factor: float = 0.5, status: str = "ok"
+) -> dict:
+    """``record``'s setting run again on other inputs (the task's data changed to version ``data``):
+    the same config, stored under ``<setting id>-<inputs hash>`` and created at ``created``, on the
+    same sample ids with every score and speed x ``factor`` (``status="error"``: a failed run)."""
+
+    def scaled(values: dict) -> dict:
+        return {k: v * factor if isinstance(v, float) and k != "context" else v for k, v in values.items()}
+
+    path = store.run_dir(record["run_id"]) / "predictions.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    predictions = [p | {"metrics": scaled(p["metrics"])} for p in map(json.loads, lines)]
+    inputs = {"model": {"name": record["config"]["model"]["name"]}, "data": data}
+    rerun = record | {"run_id": run_id(record["config"], inputs), "inputs": inputs, "created": created}
+    if status != "ok":
+        rerun |= {"status": status, "error": "KVBenchError: the run failed", "metrics": {}}
+        predictions = []
+    else:
+        rerun |= {key: scaled(record[key]) for key in ("metrics", "efficiency") if record.get(key)}
+        rerun |= {"curve": [scaled(c) for c in record["curve"]]} if record.get("curve") else {}
+    store.write(rerun, predictions)
+    return rerun

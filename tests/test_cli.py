@@ -51,6 +51,8 @@ BAD_INPUT = [
     (["device=tpu"], "device=tpu is not a device"),
     (["device=cuda:abc"], "device=cuda:abc is not a device"),
     (["seed=abc"], "seed must be an integer, got 'abc'"),
+    (["rerun=maybe"], "rerun must be true or false, got 'maybe'"),
+    (["rerun=no"], "rerun must be true or false, got 'no'"),
     (["paths.results_dir={tmp}/file"], "results dir (paths.results_dir, $KVBENCH_RESULTS_DIR) {tmp}/file"),
     (["paths.results_dir={ro}/results"], "$KVBENCH_RESULTS_DIR) {ro}/results is not writable"),
     (["paths.log_dir={tmp}/file"], "log dir (paths.log_dir, $KVBENCH_LOG_DIR) {tmp}/file/xsum/runs/"),
@@ -60,7 +62,7 @@ BAD_INPUT = [
     (["task.instruction='{{nosuch}}'"], "task.instruction '{{nosuch}}': unknown placeholder {{nosuch}}"),
     (["task.query_aware=false"], "but xsum has no context/question split (its input is an article)"),
     (["task.data_dir={tmp}/data"], "{tmp}/data/xsum/test.jsonl:2: not valid UTF-8 (byte 0xff at column 16)"),
-    (["method=duo_attention"], "method.pattern must be set"),
+    (["method=duo_attention"], "error: method.pattern must be set"),
     (["method=duo_attention", "method.pattern={tmp}/file"], "is not a tab-separated table of gates"),
     (
         ["method=duo_attention", "method.pattern=tests/data/duo_pattern_2x2.tsv"],

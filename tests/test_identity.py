@@ -21,6 +21,7 @@ from reports.store import ResultStore, run_id, setting_id
 from runners.model_sources import MODEL_SOURCES, cache_dir, embedded_files, model_identity
 from runners.models import resolve_model_config
 from runners.record import new_record, run_config, run_inputs, stored_run
+from runners.run_lock import run_locks
 from tests.conftest import REPO
 
 EMBEDDED = OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml")
@@ -120,7 +121,8 @@ def test_changed_data_is_another_run_and_the_old_record_stays(tmp_path, data_dir
 
     def stored(text: list[str]) -> tuple[str, dict | None]:
         data.write_text("".join(text), encoding="utf-8")
-        _, rid, done = stored_run(cfg, config, lambda record: None, instantiate(cfg.task).load())
+        with run_locks():
+            _, rid, done = stored_run(cfg, config, lambda record: None, instantiate(cfg.task).load())
         return rid, done
 
     first, done = stored(rows)
@@ -191,7 +193,8 @@ def test_runner_batch_size_keeps_the_ids_of_efficiency_and_oom_runs_stored_as_ru
     path = ResultStore(tmp_path).write(record, [])
     written = path.read_bytes()
     capsys.readouterr()
-    _, found, done = stored_run(cfg, new, print_summary)
+    with run_locks():
+        _, found, done = stored_run(cfg, new, print_summary)
     assert found == rid and done["config"]["runner"] == new["runner"]
     assert done["shape"] == {"prompt_len": shape["prompt_len"], "gen_len": shape["gen_len"], "batch_size": 2}
     assert "tokens x batch 2" in capsys.readouterr().out and path.read_bytes() == written

@@ -13,7 +13,7 @@ from reports import ruler, ruler_figure
 from reports.__main__ import main
 from reports.runs import Filters
 from reports.store import ResultStore
-from tests.report_fixtures import RULER_TASKS, config, ruler_runs, write_run
+from tests.report_fixtures import RULER_TASKS, config, error_run, ruler_runs, write_run
 
 
 def _board(store: ResultStore) -> tuple[pd.DataFrame, ruler.Rows]:
@@ -179,7 +179,8 @@ def test_cli_writes_png_pdf_csv_and_markdown(tmp_path, capsys):
     assert (out / "ruler.md").read_text() in printed
     assert main(["ruler", "--results-dir", str(store.root), "--task", "xsum"]) == 2
     assert capsys.readouterr().err == "error: reports ruler reads task=ruler runs (got --task xsum)\n"
-    assert main(["ruler", "--results-dir", str(tmp_path / "empty")]) == 2
+    error_run(ResultStore(tmp_path / "xsum_only"))  # a store without RULER runs
+    assert main(["ruler", "--results-dir", str(tmp_path / "xsum_only")]) == 2
     assert capsys.readouterr().err.startswith("error: no finished RULER runs")
 
 

@@ -48,7 +48,8 @@ def test_comparison_rows_and_order(tmp_path, capsys):
     assert abs(frame.loc[0, "rouge1"] - 17.555) <= 0.005 + 1e-9
     assert frame.loc[0, "peak RSS MiB"] == 1024 and frame.loc[0, "decode tok/s"] == 14.8
     assert comparison(records, task="longbench").empty
-    assert main([str(tmp_path)]) == 1 and "no finished quality runs" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: no run records under {tmp_path}/runs\n"
 
 
 def test_comparison_keeps_error_runs_out_names_presets_and_prints_no_nan(tmp_path, monkeypatch, capsys):
@@ -118,7 +119,8 @@ def test_efficiency_report_has_table1_cells_and_oom(tmp_path, capsys):
     assert "177.8 / 20.0" in out and "161.6 / 20.0" in out and "OOM" in out
     assert "1024+1024 x 8" in out and "1024+1024 x 16" in out
     assert "4.321e-01" in out and "Context growth" in out
-    assert efficiency_main([str(tmp_path / "empty")]) == 1
+    assert efficiency_main([str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err == f"error: results dir {tmp_path / 'empty'} does not exist\n"
     old = store.read("fullkv-8-ok")
     assert old["shape"]["batch_size"] == old["config"]["runner"]["batch_size"] == 8
     table = throughput_table([r for r in store.records() if r["run_id"] != "err"])

@@ -3,6 +3,8 @@ refused, and the command a near-miss hint prints runs as printed."""
 
 from __future__ import annotations
 
+import pytest
+
 from reports.store import ResultStore
 from tests.test_experiment_reports import write_quality
 
@@ -37,4 +39,95 @@ def test_near_miss_hints_print_a_command_the_cli_accepts(tmp_path):
     assert command[:3] == ["python", "-m", "reports"]
     args = parser().parse_intermixed_args(command[3:])
     assert (args.name, args.scale, args.overrides) == ("zsmerge_fig4", "smoke", ["seed=0", "task.limit=2"])
+    (tmp_path / "r").mkdir()  # an empty store: the report lists the sweep's runs as missing
     assert main([*command[3:], "--results-dir", str(tmp_path / "r"), "--out", str(tmp_path / "out")]) == 0
+
+
+#: Hostile command lines of every reports entry point -> the one line each must print. ``{store}``
+#: holds XSum quality runs only, ``{empty}`` is an existing folder without runs, ``{missing}`` does
+#: not exist (and must not be created), ``{file}`` is a plain file.
+HOSTILE = [
+    (
+        "reports",
+        "budget --task xsum --results-dir {store} --out {file}",
+        "--out {file} is a file, not a directory",
+    ),
+    (
+        "reports",
+        "summary --results-dir {store} --out {file}/x",
+        "--out {file}/x is under {file}, a file, not a directory",
+    ),
+    ("reports", "budget --results-dir {missing}", "results dir {missing} does not exist"),
+    ("reports", "summary --results-dir {missing}", "results dir {missing} does not exist"),
+    ("reports", "table --results-dir {missing}", "results dir {missing} does not exist"),
+    ("reports", "zsmerge_table2 --results-dir {missing}", "results dir {missing} does not exist"),
+    ("reports", "summary --results-dir {file}", "results dir {file} is not a directory"),
+    ("reports", "summary --results-dir {empty}", "no run records under {empty}/runs"),
+    ("reports", "runs --results-dir {empty}", "no run records under {empty}/runs"),
+    ("reports", "runs --results-dir {store} --task ruler", "no runs under {store}/runs match the filters"),
+    (
+        "reports",
+        "summary --results-dir {store} --resamples 0",
+        "argument --resamples: {positive} (got '0') {help}",
+    ),
+    (
+        "reports",
+        "summary --results-dir {store} --resamples -5",
+        "argument --resamples: {positive} (got '-5') {help}",
+    ),
+    ("reports", "budget --results-dir {store} --bogus", "unrecognized arguments: --bogus {help}"),
+    (
+        "reports",
+        "pareto --results-dir {store} --memory disk",
+        "argument --memory: invalid choice: 'disk' {kv} {help}",
+    ),
+    (
+        "reports",
+        "memory --results-dir {store}",
+        "no finished efficiency runs under {store}/runs match the filters; {eg}",
+    ),
+    ("compare", "--bogus", "unrecognized arguments: --bogus (see python -m reports.compare --help)"),
+    ("compare", "{missing}", "results dir {missing} does not exist"),
+    ("compare", "--results-dir {empty}", "no run records under {empty}/runs"),
+    ("compare", "{store} --task ruler", "no finished quality runs of task ruler under {store}/runs"),
+    ("efficiency", "--bogus", "unrecognized arguments: --bogus (see python -m reports.efficiency --help)"),
+    ("efficiency", "--results-dir {missing}", "results dir {missing} does not exist"),
+    ("efficiency", "{store}", "no efficiency, error or OOM records under {store}/runs"),
+]
+#: The long parts of :data:`HOSTILE`'s lines.
+WORDS = {
+    "help": "(see python -m reports --help)",
+    "positive": "must be a positive integer",
+    "kv": "(choose from 'kv', 'peak')",
+    "eg": "run e.g. `python run.py runner=efficiency runner.curve_every=32 method=zsmerge budget=128`",
+}
+
+
+def _entry(name: str):
+    from reports.__main__ import main as reports_main
+    from reports.compare import main as compare_main
+    from reports.efficiency import main as efficiency_main
+
+    return {"reports": reports_main, "compare": compare_main, "efficiency": efficiency_main}[name]
+
+
+@pytest.mark.parametrize(("entry", "argv", "line"), HOSTILE, ids=[f"{e} {a}" for e, a, _ in HOSTILE])
+def test_every_hostile_reports_input_is_one_error_line_and_exit_2(tmp_path, capsys, entry, argv, line):
+    from tests.report_fixtures import quality_runs
+
+    paths = {k: tmp_path / k for k in ("store", "empty", "missing", "file")}
+    quality_runs(ResultStore(paths["store"]), n=2)
+    paths["empty"].mkdir()
+    paths["file"].write_text("not a folder")
+    before = sorted(tmp_path.rglob("*"))
+    code = _entry(entry)(argv.format(**paths).split())
+    captured = capsys.readouterr()
+    assert (code, captured.err, captured.out) == (2, f"error: {line.format(**paths, **WORDS)}\n", "")
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written, no folder created
+
+
+@pytest.mark.parametrize("entry", ["reports", "compare", "efficiency"])
+def test_help_keeps_its_usage_text(capsys, entry):
+    with pytest.raises(SystemExit) as exit_:
+        _entry(entry)(["--help"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m reports")
