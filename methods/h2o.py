@@ -86,13 +86,14 @@ class H2O(ScoreEvict):
         """The layer's budget plus the Baseline+ slots of ``state_rank`` (tokens): what H2O holds,
         and what the layer sizes its buffers from (``CompressionMethod.plan``)."""
         plan = super().plan(layer)
-        if plan.bound is None or not self.state_rank:
+        if plan.keep is None or not self.state_rank:
             return plan
         d_k, d_v = layer.keys.shape[-1], layer.values.shape[-1]
         state = (self.state_rank * d_v + self.state_rank) * 4
-        bound = plan.bound + math.ceil(state / ((d_k + d_v) * layer.keys.element_size()))
-        first, recent = self.protected(bound)
-        return replace(plan, bound=bound, keep=bound, first=first, recent=recent)
+        keep = plan.keep + math.ceil(state / ((d_k + d_v) * layer.keys.element_size()))
+        first, recent = self.protected(keep)
+        bound = None if plan.bound is None else keep
+        return replace(plan, bound=bound, keep=keep, first=first, recent=recent)
 
     def protected(self, bound: int) -> tuple[int, int]:
         """No first tokens; the recent window of :meth:`split`."""

@@ -103,11 +103,14 @@ class RKV(ScoreEvict):
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """Bound = the budget (buffer included); ``keep`` = what a compression keeps; recent = the
-        observation window; ``split`` = :meth:`split`."""
+        observation window; ``split`` = :meth:`split`. Prompt-only: the prompt compressed once to the
+        budget (no buffer)."""
         plan = CompressionMethod.plan(self, layer)
-        if plan.bound is None:
+        if plan.keep is None:
             return plan
-        keep, buffer, window = self.split(plan.bound)
+        keep, buffer, window = self.split(plan.keep)
+        if plan.bound is None:
+            return replace(plan, recent=window)
         return replace(plan, keep=keep, recent=window, split=(keep, buffer, window))
 
     def protected(self, bound: int) -> tuple[int, int]:
@@ -141,8 +144,10 @@ class RKV(ScoreEvict):
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Compress a prompt over the bound to ``plan.keep`` slots; a prompt within it is kept whole
-        (R-KV compresses only when the cache is full)."""
-        if layer.plan.bound is not None and layer.store.n_slots > layer.plan.bound:
+        (R-KV compresses only when the cache is full). Prompt-only: over ``plan.keep``."""
+        plan = layer.plan
+        limit = plan.keep if plan.bound is None else plan.bound
+        if limit is not None and layer.store.n_slots > limit:
             layer.store.keep(self.prefill_keep(layer, query, scaling))
             layer.store.write("scores", torch.zeros_like(layer.store.state["scores"]))
 

@@ -116,9 +116,10 @@ class ZSMerge(CompressionMethod):
         return b_p, b_c, b_r
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
-        """The contract's plan with :meth:`split` of the bound (``plan.split``)."""
+        """The contract's plan with :meth:`split` of the budget (``plan.split``; the prompt's when the
+        method is prompt-only)."""
         plan = super().plan(layer)
-        return plan if plan.bound is None else replace(plan, split=self.split(plan.bound))
+        return plan if plan.keep is None else replace(plan, split=self.split(plan.keep))
 
     @cached_property
     def traits(self) -> Traits:
@@ -147,7 +148,7 @@ class ZSMerge(CompressionMethod):
         scores = pool_scores(scores, self.pool_kernel)
         layer.store.write("scores", scores)
         layer.scalars["residual"] = 0
-        if layer.plan.bound is None or length <= layer.plan.bound:
+        if layer.plan.keep is None or length <= layer.plan.keep:
             return
         b_p, b_c, b_r = layer.plan.split
         kept = keep_index(scores, 0, b_c, b_p)

@@ -90,6 +90,31 @@ def test_budget_and_memory_at_every_step(tiny_model, name, kwargs, budget):
         assert res.kv_bytes < res.fullkv_bytes  # memory was really released
 
 
+PROMPT_ONLY = [
+    pytest.param(name, kwargs, id=name)
+    for name, (kwargs, _) in SETTINGS.items()
+    if METHOD_REGISTRY[name](**kwargs).traits.holds_in_decode
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), PROMPT_ONLY)
+def test_prompt_only_rule_compresses_the_prompt_once_and_keeps_every_decoded_token(tiny_model, name, kwargs):
+    """``decode_budget=false`` on every method with a decode-time rule: the prompt is compressed to
+    the budget (the layer's own budget for layer allocators), then every decoded token is kept."""
+    method = METHOD_REGISTRY[name](**kwargs, decode_budget=False)
+    assert method.traits.prompt_only and not method.traits.holds_in_decode
+    held: list[list[float]] = []
+
+    def check(cache) -> None:
+        held.append([float(layer.store.head_slots().float().mean()) for layer in cache.layers])
+        for layer in cache.layers:
+            assert held[0][cache.layers.index(layer)] <= layer.budget
+
+    greedy_generate(tiny_model, prompt(0), method, 10, NEW, set(), check)
+    for step, slots in enumerate(held):
+        assert slots == [s + step for s in held[0]], f"step {step}: a decoded token was evicted"
+
+
 @pytest.fixture(scope="module")
 def fullkv_tokens(tiny_model) -> list[int]:
     """FullKV's greedy tokens on ``prompt(1)``: what every method must give at a covering budget."""

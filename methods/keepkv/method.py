@@ -151,7 +151,7 @@ class KeepKV(ScoreEvict):
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """This layer's slots (cosine schedule included) and recent window, both in tokens; the
         attention sinks (at most the budget left by the recent window) protected besides."""
-        budget = layer.budget
+        budget = layer.budget if self.traits.compresses else None
         if budget is None:
             return LayerPlan()
         recent = math.ceil(self.recent_share * budget) if self.window is None else self.window
@@ -161,7 +161,8 @@ class KeepKV(ScoreEvict):
                 layer.spec.layer_idx, layer.spec.num_layers, self.decay_ratio
             )
             budget = recent + max(1, round(heavy))
-        return LayerPlan(bound=budget, keep=budget, first=min(self.n_sink, budget - recent), recent=recent)
+        bound = None if self.traits.prompt_only else budget
+        return LayerPlan(bound=bound, keep=budget, first=min(self.n_sink, budget - recent), recent=recent)
 
     def ranking(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * s_hat)`` (the estimator's selection score)."""

@@ -59,8 +59,15 @@ class LambdaMask(H2O):
 
 #: ``policy`` name -> the sparse policy LESS composes, built from LESS's own fields.
 POLICIES = {
-    "h2o": lambda m: H2O(heavy_ratio=m.heavy_ratio, recent_ratio=m.recent_ratio, chunk_size=m.chunk_size),
-    "lambda": lambda m: LambdaMask(heavy_ratio=m.heavy_ratio, recent_ratio=m.recent_ratio),
+    "h2o": lambda m: H2O(
+        heavy_ratio=m.heavy_ratio,
+        recent_ratio=m.recent_ratio,
+        chunk_size=m.chunk_size,
+        decode_budget=m.decode_budget,
+    ),
+    "lambda": lambda m: LambdaMask(
+        heavy_ratio=m.heavy_ratio, recent_ratio=m.recent_ratio, decode_budget=m.decode_budget
+    ),
 }
 
 
