@@ -76,7 +76,8 @@ def paired_difference(
     Parameters
     ----------
     scores, other : Mapping[str, float]
-        Sample id -> score of each setting; only the ids both scored are compared.
+        Sample id -> score of each setting; only the ids both scored are compared, in the order of
+        ``scores`` (the order of the run's ``predictions.jsonl``).
     strata : Mapping[str, str] | None
         Sample id -> stratum (RULER task). With two or more strata the statistic is the mean over
         strata of the per-stratum mean difference, and ids are resampled within their stratum (a
@@ -98,7 +99,7 @@ def paired_difference(
     Stratified, scipy resamples each stratum's per-sample differences independently
     (``paired=False`` across strata): resampling a difference ``a_i - b_i`` resamples the pair.
     """
-    ids = sorted(set(scores) & set(other))
+    ids = [i for i in scores if i in other]  # the order the scores were recorded in
     a = np.array([scores[i] for i in ids], dtype=float)
     b = np.array([other[i] for i in ids], dtype=float)
     labels = [str((strata or {}).get(i, "")) for i in ids]
