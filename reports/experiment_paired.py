@@ -5,6 +5,7 @@ alike), per metric of ``report.values``, on the same sample ids (:mod:`reports.v
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -14,11 +15,14 @@ from reports.runs import row
 from reports.versus import differences
 from tasks.errors import KVBenchError
 
+if TYPE_CHECKING:
+    from reports.kinds import Context
+
 #: The heading of the table in the Markdown and the LaTeX caption.
 HEADING = "Paired differences from FullKV (95% CI)"
 
 
-def paired_table(ctx, keys: list[str], metrics: list[str]) -> pd.DataFrame | None:
+def paired_table(ctx: Context, keys: list[str], metrics: list[str]) -> pd.DataFrame | None:
     """One row per (compressed cell, metric): the cell's ``keys``, the metric, n and the difference
     columns; the caption (interval method, n, metrics without per-sample scores) in
     ``attrs["caption"]``. None when the experiment holds no finished quality run.
@@ -68,7 +72,7 @@ def paired_table(ctx, keys: list[str], metrics: list[str]) -> pd.DataFrame | Non
     return table
 
 
-def _cells(ctx, keys: list[str]) -> pd.DataFrame:
+def _cells(ctx: Context, keys: list[str]) -> pd.DataFrame:
     """One row per table cell of finished quality runs: its keys (``key:<key>``, as table labels),
     the model, task, method, preset, reference, protocol and label of its runs, and their ids."""
     done = ctx.frame[ctx.frame["status"] == "ok"].drop_duplicates(["run_id", *keys])

@@ -9,7 +9,8 @@ budgets in slots or in fractions of the context window have none and are left ou
 
 Runs are compared only on the same samples (:mod:`reports.pairing`), per length: a run over several
 lengths joins each length's table with that length's samples and ``<task>/len<L>`` scores. FullKV
-compresses nothing, so it is the reference of both protocols of its model and length.
+compresses nothing, so it is the reference of both protocols of its model and length. The tables,
+with each setting's paired difference and rank, are :mod:`reports.ruler_table`'s.
 """
 
 from __future__ import annotations

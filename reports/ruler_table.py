@@ -10,6 +10,8 @@ ranking (1, 1, 3). Below 5 paired samples there is no interval and no rank.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 
 from reports.paired import RESAMPLES, Difference, paired_difference, tied_ranks
@@ -22,9 +24,11 @@ from reports.tables import DASH, display
 from reports.versus import Compared, differences
 
 RANK_NOTE = (
-    "Rank: at each compression ratio the best avg is rank 1, and so is every method whose paired 95% "
+    "Rank: at each {level} the best avg is rank 1, and so is every method whose paired 95% "
     "interval against it includes 0; the rule repeats among the rest (ranks 1, 1, 3)."
 )
+#: ``--label`` -> what the rows' level is called in captions.
+LEVELS = {"ratio": "compression ratio", "budget": "budget"}
 
 
 def row_scores(store: ResultStore, board: pd.DataFrame) -> list[Scores]:
@@ -79,6 +83,7 @@ def markdown(
     samples compared and the runs left out (``pairing``)."""
     column, header = LABELS[label]
     rows = compared.frame if compared is not None else board
+    compared = replace(compared, level=LEVELS[label]) if compared is not None else None
     parts = ["# RULER leaderboard (scores x100)"]
     for (model, length, protocol), part in rows.groupby(GROUP, sort=False):
         tasks = task_columns(part)
@@ -96,7 +101,8 @@ def markdown(
         parts += ["", display(table).to_markdown(index=False, disable_numparse=True, colalign=align)]
         if compared is not None:
             unranked = part[~part["reference"]]["rank"].isna().any()
-            note = RANK_NOTE + (f" No rank without an interval (n < {MIN_N})." if unranked else "")
+            note = RANK_NOTE.format(level=LEVELS[label])
+            note += f" No rank without an interval (n < {MIN_N})." if unranked else ""
             parts += ["", f"{compared.caption(part, 'avg (points x100)')} {note}"]
     if pairing is not None and (pairing.unpaired or pairing.no_reference):
         parts += [

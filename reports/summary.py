@@ -8,7 +8,8 @@ percentile bootstrap, 95%). Runs are compared within a (model, task) only on the
 budget) methods are ranked by mean (1 = best; FullKV, the only reference, joins every budget of
 its model and task); a method that ignores the budget (KVMerger at a fixed theta) is ranked in its
 own ``outcome`` group with the fraction it kept; a method's summary rank is its mean rank over the
-tasks it ran.
+tasks it ran. Each budget's ranking is followed by each setting's paired difference from FullKV and
+from ``--baseline`` (:mod:`reports.summary_paired`).
 """
 
 from __future__ import annotations

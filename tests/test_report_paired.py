@@ -14,9 +14,10 @@ from reports.__main__ import main
 from reports.compare import main as compare_main
 from reports.paired import Difference, paired_difference, tied_ranks
 from reports.store import ResultStore
-from tests.report_fixtures import ruler_scored, xsum_scored
+from tests.report_fixtures import quality_runs, ruler_scored, xsum_scored
 
 RESAMPLES = 2000
+AT_10 = re.compile(r"\|\s*0\.1\s*\|")
 CELL = re.compile(r"([+-]\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\]")
 
 
@@ -183,3 +184,58 @@ def test_no_interval_and_no_rank_below_five_paired_samples(tmp_path, capsys):
     rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if line.startswith("| ")}
     assert rows["SnapKV"][3].strip() == "–" and rows["SnapKV"][5].strip() == "-100.00"
     assert not CELL.search(out) and "no interval below n = 5" in out and "No rank without an interval" in out
+
+
+def test_every_report_that_compares_methods_shows_the_same_paired_differences(tmp_path, capsys):
+    """compare, summary and budget print ZSMerge's difference from FullKV and from H2O at 10% alike."""
+    store = ResultStore(tmp_path / "store")
+    quality_runs(store)
+    common = ["--baseline", "h2o", "--resamples", str(RESAMPLES)]
+    assert compare_main([str(store.root), *common]) == 0
+    compared = next(
+        line for line in capsys.readouterr().out.splitlines() if "zsmerge" in line and " 10%" in line
+    )
+    out = ["--results-dir", str(store.root), "--out", str(tmp_path / "out"), *common]
+    assert main(["summary", *out]) == 0 and main(["budget", "--task", "xsum", *out]) == 0
+    printed = capsys.readouterr().out
+    cells = CELL.findall(compared)
+    assert len(cells) == 2  # from FullKV and from H2O
+    summary = printed.split("## budget 0.1")[1].split("## ")[0]
+    budget = (tmp_path / "out" / "budget_xsum_rouge1.md").read_text()
+    for text in (summary, budget):
+        (line,) = [
+            line
+            for line in text.splitlines()
+            if "| ZSMerge" in line and (line.startswith("| xsum") or AT_10.search(line))
+        ]
+        assert CELL.findall(line) == cells
+    assert printed.count("Δ FullKV [95% CI]") == 4 and printed.count("Δ H2O [95% CI]") == 4
+
+
+def test_experiment_table_lists_each_cells_paired_difference(tmp_path):
+    from reports.experiment import build
+    from runners.sweeps import sweep_jobs
+    from tests.test_experiment_reports import fixture_record
+
+    base, jobs = sweep_jobs("zsmerge_table2", "smoke")
+    store = ResultStore(tmp_path / "store")
+    scores = {}
+    for job in {job.run_id: job for job in jobs}.values():
+        rng = np.random.default_rng(len(scores))
+        scores[job.run_id] = {str(i): float(v) for i, v in enumerate(rng.uniform(0, 40, 8))}
+        per = [
+            {"id": i, "metrics": dict.fromkeys(("rouge1", "rouge2", "rougeL"), v)}
+            for i, v in scores[job.run_id].items()
+        ]
+        store.write(fixture_record(job, base.report) | {"task": "xsum"}, per)
+    report = build("zsmerge_table2", "smoke", store.root, tmp_path / "out", baseline="h2o", n_resamples=500)
+    section = report.markdown.split("## Paired differences from FullKV (95% CI)")[1].split("\n## ")[0]
+    assert "| Δ FullKV [95% CI]" in section and "Δ H2O [95% CI]" in section and "n = 8 samples" in section
+    runs = {(r["method"], r["config"]["budget"]): r["run_id"] for r in store.records()}
+    d = paired_difference(scores[runs[("less", 0.1)]], scores[runs[("fullkv", None)]], n_resamples=500)
+    row = next(
+        line
+        for line in section.splitlines()
+        if line.startswith("| LESS") and AT_10.search(line) and "rouge1" in line
+    )
+    assert d.text() in row
