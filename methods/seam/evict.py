@@ -122,7 +122,8 @@ class PromptOnlyOption:
     """Mixin of a score-then-evict method that keeps its budget while decoding (its paper's rule) and
     can compress the prompt only instead (``decode_budget=false``: kvpress's presses for TOVA, KNorm,
     KeyDiff, Expected Attention, StreamingLLM, LagKV: the question of a query-agnostic run and the
-    generated tokens are kept, the cache grows past the budget; docs/methods.md section 10.6).
+    generated tokens are kept, the cache grows past the budget; docs/methods.md, "The question after
+    compression").
 
     Parameters
     ----------
