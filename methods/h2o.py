@@ -4,7 +4,7 @@ Per KV head the cache keeps the ``recent`` latest tokens plus the ``heavy`` toke
 highest accumulated attention ("heavy hitters"). The accumulated score of a token is the sum of
 the attention it received from every query while it was in the cache: at prefill the column sums
 of the causal prompt attention (computed in chunks), then one row per decode step. Once over
-budget, the lowest-scoring non-recent token is evicted at every step (docs/methods.md section 3).
+budget, the lowest-scoring non-recent token is evicted at every step (docs/methods.md, "H2O").
 A score-then-evict rule (``methods.evict``): protected = the recent window, score = accumulated
 attention.
 """

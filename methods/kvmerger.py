@@ -1,7 +1,7 @@
 """KVMerger: adaptive KV merging by key similarity (Wang, Jin, Yu, Zhang 2024, "Model Tells You
 Where to Merge").
 
-Once, after prefill (no official code; docs/methods.md section 8):
+Once, after prefill (no official code; docs/methods.md, "KVMerger"):
 
 1. Protect the most recent ``recent_ratio * L`` tokens and the ``heavy_ratio * L`` tokens with the
    highest aggregated attention (column sums of the causal prompt attention, chunked; GQA: group

@@ -124,7 +124,7 @@ def causal_column_sums(
 ) -> torch.Tensor:
     """Column sums of the causal prompt attention matrix, computed in query chunks.
 
-    H2O's accumulated attention at prefill (Zhang et al. 2023, Sec. 3; docs/methods.md section 1):
+    H2O's accumulated attention at prefill (Zhang et al. 2023, Sec. 3; docs/methods.md, "Conventions"):
     ``acc(j) = sum_i softmax_i(q_i k^T)[j]`` over all prompt queries ``i >= j``. Memory is
     ``O(chunk x prompt x q_heads)``; the full prompt x prompt matrix never exists.
 

@@ -2,7 +2,7 @@
 
 At the end of prefill, the last ``window_size`` prompt queries (the observation window) vote for
 prefix tokens; the votes are smoothed by 1-D pooling and the top ``budget - window`` prefix
-tokens per KV head are kept together with the window itself (docs/methods.md section 4). Decoded
+tokens per KV head are kept together with the window itself (docs/methods.md, "SnapKV"). Decoded
 tokens are appended uncompressed, as in the paper, unless ``decode_budget`` is set. A
 score-then-evict rule (``methods.evict``): protected = the observation window, score = pooled votes.
 """

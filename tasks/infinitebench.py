@@ -1,5 +1,5 @@
 """InfiniteBench (Zhang et al., ACL 2024): 12 long-context tasks with the official scorers, under
-the ZSMerge prompt protocol (docs/methods.md section 10.3).
+the ZSMerge prompt protocol (docs/methods.md, "InfiniteBench").
 
 Prompt for every task: ``context + "\\n\\nQuestion: " + input + "\\nAnswer:"`` (no chat template,
 options not shown), middle-truncated to ``max_input_tokens`` (100,000 in ZSMerge; capped here so

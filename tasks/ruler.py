@@ -1,6 +1,6 @@
 """RULER (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context Language
 Models?", arXiv:2404.06654): its 13 synthetic tasks generated offline at token lengths of the
-model's tokenizer, scored as RULER scores them (docs/methods.md section 10.5).
+model's tokenizer, scored as RULER scores them (docs/methods.md, "RULER").
 
 Task settings are RULER's ``scripts/synthetic.yaml``; each sample's haystack is the largest that
 keeps ``prompt tokens + tokens to generate <= length``. A sample's ``meta`` keeps the split of its

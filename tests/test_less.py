@@ -1,4 +1,4 @@
-"""LESS inference against its definition (docs/methods.md section 6): shapes and GQA, the state equals
+"""LESS inference against its definition (docs/methods.md, "LESS"): shapes and GQA, the state equals
 the explicit sum over evicted tokens, the log-space decode equals the plain formula, and a zero
 state reduces LESS to its sparse policy exactly."""
 

@@ -1,4 +1,4 @@
-"""KeepKV's attention-score estimators (Tian et al., Sec. 3.4; docs/methods.md s. 9), as small
+"""KeepKV's attention-score estimators (Tian et al., Sec. 3.4; docs/methods.md, "KeepKV"), as small
 objects: how ``s_hat`` is initialised at prefill, updated at each decode step, ranked, read for
 ZIP-merging, and carried through a merge. All in the log domain (float32, no overflow).
 

@@ -1,4 +1,4 @@
-"""KeepKV: Electoral Votes + ZIP-Merging (Tian et al.; docs/methods.md s. 9).
+"""KeepKV: Electoral Votes + ZIP-Merging (Tian et al.; docs/methods.md, "KeepKV").
 
 Per layer and KV head (GQA: scores are the group mean of ``exp(logit)``):
 

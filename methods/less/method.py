@@ -1,5 +1,5 @@
 """LESS: a sparse eviction policy plus a learned constant-size state for what it evicts (Dong et
-al., ICML 2024, "Get More with LESS"; docs/methods.md section 6, hdong920/LESS).
+al., ICML 2024, "Get More with LESS"; docs/methods.md, "LESS"; hdong920/LESS).
 
 Per KV head the cache keeps what the sparse policy keeps (H2O by default, or "Lambda-mask":
 the first ``heavy`` tokens + recent) and a state ``H`` ``[R, head_dim]``, ``z`` ``[R]`` (float32).
