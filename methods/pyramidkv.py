@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from methods.seam.layer import CompressedLayer
-from methods.seam.wrap import LayerBudgets, spread_evenly
+from methods.wrap import LayerBudgets, spread_evenly
 
 
 def pyramid_budgets(budget: int, protected: int, prompt: int, layers: int, beta: float) -> list[int]:
@@ -88,5 +88,5 @@ class PyramidKV(LayerBudgets):
     def layer_budget(self, layer: CompressedLayer, budget: int) -> int:
         """This layer's entry of :func:`pyramid_budgets` (protected: the scorer's under ``budget``)."""
         protected = sum(self.scorer.protected(budget))
-        schedule = pyramid_budgets(budget, protected, layer.n_slots, layer.num_layers, self.beta)
-        return schedule[layer.layer_idx]
+        schedule = pyramid_budgets(budget, protected, layer.store.n_slots, layer.spec.num_layers, self.beta)
+        return schedule[layer.spec.layer_idx]

@@ -95,7 +95,7 @@ def _raw(name: str) -> dict:
 
 
 #: ``_target_`` -> whether a method config ignores the budget: the reports' copy of
-#: ``CompressionMethod.budget_applies`` (no torch here), used only to name the run id of a run
+#: ``Traits.budget_applies`` (no torch here), used only to name the run id of a run
 #: that is not stored yet; tests check it against the methods for every experiment job.
 BUDGET_IGNORED: dict[str, object] = {
     "methods.duo_attention.DuoAttention": lambda config: True,

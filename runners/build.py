@@ -15,8 +15,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from methods import METHOD_REGISTRY, CompressionMethod, validate_budget
+from methods import METHOD_REGISTRY, CompressionMethod
 from reports.store import renamed_in_config
+from runners.budget import validate_budget
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
@@ -238,3 +239,10 @@ def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.
     if not samples:
         raise KVBenchError(f"task {task.name} selected no samples")
     return tokenizer, samples, [task.encode(tokenizer, s) for s in samples]
+
+
+def run_budget(cfg: DictConfig, method: CompressionMethod) -> float | int | None:
+    """The budget the run compresses to: the configured one, or None where the method's traits say
+    it does not apply (FullKV; KVMerger at a fixed ``theta`` and DuoAttention, whose kept fraction is
+    an outcome)."""
+    return cfg.budget if method.traits.budget_applies else None

@@ -15,11 +15,12 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from methods import CompressionMethod, resolve_budget
+from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from runners.batched import decode_rows, start_row
-from runners.build import build_components, load_prompts, refuse_untrained
+from runners.budget import resolve_budget
+from runners.build import build_components, load_prompts, refuse_untrained, run_budget
 from runners.environment import (
     peak_device_bytes,
     peak_rss_bytes,
@@ -100,7 +101,7 @@ def check_budgets(
     task: Task,
     starts: list[int | None],
 ) -> list[int | None]:
-    """Each sample's slot budget (``methods.seam.budget.resolve_budget``; a prompt fraction is of
+    """Each sample's slot budget (``runners.budget.resolve_budget``; a prompt fraction is of
     the tokens the prefill compresses: the whole prompt, or the context before the question of a
     query-agnostic run, as kvpress's compression ratio; a context fraction is of
     ``model.max_context``), checked with the method (``CompressionMethod.check_budget``) before any
@@ -232,14 +233,14 @@ def run_quality(cfg: DictConfig) -> dict:
     refuse_untrained(cfg)
     batch_size = check_batch_size(cfg)
     method, task = build_components(cfg)
-    config = run_config(cfg, method.budget_applies)
+    config = run_config(cfg, method.traits.budget_applies)
     tokenizer, samples, prompts = load_prompts(cfg, task)
     store, rid, done = stored_run(cfg, config, print_summary, samples)
     if done is not None:
         return done
     check_lengths(cfg, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
-    budgets = check_budgets(cfg, method, config["budget"], samples, prompts, task, starts)
+    budgets = check_budgets(cfg, method, run_budget(cfg, method), samples, prompts, task, starts)
     print(f"loading model {cfg.model.name}", flush=True)
     model = load_model(cfg.model, cfg.device)
     eos = eos_token_ids(model, tokenizer)

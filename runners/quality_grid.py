@@ -30,7 +30,7 @@ from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from reports.store import ResultStore, setting_id
-from runners.build import build_components, check_run, load_prompts, refuse_untrained
+from runners.build import build_components, check_run, load_prompts, refuse_untrained, run_budget
 from runners.generate import GenerationResult, eos_token_ids
 from runners.models import load_model
 from runners.quality import (
@@ -135,7 +135,7 @@ def _prepare(cfg: DictConfig) -> tuple[list[Setting], list[dict], tuple]:
         check_run(scfg)
         refuse_untrained(scfg)
         method, task = build_components(scfg)
-        config = run_config(scfg, method.budget_applies)
+        config = run_config(scfg, method.traits.budget_applies)
         if setting_id(config) in seen:  # FullKV ignores the budget: one run
             continue
         seen.add(setting_id(config))
@@ -167,7 +167,9 @@ def run_quality_grid(cfg: DictConfig) -> dict:
     check_lengths(cfg, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
     for s in settings:
-        s.budgets = check_budgets(s.cfg, s.method, s.config["budget"], samples, prompts, task, starts)
+        s.budgets = check_budgets(
+            s.cfg, s.method, run_budget(s.cfg, s.method), samples, prompts, task, starts
+        )
     print(f"{len(settings)} setting(s) to run, {len(finished)} already finished", flush=True)
     if settings:
         _run(cfg, settings, task, tokenizer, samples, prompts, starts, batch_size)

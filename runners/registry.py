@@ -9,7 +9,6 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from kernels import set_backend
-from methods.less.train import run_train_less
 from runners.attention_error import run_attention_error
 from runners.build import check_run
 from runners.efficiency import run_efficiency
@@ -19,6 +18,7 @@ from runners.quality import run_quality
 from runners.quality_grid import run_quality_grid
 from runners.record import in_multirun, record_failure
 from runners.run_lock import holding_run_locks
+from runners.train_less import run_train_less
 from tasks.errors import KVBenchError
 
 #: Runner name -> runner; each holds the run locks it takes until it returns (``runners.run_lock``).

@@ -42,7 +42,9 @@ def test_example_holds_its_budget_and_frees_memory(tiny_model, tova, budget):
         seen.append(1)
         assert max(cache.n_slots) <= budget
         for layer in cache.layers:
-            assert layer.allocated_bytes() <= (budget + 1) * 2 * 16 * (4 + 4) + (budget + 1) * 2 * (4 + 8 + 4)
+            assert layer.store.allocated_bytes() <= (budget + 1) * 2 * 16 * (4 + 4) + (budget + 1) * 2 * (
+                4 + 8 + 4
+            )
 
     res = greedy_generate(tiny_model, prompt(0), method, budget, NEW, set(), check)
     assert len(seen) == NEW and res.kv_bytes < res.fullkv_bytes

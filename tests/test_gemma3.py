@@ -96,9 +96,9 @@ def test_every_method_on_a_real_article(gemma3, data_dir, name):
         for layer, spec in zip(cache.layers, specs, strict=True):
             # a full-attention layer's own budget (PyramidKV's schedule), over the mean of its heads (AdaKV)
             bound = layer.budget if spec.window is None else sliding_bound(budget, spec.window)
-            if spec.window is None and not method.budget_holds_in_decode:
-                bound = layer.budget + layer.seen_tokens - ids.shape[1]
-            assert layer.head_slots().float().mean() <= bound
+            if spec.window is None and not method.traits.holds_in_decode:
+                bound = layer.budget + layer.get_seq_length() - ids.shape[1]
+            assert layer.store.head_slots().float().mean() <= bound
         if name == "expected_attention":
             statistics.append(sum(t.nbytes for layer in cache.layers for t in layer.aux.values()))
 

@@ -22,19 +22,31 @@ def spied(cls: type, records: dict) -> type:
 
     class Spy(cls):
         def prefill(self, layer, query, scaling):
-            seen = [layer.positions.clone(), layer.keys.clone(), layer.values.clone(), query.clone(), scaling]
-            records.setdefault(layer.layer_idx, []).append(["prefill", *seen])
+            seen = [
+                layer.store.positions.clone(),
+                layer.keys.clone(),
+                layer.values.clone(),
+                query.clone(),
+                scaling,
+            ]
+            records.setdefault(layer.spec.layer_idx, []).append(["prefill", *seen])
             super().prefill(layer, query, scaling)
-            records[layer.layer_idx][-1].append(layer.positions.clone())
+            records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
         def decode_attention(self, layer, query, scaling):
-            seen = [layer.positions.clone(), layer.keys.clone(), layer.values.clone(), query.clone(), scaling]
-            records[layer.layer_idx].append(["step", *seen])
+            seen = [
+                layer.store.positions.clone(),
+                layer.keys.clone(),
+                layer.values.clone(),
+                query.clone(),
+                scaling,
+            ]
+            records[layer.spec.layer_idx].append(["step", *seen])
             return super().decode_attention(layer, query, scaling)
 
         def decode_step(self, layer, probs):
             super().decode_step(layer, probs)
-            records[layer.layer_idx][-1].append(layer.positions.clone())
+            records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
     return Spy
 
@@ -45,7 +57,7 @@ def run(model, method_cls, kwargs: dict, budget: int):
     method = spied(method_cls, records)(**kwargs)
 
     def check(cache) -> None:
-        assert all(layer.n_slots <= layer.plan.bound for layer in cache.layers)
+        assert all(layer.store.n_slots <= layer.plan.bound for layer in cache.layers)
 
     greedy_generate(model, prompt(4), method, budget, NEW, set(), check)
     assert all(len(events) == NEW for events in records.values())  # the last token is never fed back

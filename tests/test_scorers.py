@@ -25,21 +25,27 @@ def spied(cls: type, records: dict) -> type:
 
     class Spy(cls):
         def prefill(self, layer, query, scaling):
-            records.setdefault(layer.layer_idx, []).append(
-                ["prefill", layer.positions.clone(), layer.keys.clone(), query[:, :, -1].clone(), scaling]
+            records.setdefault(layer.spec.layer_idx, []).append(
+                [
+                    "prefill",
+                    layer.store.positions.clone(),
+                    layer.keys.clone(),
+                    query[:, :, -1].clone(),
+                    scaling,
+                ]
             )
             super().prefill(layer, query, scaling)
-            records[layer.layer_idx][-1].append(layer.positions.clone())
+            records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
         def decode_attention(self, layer, query, scaling):
-            records[layer.layer_idx].append(
-                ["step", layer.positions.clone(), layer.keys.clone(), query[:, :, -1].clone(), scaling]
+            records[layer.spec.layer_idx].append(
+                ["step", layer.store.positions.clone(), layer.keys.clone(), query[:, :, -1].clone(), scaling]
             )
             return super().decode_attention(layer, query, scaling)
 
         def decode_step(self, layer, probs):
             super().decode_step(layer, probs)
-            records[layer.layer_idx][-1].append(layer.positions.clone())
+            records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
     return Spy
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from methods.less.kernels import LessKernels
-from methods.seam.scoring import group_queries, lowest_score, window_logits
+from methods.scoring import group_queries, lowest_score, window_logits
 
 
 def h2o_keep_mask(

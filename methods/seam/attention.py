@@ -11,7 +11,7 @@ them, and this function owns causality. The :class:`~methods.seam.cache.Compress
 - Chunk (several tokens on a prefilled layer: a question appended after the context was compressed):
   one decode step per token (``methods.seam.step.chunk_step``).
 - Rows: a :class:`~methods.seam.rows.RowsCache` batches the decode steps of several prompts'
-  caches; each row takes its own decode step on its own layer.
+  caches (``methods.seam.rows``).
 - Decode step: explicit attention over the slots with the ``log_weight`` bias
   (``kernels.decode_attention``), whose probabilities the method uses to update its scores
   before evicting/merging (ZSMerge Algorithm 1 order). Methods that need no probabilities get
@@ -55,8 +55,8 @@ def kvbench_attention(
     query : torch.Tensor
         ``[batch, q_heads, q_len, head_dim]`` post-RoPE.
     key, value : torch.Tensor
-        ``[batch, kv_heads, slots, head_dim]``: the layer's slots after appending this call's tokens
-        (a chunk on a prefilled layer, or a ragged layer: this call's tokens only).
+        ``[batch, kv_heads, q_len, head_dim]``: this call's tokens (``CompressedLayer.update``
+        returns them; the attention reads the layer's store).
     attention_mask : torch.Tensor | None
         Must be None (padding is not supported by this function yet).
     scaling : float | None
@@ -90,28 +90,28 @@ def kvbench_attention(
     if attention_mask is not None:
         raise ValueError("the 'kvbench' attention takes no attention mask (it owns causality)")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    _check_layer(kvbench_cache.layers[module.layer_idx], softcap, sliding_window)
-    layer = kvbench_cache.layers[module.layer_idx]
-    if isinstance(layer, RowsLayer):  # several caches, one per batch row: each row its own step
+    idx = module.layer_idx
+    layer = kvbench_cache.layers[idx]
+    _check_layer(idx, layer.spec, softcap, sliding_window)
+    if isinstance(layer, RowsLayer):  # several caches, one per batch row
         out = layer.decode(query, scale)
-    elif not layer.prefilled:
-        out = prefill_step(layer, query, key, value, scale)
+    elif layer.plan is None:
+        out = prefill_step(kvbench_cache.rules[idx], layer, query, key, value, scale)
     elif query.shape[2] == 1:
-        out = decode_step(layer, query, scale)
+        out = decode_step(kvbench_cache.rules[idx], layer, query, scale)
     else:  # a chunk after the compressed prompt (the question of a query-agnostic run)
-        out = chunk_step(layer, query, key, value, scale)
+        out = chunk_step(kvbench_cache.rules[idx], layer, query, key, value, scale)
     if kvbench_observer is not None:
         q_len = query.shape[2]
         kvbench_observer(module.layer_idx, query, key[:, :, -q_len:], value[:, :, -q_len:], out, scale)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _check_layer(layer, softcap: float | None, sliding_window: int | None) -> None:
-    if (softcap or None) != layer.softcap or (sliding_window or None) != layer.spec.window:
+def _check_layer(idx: int, spec, softcap: float | None, sliding_window: int | None) -> None:
+    if (softcap or None) != spec.softcap or (sliding_window or None) != spec.window:
         raise RuntimeError(
-            f"layer {layer.layer_idx}: the model attends with softcap={softcap}, "
-            f"sliding_window={sliding_window}, but its config gave softcap={layer.softcap}, "
-            f"window={layer.spec.window}"
+            f"layer {idx}: the model attends with softcap={softcap}, sliding_window={sliding_window}, "
+            f"but its config gave softcap={spec.softcap}, window={spec.window}"
         )
 
 

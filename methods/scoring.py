@@ -5,19 +5,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from methods.seam.score_memo import lookup, remember
+from methods.score_memo import lookup, remember
+from methods.seam.step import group_queries, softcap_logits
 
-
-def softcap_logits(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """Attention-logit soft-capping (Gemma-2, ``attn_logit_softcapping``): ``c * tanh(logits / c)``;
-    ``logits`` unchanged when ``softcap`` is None."""
-    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
-
-
-def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """View ``[batch, q_heads, q, head_dim]`` as ``[batch, kv_heads, group, q, head_dim]`` (no copy)."""
-    b, hq, q, d = query.shape
-    return query.view(b, kv_heads, hq // kv_heads, q, d)
+__all__ = [
+    "causal_column_sums",
+    "complement",
+    "group_queries",
+    "keep_index",
+    "lowest_score",
+    "mask_future_block_",
+    "pool_scores",
+    "softcap_logits",
+    "window_attention",
+    "window_logits",
+]
 
 
 def mask_future_block_(logits: torch.Tensor, start: int) -> torch.Tensor:
@@ -146,7 +148,7 @@ def causal_column_sums(
     -------
     torch.Tensor
         ``[batch, kv_heads, prompt]`` float32, averaged over the query heads of each group. Within
-        ``methods.seam.score_memo.shared_scores`` (a grid's prefill) an equal earlier call's result.
+        ``methods.score_memo.shared_scores`` (a grid's prefill) an equal earlier call's result.
     """
     args = (scaling, chunk, softcap)
     if (shared := lookup(query, keys, row_weights, args)) is not None:  # a grid's earlier setting
