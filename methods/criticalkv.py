@@ -6,7 +6,9 @@ its attention weight times ``||v W_o||_1``, the L1 norm of its value through the
 projection, so selection runs in two stages: stage 1 keeps the ``first_stage_ratio`` share of the
 budget with the highest scores of the wrapped scorer; stage 2 fills the rest by
 ``(score + epsilon) * ||v W_o||_1`` (kvpress: per query head with that head's slice of ``o_proj``,
-averaged over the query heads of a KV group). The scorer's protected tokens count toward stage 1,
+averaged over the query heads of a KV group), the scorer's scores taken on kvpress's scale
+(``ScoreEvict.score_scale``: SnapKV's votes averaged over its window, not summed) so that ``epsilon``
+means what it means there. The scorer's protected tokens count toward stage 1,
 as in kvpress, where they carry the highest score. While decoding (a scorer that holds its budget
 then) the same two-stage rule picks the one token to evict per step.
 """
@@ -130,7 +132,7 @@ class CriticalKV(ScorerWrapper):
         plan, pos = layer.plan, layer.store.positions
         candidates = (pos >= plan.first) & (pos < layer.store.n_slots - plan.recent)
         first = min(self.first_stage(plan, plan.keep), layer.store.n_slots - plan.first - plan.recent)
-        return two_stage(scores, norms, candidates, first, self.epsilon)
+        return two_stage(scores * self.scorer.score_scale(layer), norms, candidates, first, self.epsilon)
 
     def prefill_scores(
         self, layer: CompressedLayer, query: torch.Tensor, scaling: float
@@ -176,7 +178,7 @@ class CriticalKV(ScorerWrapper):
         pos = layer.store.positions
         candidates = (pos >= plan.first) & (pos <= layer.get_seq_length() - 1 - plan.recent)
         critical = two_stage(
-            layer.store.state["scores"],
+            layer.store.state["scores"] * self.scorer.score_scale(layer),
             layer.store.state["vnorm"],
             candidates,
             self.first_stage(plan, plan.bound),

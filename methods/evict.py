@@ -61,6 +61,11 @@ class ScoreEvict(CompressionMethod):
         (see ``Traits.decode_input``), or None (unchanged)."""
         return None
 
+    def score_scale(self, layer: CompressedLayer) -> float:
+        """The factor that puts this scorer's scores on kvpress's scale, where a wrapper adds a constant
+        to them (CriticalKV's ``epsilon``): 1 unless the scorer sums what kvpress averages."""
+        return 1.0
+
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The contract's plan (``CompressionMethod.plan``) with the protected tokens of
         :meth:`protected` under the prefill bound ``keep``."""

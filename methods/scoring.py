@@ -108,7 +108,7 @@ def pool_scores(scores: torch.Tensor, kernel_size: int, pooling: str = "max") ->
     if pooling == "max":
         out = F.max_pool1d(flat, kernel_size, stride=1, padding=pad)
     elif pooling == "avg":
-        out = F.avg_pool1d(flat, kernel_size, stride=1, padding=pad, count_include_pad=False)
+        out = F.avg_pool1d(flat, kernel_size, stride=1, padding=pad)  # zero padding counted, as kvpress
     else:
         raise ValueError(f"pooling must be 'max' or 'avg', got {pooling!r}")
     return out.view(b, h, n)

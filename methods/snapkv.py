@@ -82,6 +82,11 @@ class SnapKV(ScoreEvict):
         prefix = pool_scores(votes[..., : length - w], self.kernel_size, self.pooling)
         return torch.cat([prefix, votes[..., length - w :]], dim=-1)
 
+    def score_scale(self, layer: CompressedLayer) -> float:
+        """``1 / w``: the votes are summed over the observation window of ``w`` queries (the ranking is
+        the same), kvpress's ``SnapKVPress`` averages them (CriticalKV's epsilon is on that scale)."""
+        return 1.0 / layer.plan.recent
+
     def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:
         """Votes plus this step's probabilities (``decode_budget=true``)."""
         return layer.store.state["scores"] + probs

@@ -58,6 +58,10 @@ class ScorerWrapper(ScoreEvict):
         """The scorer's traits with :attr:`OVERRIDES`."""
         return replace(self.scorer.traits, **self.OVERRIDES)
 
+    def paper(self) -> ScorerWrapper:
+        """The wrapper and its scorer under their papers' decoding rules."""
+        return replace(self, scorer=self.scorer.paper(), decode_budget=None)
+
     @property
     def label(self) -> str:
         """``<allocator>_<scorer>`` (``adakv_snapkv``)."""
@@ -77,6 +81,9 @@ class ScorerWrapper(ScoreEvict):
 
     def ranking(self, layer: CompressedLayer) -> torch.Tensor:
         return self.scorer.ranking(layer)
+
+    def score_scale(self, layer: CompressedLayer) -> float:
+        return self.scorer.score_scale(layer)
 
     def check_budget(self, budget: int, tokens: int) -> None:
         self.scorer.check_budget(budget, tokens)

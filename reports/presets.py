@@ -40,7 +40,7 @@ def _value(v: object) -> str:
 def differences(config: dict, preset: dict, base: dict) -> dict:
     """Hyperparameters where ``config`` differs from ``preset``; a key the config lacks takes the
     method's base value (``base``)."""
-    keys = [k for k in dict.fromkeys([*preset, *config]) if k != "_target_"]
+    keys = [k for k in dict.fromkeys([*preset, *config]) if k not in ("_target_", "decode_budget")]
     full = base | config
     return {k: full.get(k) for k in keys if full.get(k) != preset.get(k, base.get(k))}
 

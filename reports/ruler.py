@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from reports.pairing import Pairing, pair, sample_key
-from reports.runs import Filters, records_frame
+from reports.runs import Filters, decoding_tag, records_frame
 from reports.store import ResultStore
 from reports.style import preset_label
 from reports.tables import budget_text
@@ -159,7 +159,10 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
             scores = _scores(run["metrics"], length, len(lengths) > 1)
             out.append(
                 {k: run[k] for k in ("run_id", "model", "task", "method", "preset", "reference")}
-                | {"other_inputs": run["other_inputs"], "label": _name(run)}
+                | {
+                    "other_inputs": run["other_inputs"],
+                    "label": f"{_name(run)} {decoding_tag(record)}".strip(),
+                }
                 | {"length": length, "query_aware": qa, "key": key, "compression_ratio": ratio}
                 | {"budget": 1.0 if run["reference"] else float(run["budget"]), "n": len(here) or run["n"]}
                 | {f"n/{t}": int(c) for t, c in counts.items() if t is not None}

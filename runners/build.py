@@ -7,13 +7,14 @@ Order (bad input fails before anything expensive): :func:`check_run` (results di
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from methods import METHOD_REGISTRY, CompressionMethod
 from reports.store import renamed_in_config
@@ -201,7 +202,7 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
         validate_budget(cfg.budget, cfg.budget_unit)
     except ValueError as err:
         raise KVBenchError(str(err)) from err
-    method = build_node(cfg.method, "method", METHOD_REGISTRY)
+    method = apply_decode_rule(cfg, build_node(cfg.method, "method", METHOD_REGISTRY))
     text = resolve_model_config(cfg.model)
     try:
         method.check_model(text)
@@ -212,6 +213,57 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
     except FileNotFoundError as err:
         raise KVBenchError(str(err).replace("<model options>", model_options(cfg.model))) from err
     return method
+
+
+def decode_rule(cfg: DictConfig) -> bool | None:
+    """The run's ``decode_budget`` (``CompressionMethod.decode_budget``): the top-level option, else
+    the method config's, else the task protocol's (``task.decode_budget``: RULER's false, the kvpress
+    leaderboard's rule); None leaves the method's paper rule.
+
+    Raises
+    ------
+    KVBenchError
+        For a value that is not true, false or null.
+    """
+    for node, key in (
+        (cfg, "decode_budget"),
+        (cfg.method, "decode_budget"),
+        (cfg.get("task"), "decode_budget"),
+    ):
+        value = node.get(key) if node is not None else None
+        if value is not None and not isinstance(value, bool):
+            raise KVBenchError(f"decode_budget must be true, false or null, got {value!r}")
+        if value is not None:
+            return value
+    return None
+
+
+def apply_decode_rule(cfg: DictConfig, method: CompressionMethod) -> CompressionMethod:
+    """``method`` under the run's :func:`decode_rule`, which is written into ``cfg.method`` (so the run
+    is stored under the rule it ran: the same computation has one id however it was asked for).
+    FullKV, whose decoding no rule changes, is left as it is."""
+    rule = decode_rule(cfg)
+    if rule is None or not method.traits.compresses or method.decode_budget == rule:
+        return method
+    with open_dict(cfg):
+        cfg.method.decode_budget = rule
+    return dataclasses.replace(method, decode_budget=rule)
+
+
+def decoding_protocol(method: CompressionMethod) -> dict:
+    """What a run records of its method's decoding: ``decoding`` (``prompt-only``: the prompt
+    compressed once, every later token kept; ``decode-time``: the method's rule runs at every decode
+    step) and ``paper_decoding``, the method's own rule; both None for FullKV."""
+    if not method.traits.compresses:
+        return {"decoding": None, "paper_decoding": None}
+
+    def name(prompt_only: bool) -> str:
+        return "prompt-only" if prompt_only else "decode-time"
+
+    return {
+        "decoding": name(method.traits.prompt_only),
+        "paper_decoding": name(method.paper().traits.prompt_only),
+    }
 
 
 def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:

@@ -20,7 +20,7 @@ from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from runners.batched import decode_rows, start_row
 from runners.budget import resolve_budget
-from runners.build import build_components, load_prompts, refuse_untrained, run_budget
+from runners.build import build_components, decoding_protocol, load_prompts, refuse_untrained, run_budget
 from runners.environment import (
     peak_device_bytes,
     peak_rss_bytes,
@@ -251,7 +251,10 @@ def run_quality(cfg: DictConfig) -> dict:
         task.name,
         model.device,
         data_source=task.source,
-        protocol=task.protocol() | {"eos_token_ids": sorted(eos)} | layer_protocol(layer_specs(model)),
+        protocol=task.protocol()
+        | {"eos_token_ids": sorted(eos)}
+        | layer_protocol(layer_specs(model))
+        | decoding_protocol(method),
         n_samples=len(samples),
     )
     results: list[GenerationResult] = []

@@ -30,7 +30,14 @@ from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from reports.store import ResultStore, setting_id
-from runners.build import build_components, check_run, load_prompts, refuse_untrained, run_budget
+from runners.build import (
+    build_components,
+    check_run,
+    decoding_protocol,
+    load_prompts,
+    refuse_untrained,
+    run_budget,
+)
 from runners.generate import GenerationResult, eos_token_ids
 from runners.models import load_model
 from runners.quality import (
@@ -199,7 +206,7 @@ def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts
         for s in settings:
             s.record = new_record(
                 s.rid, s.config, s.method.label, task.name, model.device, data_source=task.source,
-                protocol=protocol, n_samples=len(samples), grid=grid,
+                protocol=protocol | decoding_protocol(s.method), n_samples=len(samples), grid=grid,
                 presets=(presets() or {}) | {"method": s.preset, "runner": "quality"},
             )  # fmt: skip
             stack.enter_context(recording(s.cfg, s.store, s.record, s.predictions, s.count_done))

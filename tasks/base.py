@@ -90,6 +90,10 @@ class Task:
     #: context/question split): the context is compressed, then the question appended (kvpress's
     #: default, "query-agnostic").
     query_aware: bool = True
+    #: What compressing methods do while decoding under this protocol (``decode_budget`` of every
+    #: method, ``runners.build.decode_rule``): None, each method's paper rule; False, the prompt only
+    #: (RULER, as the kvpress leaderboard runs it).
+    decode_budget: bool | None = None
 
     def load(self, tokenizer=None) -> list[Sample]:
         """Read (or generate) the samples; local data directory first, hub otherwise.

@@ -124,6 +124,10 @@ class CompressionMethod:
             return traits
         return replace(traits, prompt_only=not self.decode_budget)
 
+    def paper(self) -> CompressionMethod:
+        """The same method under its paper's decoding rule (``decode_budget`` unset)."""
+        return replace(self, decode_budget=None)
+
     @property
     def label(self) -> str:
         """The method's name in records and reports: ``name`` for a method that stands alone; a
@@ -179,7 +183,7 @@ class CompressionMethod:
         """
         if self.decode_budget is not None and not isinstance(self.decode_budget, bool):
             raise ValueError(f"decode_budget must be true or false, got {self.decode_budget!r}")
-        if self.decode_budget and not self.traits.decode_rule:
+        if self.decode_budget and self.traits.compresses and not self.traits.decode_rule:
             raise ValueError(f"{self.label} has no decode-time rule: decode_budget=true is not available")
 
     def decode_attention(
