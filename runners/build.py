@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from methods import METHOD_REGISTRY, CompressionMethod
 from reports.store import renamed_in_config
 from runners.budget import validate_budget
+from runners.kernel_proof import check_kernels
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
@@ -194,9 +195,11 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
     ------
     KVBenchError
         For a bad budget, unknown method target, bad hyperparameters, bad model config, an
-        unsupported architecture or a missing method asset (LESS kernels: the message gives the
-        training command, with this run's :func:`model_options`). Fills the model config's null
-        fields from the model's own config (``runners.models.resolve_model_config``).
+        unsupported architecture, a Triton kernel that fails its proof with ``kernels=triton``
+        (``runners.kernel_proof.check_kernels``) or a missing method asset (LESS kernels: the
+        message gives the training command, with this run's :func:`model_options`). Fills the
+        model config's null fields from the model's own config
+        (``runners.models.resolve_model_config``).
     """
     try:
         validate_budget(cfg.budget, cfg.budget_unit)
@@ -208,6 +211,7 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
         method.check_model(text)
     except ValueError as err:
         raise KVBenchError(f"method {method.label}: {err}") from err
+    check_kernels(cfg, text)
     try:
         method.attach_assets(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
     except FileNotFoundError as err:

