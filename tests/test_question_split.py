@@ -124,8 +124,8 @@ def test_infinitebench_question_start_on_generated_prompts(tokenizer, name):
     assert ids.tolist() == aware.encode(tokenizer, same).tolist()
     context = sample.prompt_text.removesuffix(sample.question)
     start = check_split(agnostic, tokenizer, sample, context[-40:])
-    chunk = tokenizer.decode(ids[0, start:].tolist())  # the question's blank lines are appended with it
-    assert chunk.startswith("\n\nQuestion: ") and chunk.endswith("\nAnswer:")
+    chunk = tokenizer.decode(ids[0, start:].tolist())
+    assert chunk.endswith(sample.question)  # its blank lines appended with it (and a straddling token)
 
 
 def test_tasks_without_a_split_refuse_query_agnostic():
