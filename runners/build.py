@@ -24,6 +24,7 @@ from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
 from tasks import TASK_REGISTRY, Task
+from tasks.chat import template_kwargs
 from tasks.errors import KVBenchError
 
 #: ``method.checkpoint`` of a method run with untrained weights (``method=less_random``): its
@@ -283,14 +284,20 @@ def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
 
 
 def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.Tensor]]:
-    """The tokenizer, the task's samples and their encoded prompts ``[1, prompt]``.
+    """The tokenizer, the task's samples and their encoded prompts ``[1, prompt]``; the task renders
+    chat templates with ``model.chat_template_kwargs`` (``tasks.chat.template_kwargs``: null gives
+    ``enable_thinking=false`` where the template reads it), recorded in its protocol.
 
     Raises
     ------
     KVBenchError
-        If the task selects no samples (and as ``Task.load`` for missing or unreadable data).
+        If the task selects no samples (and as ``Task.load`` for missing or unreadable data), or for
+        a ``model.chat_template_kwargs`` that is not a dict.
     """
     tokenizer = load_tokenizer(cfg.model)
+    configured = cfg.model.get("chat_template_kwargs")
+    configured = OmegaConf.to_container(configured) if isinstance(configured, DictConfig) else configured
+    task.chat_template_kwargs = template_kwargs(tokenizer, configured)
     samples = task.load(tokenizer)
     if not samples:
         raise KVBenchError(f"task {task.name} selected no samples")

@@ -78,18 +78,18 @@ def check_lengths(cfg: DictConfig, task: Task, samples: list, prompts: list) -> 
 
 
 def question_starts(tokenizer, task: Task, samples: list, prompts: list) -> list[int | None]:
-    """Where each prompt's question starts (``Task.question_start``) when the task is run
-    query-agnostic (``task.query_aware=false``: the context is compressed, then the question is
-    appended); all None when it is run query-aware.
+    """Where each prompt's uncompressed chunk starts (``Task.chunk_start``): the question's first
+    token when the task is run query-agnostic (``task.query_aware=false``: the context is
+    compressed, then the question is appended); for RULER run query-aware, the first token after
+    the question (end of turn, generation prompt, answer prefix: kvpress's ``compress_questions``);
+    None where the whole prompt is compressed.
 
     Raises
     ------
     KVBenchError
         If the task has no context/question split for a sample.
     """
-    if task.query_aware:
-        return [None] * len(samples)
-    return [task.question_start(tokenizer, s, p) for s, p in zip(samples, prompts, strict=True)]
+    return [task.chunk_start(tokenizer, s, p) for s, p in zip(samples, prompts, strict=True)]
 
 
 def check_budgets(
@@ -102,8 +102,8 @@ def check_budgets(
     starts: list[int | None],
 ) -> list[int | None]:
     """Each sample's slot budget (``runners.budget.resolve_budget``; a prompt fraction is of
-    the tokens the prefill compresses: the whole prompt, or the context before the question of a
-    query-agnostic run, as kvpress's compression ratio; a context fraction is of
+    the tokens the prefill compresses: the whole prompt, or the tokens before the appended chunk
+    (``starts``), as kvpress's compression ratio; a context fraction is of
     ``model.max_context``), checked with the method (``CompressionMethod.check_budget``) before any
     model loads.
 
@@ -122,7 +122,7 @@ def check_budgets(
             except ValueError as err:
                 raise KVBenchError(
                     f"sample {sample.id}: budget={budget} ({cfg.budget_unit}) gives {slots} slots for its "
-                    f"{compressed}-token {'prompt' if start is None else 'context'}: {err}"
+                    f"{compressed}-token {'prompt' if start is None else 'compressed part'}: {err}"
                 ) from err
         out.append(slots)
     return out

@@ -237,6 +237,7 @@ class InfiniteBench(Task):
         return super().protocol() | {
             "benchmark": "InfiniteBench (official compute_scores.py scorers)",
             "prompt": "context + \\n\\nQuestion: + input + \\nAnswer: (ZSMerge), no chat template",
+            "chat_template_kwargs": None,
             "context_tokens": self.context_tokens,
             "choice_scoring": self.choice_scoring,
             "answer_tokens": self.answer_tokens or "min(int(1.2 avg_out) + 2, 1024)",
