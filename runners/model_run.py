@@ -15,8 +15,8 @@ import torch
 from kernels.switch import RAN, Switch
 from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
-from methods.seam.rows import RowsCache
 from runners.kernel_proof import prove_for_model
+from runners.rows import RowsCache
 
 __all__ = [
     "BACKENDS",
@@ -178,7 +178,7 @@ def model_forward(
 
 def forward_rows(model: torch.nn.Module, runs: list[ModelRun], tokens: torch.Tensor) -> torch.Tensor:
     """One eager decode forward of several runs, one token each (``tokens`` ``[rows]``), each at its
-    own position on its own cache (:class:`~methods.seam.rows.RowsCache`); returns the logits
+    own position on its own cache (:class:`~runners.rows.RowsCache`); returns the logits
     ``[rows, vocab]`` and advances every run by one token."""
     RAN.note("backend", "eager")
     positions = torch.tensor([[run.seen] for run in runs], device=tokens.device)

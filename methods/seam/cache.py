@@ -20,6 +20,7 @@ from methods.seam.architecture import LayerSpec, layer_specs
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.sliding import SlidingWindow, sliding_bound
+from methods.seam.step import layer_step
 
 
 class CompressedCache(Cache):
@@ -91,6 +92,13 @@ class CompressedCache(Cache):
             For layer types the seam does not support.
         """
         return cls(method, budget, layer_specs(model), max_tokens)
+
+    def attend(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        """The attention function's call on layer ``layer_idx`` (``methods.seam.step.layer_step`` under
+        the layer's rule): output ``[batch, q_heads, q_len, head_dim]``."""
+        return layer_step(self.rules[layer_idx], self.layers[layer_idx], query, key, value, scaling)
 
     @property
     def n_slots(self) -> list[int]:

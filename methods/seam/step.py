@@ -147,6 +147,24 @@ def decode_step(
     return out
 
 
+def layer_step(
+    rule: CompressionMethod,
+    layer: CompressedLayer,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """One attention call on one layer, by what the layer holds: the prompt (:func:`prefill_step`),
+    a decode step (:func:`decode_step`) or a chunk after the compressed prompt (:func:`chunk_step`);
+    shapes as there. Returns the output ``[batch, q_heads, q_len, head_dim]``."""
+    if layer.plan is None:
+        return prefill_step(rule, layer, query, key, value, scaling)
+    if query.shape[2] == 1:
+        return decode_step(rule, layer, query, scaling)
+    return chunk_step(rule, layer, query, key, value, scaling)
+
+
 def chunk_step(
     rule: CompressionMethod,
     layer: CompressedLayer,

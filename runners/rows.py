@@ -111,3 +111,10 @@ class RowsCache(Cache):
             ]
         )
         self.rows = rows
+
+    def attend(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        """The attention function's call on layer ``layer_idx`` (``CompressedCache.attend``): one decode
+        step of every row (:meth:`RowsLayer.decode`)."""
+        return self.layers[layer_idx].decode(query, scaling)
