@@ -21,6 +21,12 @@ from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.sliding import SlidingWindow, sliding_bound
 from methods.seam.step import layer_step
+from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
+
+#: The storage kind a cache's layers start with when none is given (a one-element list so the runner
+#: can set it for the process: ``runners.build``).
+DEFAULT_STORAGE: list[StorageKind] = [SlotStore]
 
 
 class CompressedCache(Cache):
@@ -46,6 +52,9 @@ class CompressedCache(Cache):
     max_tokens : int | None
         Tokens the run will append at most (prompt + new tokens - 1), when known: caps every
         buffer (``CompressedLayer._capacity``).
+    storage : StorageKind | None
+        What makes each layer's first store; None: :data:`DEFAULT_STORAGE` (the run's choice, set
+        once by the runner: the uniform store, or a quantized kind).
 
     Attributes
     ----------
@@ -59,6 +68,7 @@ class CompressedCache(Cache):
         budget: int | None,
         specs: list[LayerSpec] | int,
         max_tokens: int | None = None,
+        storage: StorageKind | None = None,
     ) -> None:
         if isinstance(specs, int):
             specs = [LayerSpec() for _ in range(specs)]
@@ -69,7 +79,8 @@ class CompressedCache(Cache):
                 (method, budget) if spec.window is None else (window_rule, sliding_bound(budget, spec.window))
             )
             spec = replace(spec, layer_idx=i, num_layers=len(specs))
-            layers.append(CompressedLayer(rule.traits.state_fill, bound, spec, max_tokens))
+            kind = storage or DEFAULT_STORAGE[0]
+            layers.append(CompressedLayer(rule.traits.state_fill, bound, spec, max_tokens, kind))
             self.rules.append(rule)
         super().__init__(layers=layers)
         self.method = method

@@ -19,7 +19,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from methods.seam.architecture import LayerSpec
 from methods.seam.plan import LayerPlan
-from methods.seam.storage import SlotStorage
+from methods.seam.storage import SlotStorage, StorageKind
 from methods.seam.store import SlotStore
 
 __all__ = ["CompressedLayer"]
@@ -69,6 +69,8 @@ class CompressedLayer(CacheLayerMixin):
     max_tokens : int | None
         Tokens the run will append at most (prompt + new tokens - 1), when known: no buffer is
         ever larger (a budget above the prompt allocates nothing it cannot use).
+    storage : StorageKind
+        What makes the layer's first store (default: the uniform :class:`SlotStore`).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class CompressedLayer(CacheLayerMixin):
         budget: int | None,
         spec: LayerSpec | None = None,
         max_tokens: int | None = None,
+        storage: StorageKind = SlotStore,
     ) -> None:
         self.is_initialized = False  # no CacheLayerMixin.__init__: keys/values are store views here
         self._max_tokens = max_tokens
@@ -84,7 +87,7 @@ class CompressedLayer(CacheLayerMixin):
         self.budget = budget
         self.spec = spec if spec is not None else LayerSpec()
         owner = weakref.ref(self)  # no layer <-> store cycle: the cache is freed by reference counting
-        self.store: SlotStorage = SlotStore(fills, lambda needed: owner()._capacity(needed))
+        self.store: SlotStorage = storage(fills, lambda needed: owner()._capacity(needed))
         self.plan: LayerPlan | None = None
         self.scalars: dict[str, torch.Tensor | int] = {}
         self.aux: dict[str, torch.Tensor] = {}

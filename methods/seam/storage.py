@@ -16,7 +16,7 @@ the model's dtype), ``log_weight`` (float32 attention-logit bias; ``-inf`` on pa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -122,6 +122,11 @@ class SlotStorage(ABC):
     @abstractmethod
     def token_bytes(self) -> int:
         """Key + value bytes one token takes over the batch and every KV head."""
+
+
+#: What makes a layer's first store: ``(fills, capacity) -> SlotStorage`` (the uniform store's
+#: signature, ``methods.seam.store.SlotStore``); a quantized kind has the same.
+StorageKind = Callable[[dict[str, float], Callable[[int], int]], "SlotStorage"]
 
 
 class StateView(Mapping):
