@@ -51,7 +51,7 @@ from tasks.errors import KVBenchError
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 #: Overrides of the grid job that do not pass to its settings (the grid's own keys).
 GRID_KEYS = ("runner", "method", "budget", "compression_ratio")
-#: The grid's own keys its settings take (each setting is a shard of its run).
+#: Keys of the grid's runner that its settings take: every setting runs the same shard of the samples.
 SHARD_KEYS = ("num_shards", "shard_index")
 #: Peak-memory fields of a quality record, null in a grid's records (the peaks are the grid's).
 PEAKS = ("peak_rss_bytes", "peak_rss_process_bytes", "peak_device_bytes", "peak_device_process_bytes")
