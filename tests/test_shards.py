@@ -173,6 +173,7 @@ def test_shards_run_as_parallel_local_processes_through_submitit(tmp_path, setti
            *setting, "runner.num_shards=2", "runner.shard_index=range(2)"]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1].endswith(": 2 ok / 0 failed / 0 skipped")
     (whole,) = ShardedStore(tmp_path / "results").records()
     assert whole["status"] == "ok" and whole["n_samples"] == 5
     jobs = {r["sweep"]["job_num"]: r for r in ResultStore(tmp_path / "results").records() if r.get("sweep")}
