@@ -2,39 +2,24 @@
 
 :func:`decode_attention_torch` is the specification of the decode step and the CPU path;
 :func:`decode_attention` runs the fused Triton kernel (``kernels.triton_decode``) instead for
-one-token CUDA queries unless the backend is set to ``torch`` (config ``kernels=torch``). GQA is
-handled by grouping query heads onto their KV head, never by repeating KV.
+one-token queries where the backend asks for it and the kernel passed its proof for these inputs
+(``kernels.proof``). GQA is handled by grouping query heads onto their KV head, never by repeating KV.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-
 import torch
 
-from kernels.switch import Switch
+from kernels.proof import CASES, Case, triton_proven, triton_wanted
+from kernels.switch import BACKEND, RAN
 
-BACKENDS = ("auto", "torch", "triton")
-#: ``kernels=auto`` (Triton on CUDA when triton is installed, PyTorch otherwise), ``torch`` (always
-#: the PyTorch path) or ``triton`` (always the kernel; on CPU only under ``TRITON_INTERPRET=1``).
-BACKEND = Switch("kernels", BACKENDS, "auto")
 set_backend, get_backend = BACKEND.set, BACKEND.get
 
 
-@functools.cache
-def triton_available() -> bool:
-    """Whether the triton package is installed (looked up once: this sits on the decode path)."""
-    return importlib.util.find_spec("triton") is not None
-
-
 def uses_triton(query: torch.Tensor) -> bool:
-    """Whether :func:`decode_attention` runs the Triton kernel for this query."""
-    if BACKEND.value == "torch" or query.shape[2] != 1:
-        return False
-    if BACKEND.value == "triton":
-        return True
-    return query.is_cuda and triton_available()
+    """Whether the backend asks for the Triton kernel for this query (one token, ``kernels.proof``'s
+    :func:`~kernels.proof.triton_wanted`), before its proof."""
+    return query.shape[2] == 1 and triton_wanted(query.device)
 
 
 def decode_attention(
@@ -49,17 +34,30 @@ def decode_attention(
     softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`decode_attention_torch`, or the fused Triton kernel where :func:`uses_triton` says so
-    (same arguments, results equal within dtype tolerance; soft-capped logits always take the
-    PyTorch path)."""
-    if softcap is not None:
-        return decode_attention_torch(
-            query, keys, values, log_weight, scaling, return_logits, scores, decay, softcap
-        )
-    if uses_triton(query):
-        from kernels.triton_decode import triton_decode_attention
+    and the kernel passed its proof for these inputs (same arguments, results equal within dtype
+    tolerance; soft-capped logits always take the PyTorch path). A one-token call is noted in
+    ``kernels.switch.RAN`` under ``uniform``.
 
-        return triton_decode_attention(query, keys, values, log_weight, scaling, return_logits, scores, decay)
-    return decode_attention_torch(query, keys, values, log_weight, scaling, return_logits, scores, decay)
+    Raises
+    ------
+    kernels.proof.KernelProofError
+        With ``kernels=triton``, if the kernel failed its proof.
+    """
+    if softcap is None and uses_triton(query):
+        _, hq, _, d = query.shape
+        options = {"logits": return_logits, "fused": scores is not None, "bias": log_weight is not None}
+        if triton_proven("uniform", query.device, query.dtype, d, hq // keys.shape[1], **options):
+            from kernels import triton_decode
+
+            RAN.note("uniform", "triton")
+            return triton_decode.triton_decode_attention(
+                query, keys, values, log_weight, scaling, return_logits, scores, decay
+            )
+    if query.shape[2] == 1:
+        RAN.note("uniform", "torch")
+    return decode_attention_torch(
+        query, keys, values, log_weight, scaling, return_logits, scores, decay, softcap
+    )
 
 
 def decode_attention_torch(
@@ -129,3 +127,37 @@ def decode_attention_torch(
     if scores is not None:
         scores.mul_(decay).add_(mean)
     return out, mean
+
+
+def _proof_case(
+    device: torch.device, dtype: torch.dtype, head_dim: int, group: int, logits: bool, fused: bool, bias: bool
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The kernel and :func:`decode_attention_torch` on one small case (``kernels.proof``): 2 KV heads
+    of 83 slots (a full kernel block and a partial one) viewed in a wider buffer, as the cache's are."""
+    from kernels import triton_decode  # looked up per proof: a test may swap the kernel
+
+    g = torch.Generator().manual_seed(0)
+    slots, hkv = 83, 2
+    query = torch.randn(1, hkv * group, 1, head_dim, generator=g).to(device, dtype)
+    keys, values = torch.randn(2, 1, hkv, slots + 5, head_dim, generator=g).to(device, dtype)[..., :slots, :]
+    log_weight = (torch.rand(1, hkv, slots, generator=g) * 2).log().to(device) if bias else None
+    scores = torch.rand(1, hkv, slots, generator=g).to(device) if fused else None
+    results = []
+    for attend in (triton_decode.triton_decode_attention, decode_attention_torch):
+        updated = None if scores is None else scores.clone()
+        out, aux = attend(query, keys, values, log_weight, head_dim**-0.5, logits, updated, 0.9)
+        results.append([out, aux] + ([updated] if fused else []))
+    return list(zip(*results, strict=True))
+
+
+#: Every option set :func:`decode_attention` may pass to the kernel (logits exclude the fused update).
+CASES["uniform"] = Case(
+    _proof_case,
+    tuple(
+        {"logits": logits, "fused": fused, "bias": bias}
+        for logits in (False, True)
+        for fused in (False, True)
+        for bias in (False, True)
+        if not (logits and fused)
+    ),
+)

@@ -9,14 +9,15 @@ KV head, GQA/MQA) attends to its own segment only.
 with ``scatter_reduce_``/``index_add_``, so a step allocates one ``[total slots, group, head_dim]``
 buffer and ``O(total slots x group)`` besides, nothing proportional to ``heads x max slots``.
 :func:`ragged_decode_attention` runs the Triton kernel (``kernels.triton_ragged``, per-segment
-lengths) where :func:`kernels.decode_attention.uses_triton` says so.
+lengths) where the backend asks for it and the kernel passed its proof (``kernels.proof``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.decode_attention import uses_triton
+from kernels.proof import CASES, Case, triton_proven, triton_wanted
+from kernels.switch import RAN
 
 
 def ragged_decode_attention_torch(
@@ -96,17 +97,76 @@ def ragged_decode_attention(
     softcap: float | None = None,
     return_probs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`ragged_decode_attention_torch` (same arguments and results); the Triton kernel takes
-    over where one is registered for the query's device (``kernels.triton_ragged``)."""
-    if softcap is None and uses_triton(query.unsqueeze(2)):
-        try:
-            from kernels.triton_ragged import triton_ragged_decode_attention
-        except ImportError:
-            pass
-        else:
-            return triton_ragged_decode_attention(
+    """:func:`ragged_decode_attention_torch` (same arguments and results); the Triton kernel
+    (``kernels.triton_ragged``) takes over where the backend asks for it and the kernel passed its
+    proof for these inputs (``kernels.proof``), except with a soft-cap. Noted in
+    ``kernels.switch.RAN`` under ``ragged``.
+
+    Raises
+    ------
+    kernels.proof.KernelProofError
+        With ``kernels=triton``, if the kernel failed its proof.
+    """
+    if softcap is None and triton_wanted(query.device):
+        _, group, d = query.shape
+        options = {"probs": return_probs, "bias": log_weight is not None}
+        if triton_proven("ragged", query.device, query.dtype, d, group, **options):
+            from kernels import triton_ragged
+
+            RAN.note("ragged", "triton")
+            return triton_ragged.triton_ragged_decode_attention(
                 query, keys, values, offsets, lengths, segment, valid, log_weight, scaling, return_probs
             )
+    RAN.note("ragged", "torch")
     return ragged_decode_attention_torch(
         query, keys, values, offsets, lengths, segment, valid, log_weight, scaling, softcap, return_probs
     )
+
+
+def packed_case(
+    lengths: list[int], group: int, head_dim: int, tail: int, generator: torch.Generator
+) -> tuple[torch.Tensor, ...]:
+    """Packed ragged inputs on the CPU in float32: segment ``s`` holds ``lengths[s]`` valid slots,
+    then ``tail`` invalid ones filled with large values that must not count; keys are a strided view
+    of a wider buffer.
+
+    Returns
+    -------
+    tuple[torch.Tensor, ...]
+        ``query [segments, group, head_dim]``, ``keys``, ``values [slots, head_dim]``, ``offsets``,
+        ``lengths [segments]``, ``segment``, ``valid``, ``log_weight [slots]``.
+    """
+    length = torch.tensor(lengths)
+    capacity = length + tail
+    offsets = torch.cumsum(capacity, 0) - capacity
+    n = int(capacity.sum())
+    segment = torch.repeat_interleave(torch.arange(len(lengths)), capacity)
+    valid = torch.arange(n) - offsets[segment] < length[segment]
+    query = torch.randn(len(lengths), group, head_dim, generator=generator)
+    keys = torch.randn(n, head_dim + 5, generator=generator)[:, :head_dim]
+    values = torch.randn(n, head_dim, generator=generator)
+    keys[~valid], values[~valid] = 1e4, 1e4
+    log_weight = (torch.rand(n, generator=generator) * 2).log()
+    return query, keys, values, offsets, length, segment, valid, log_weight
+
+
+def _proof_case(
+    device: torch.device, dtype: torch.dtype, head_dim: int, group: int, probs: bool, bias: bool
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The kernel and :func:`ragged_decode_attention_torch` on one small case (``kernels.proof``):
+    segments of 70, 1 and 12 valid slots (a full kernel block and a partial one) and 3 invalid ones."""
+    from kernels import triton_ragged  # looked up per proof: a test may swap the kernel
+
+    case = packed_case([70, 1, 12], group, head_dim, 3, torch.Generator().manual_seed(0))
+    query, keys, values, *index, log_weight = (t.to(device) for t in case)
+    query, keys, values = (t.to(dtype) for t in (query, keys, values))
+    args = (query, keys, values, *index, log_weight if bias else None, head_dim**-0.5)
+    got = triton_ragged.triton_ragged_decode_attention(*args, probs)  # called as the dispatch does
+    want = ragged_decode_attention_torch(*args, None, probs)
+    return [(got[0], want[0])] + ([(got[1], want[1])] if probs else [])
+
+
+#: Every option set :func:`ragged_decode_attention` may pass to the kernel.
+CASES["ragged"] = Case(
+    _proof_case, tuple({"probs": probs, "bias": bias} for probs in (False, True) for bias in (False, True))
+)

@@ -7,6 +7,7 @@
 from methods.adakv import AdaKV
 from methods.criticalkv import CriticalKV
 from methods.duo_attention import DuoAttention
+from methods.evict import ScoreEvict
 from methods.expected_attention import ExpectedAttention
 from methods.fullkv import FullKV
 from methods.h2o import H2O
@@ -21,10 +22,8 @@ from methods.pyramidkv import PyramidKV
 from methods.random import Random
 from methods.rkv import RKV
 from methods.seam import attention  # noqa: F401  (registers the attention implementation)
-from methods.seam.budget import resolve_budget, validate_budget
 from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
-from methods.seam.evict import ScoreEvict
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 from methods.seam.store import SlotStore
@@ -87,6 +86,4 @@ __all__ = [
     "SnapKV",
     "StreamingLLM",
     "ZSMerge",
-    "resolve_budget",
-    "validate_budget",
 ]

@@ -18,10 +18,10 @@ from typing import ClassVar
 
 import torch
 
-from methods.seam import dispatch
+from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.wrap import ScorerWrapper
+from methods.wrap import ScorerWrapper
 
 
 def adakv_keep(scores: torch.Tensor, keep: int, first: int, recent: int, alpha: float) -> torch.Tensor:
@@ -83,15 +83,8 @@ class AdaKV(ScorerWrapper):
         if not 0.0 <= self.alpha_safeguard <= 1.0:
             raise ValueError(f"alpha_safeguard must be in [0, 1], got {self.alpha_safeguard}")
 
-    @property
-    def decode_input(self) -> str:
-        """Nothing: allocation is done at prefill."""
-        return "none"
-
-    @property
-    def budget_holds_in_decode(self) -> bool:
-        """False: decoding appends to every head (the paper compresses the prompt)."""
-        return False
+    #: allocation is done once, at prefill; decoding appends to every head (the paper)
+    OVERRIDES: ClassVar[dict] = {"prompt_only": True, "decode_rule": False, "decode_input": "none"}
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The scorer's plan with no decode bound."""
@@ -100,21 +93,16 @@ class AdaKV(ScorerWrapper):
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Score the prompt; keep the top ``heads x B`` across heads (:func:`adakv_keep`) in ragged heads."""
         plan = layer.plan
-        if plan.keep is None or layer.n_slots <= plan.keep:
+        if plan.keep is None or layer.store.n_slots <= plan.keep:
             return
         scores = self.scorer.prefill_scores(layer, query, scaling)
         if scores is None:  # the scorer ranks by position: every head keeps the same tokens
             self.scorer.prefill(layer, query, scaling)
             return
-        layer.make_ragged(adakv_keep(scores, plan.keep, plan.first, plan.recent, self.alpha_safeguard))
+        keep = adakv_keep(scores, plan.keep, plan.first, plan.recent, self.alpha_safeguard)
+        layer.store = layer.store.ragged(keep)
         layer.aux.clear()  # the scorer's decode-time state (Expected Attention's query statistics)
 
-    def decode_attention(
-        self, layer: CompressedLayer, query: torch.Tensor, scaling: float
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The seam's attention (over ragged heads after an allocation): the scorer's decode-time
-        hooks do not run, since AdaKV allocates once."""
-        return dispatch.decode_attention(layer, query, scaling)
-
-    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
-        """Nothing: decoding appends."""
+    #: the store's attention (over ragged heads after an allocation), not the scorer's: AdaKV
+    #: allocates once
+    decode_attention = CompressionMethod.decode_attention

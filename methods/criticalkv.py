@@ -6,25 +6,29 @@ its attention weight times ``||v W_o||_1``, the L1 norm of its value through the
 projection, so selection runs in two stages: stage 1 keeps the ``first_stage_ratio`` share of the
 budget with the highest scores of the wrapped scorer; stage 2 fills the rest by
 ``(score + epsilon) * ||v W_o||_1`` (kvpress: per query head with that head's slice of ``o_proj``,
-averaged over the query heads of a KV group). The scorer's protected tokens count toward stage 1,
+averaged over the query heads of a KV group), the scorer's scores taken on kvpress's scale
+(``ScoreEvict.score_scale``: SnapKV's votes averaged over its window, not summed) so that ``epsilon``
+means what it means there. The scorer's protected tokens count toward stage 1,
 as in kvpress, where they carry the highest score. While decoding (a scorer that holds its budget
 then) the same two-stage rule picks the one token to evict per step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import ClassVar
 
 import torch
 
+from methods.evict import ScoreEvict
+from methods.scoring import keep_index, lowest_score
 from methods.seam.architecture import UnsupportedArchitectureError
-from methods.seam.evict import ScoreEvict
+from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.scoring import keep_index, lowest_score
-from methods.seam.wrap import ScorerWrapper
 from methods.snapkv import SnapKV
+from methods.wrap import ScorerWrapper
 
 #: The score stage 1 (and the scorer's protected tokens) get in the two-stage scores (kvpress).
 KEPT = torch.finfo(torch.float32).max
@@ -88,21 +92,22 @@ class CriticalKV(ScorerWrapper):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if "scores" not in self.scorer.state_fill:
+        if "scores" not in self.scorer.traits.state_fill:
             raise ValueError(f"scorer must be a score-then-evict method with scores, got {self.scorer!r}")
         if not 0.0 <= self.first_stage_ratio <= 1.0:
             raise ValueError(f"first_stage_ratio must be in [0, 1], got {self.first_stage_ratio}")
         if self.epsilon < 0:
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
 
-    # the wrapper (``methods.seam.wrap``) forwards the rest to the scorer; selection is this class's
+    # the wrapper (``methods.wrap``) forwards the rest to the scorer; selection is this class's
     prefill = ScoreEvict.prefill
     decode_step = ScoreEvict.decode_step
 
-    @property
-    def state_fill(self) -> dict[str, float]:
-        """The scorer's state plus ``vnorm``, each slot's ``||v W_o||_1``."""
-        return {**self.scorer.state_fill, "vnorm": 0.0}
+    @cached_property
+    def traits(self) -> Traits:
+        """The scorer's traits; its state plus ``vnorm``, each slot's ``||v W_o||_1``."""
+        scorer = self.scorer.traits
+        return replace(scorer, state_fill={**scorer.state_fill, "vnorm": 0.0})
 
     # ------------------------------------------------------------------ scoring
     def first_stage(self, plan: LayerPlan, bound: int) -> int:
@@ -124,10 +129,10 @@ class CriticalKV(ScorerWrapper):
 
     def critical(self, layer: CompressedLayer, scores: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
         """Two-stage scores of the prompt (:func:`two_stage`) under ``plan.keep``."""
-        plan, pos = layer.plan, layer.positions
-        candidates = (pos >= plan.first) & (pos < layer.n_slots - plan.recent)
-        first = min(self.first_stage(plan, plan.keep), layer.n_slots - plan.first - plan.recent)
-        return two_stage(scores, norms, candidates, first, self.epsilon)
+        plan, pos = layer.plan, layer.store.positions
+        candidates = (pos >= plan.first) & (pos < layer.store.n_slots - plan.recent)
+        first = min(self.first_stage(plan, plan.keep), layer.store.n_slots - plan.first - plan.recent)
+        return two_stage(scores * self.scorer.score_scale(layer), norms, candidates, first, self.epsilon)
 
     def prefill_scores(
         self, layer: CompressedLayer, query: torch.Tensor, scaling: float
@@ -152,9 +157,9 @@ class CriticalKV(ScorerWrapper):
             return None
         norms = self.norms(layer, layer.values)
         layer.store.write("vnorm", norms)
-        if layer.n_slots <= plan.keep:
+        if layer.store.n_slots <= plan.keep:
             return None
-        critical = self.critical(layer, layer.state["scores"], norms)
+        critical = self.critical(layer, layer.store.state["scores"], norms)
         return keep_index(critical, plan.first, plan.keep - plan.first - plan.recent, plan.recent)
 
     def decode_victim(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:
@@ -163,18 +168,18 @@ class CriticalKV(ScorerWrapper):
         scores = self.scorer.step_scores(layer, probs)
         if scores is not None:
             layer.store.write("scores", scores)
-        plan, n = layer.plan, layer.n_slots
+        plan, n = layer.plan, layer.store.n_slots
         if plan.bound is None:
             return None
-        newest = torch.full((*layer.positions.shape[:2], 1), n - 1, device=layer.device)
+        newest = torch.full((*layer.store.positions.shape[:2], 1), n - 1, device=layer.keys.device)
         layer.store.replace(newest, vnorm=self.norms(layer, layer.values[:, :, n - 1 :]))
         if n <= plan.bound:
             return None
-        pos = layer.positions
-        candidates = (pos >= plan.first) & (pos <= layer.seen_tokens - 1 - plan.recent)
+        pos = layer.store.positions
+        candidates = (pos >= plan.first) & (pos <= layer.get_seq_length() - 1 - plan.recent)
         critical = two_stage(
-            layer.state["scores"],
-            layer.state["vnorm"],
+            layer.store.state["scores"] * self.scorer.score_scale(layer),
+            layer.store.state["vnorm"],
             candidates,
             self.first_stage(plan, plan.bound),
             self.epsilon,

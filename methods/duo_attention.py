@@ -22,7 +22,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from methods.seam.contract import CompressionMethod
+from methods.scoring import lowest_score
+from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 
@@ -85,8 +86,10 @@ class DuoAttention(CompressionMethod):
     """
 
     name: ClassVar[str] = "duo_attention"
-    decode_input: ClassVar[str] = "none"
-    uses_log_weight: ClassVar[bool] = False
+    #: the budget is an outcome of the pattern; streaming heads evict while decoding (their own rule)
+    TRAITS: ClassVar[Traits] = Traits(
+        budget_applies=False, decode_rule=False, decode_input="none", uses_log_weight=False
+    )
 
     pattern: str | None = None
     sparsity: float = 0.5
@@ -108,16 +111,6 @@ class DuoAttention(CompressionMethod):
                 )
         self.retrieval = retrieval_heads(gates, self.sparsity)
 
-    @property
-    def budget_applies(self) -> bool:
-        """False: the kept fraction follows from the pattern and the sparsity."""
-        return False
-
-    @property
-    def budget_holds_in_decode(self) -> bool:
-        """False: retrieval heads keep every decoded token."""
-        return False
-
     def check_model(self, config) -> None:
         """The pattern has one row per layer and one gate per KV head."""
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -132,15 +125,20 @@ class DuoAttention(CompressionMethod):
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Streaming heads keep the first ``sink_size`` and last ``recent_size`` prompt tokens."""
-        b, h, n = layer.positions.shape
-        full = torch.as_tensor(self.retrieval[layer.layer_idx], device=layer.positions.device)
+        b, h, n = layer.store.positions.shape
+        full = self.retrieval_heads(layer)
         pos = torch.arange(n, device=full.device)
         window = (pos < self.sink_size) | (pos >= n - self.recent_size)
         keep = (full[:, None] | window).expand(b, h, n)
         bounds = torch.where(full, -1, self.sink_size + self.recent_size).expand(b, h)
-        layer.make_ragged(keep, bounds)
+        layer.store = layer.store.ragged(keep, bounds)
+
+    def retrieval_heads(self, layer: CompressedLayer) -> torch.Tensor:
+        """``[kv_heads]`` bool: the layer's retrieval heads."""
+        return torch.as_tensor(self.retrieval[layer.spec.layer_idx], device=layer.keys.device)
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Streaming heads over their window evict their oldest non-sink token."""
-        r = layer.ragged
-        r.drop(r.oldest(self.sink_size), r.over_bound())
+        pos = layer.store.positions  # -1 on the padding of shorter heads: never a candidate
+        over = ~self.retrieval_heads(layer) & (layer.store.head_slots() > self.sink_size + self.recent_size)
+        layer.store.drop(lowest_score(pos, pos >= self.sink_size), over)

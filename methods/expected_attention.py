@@ -25,12 +25,13 @@ future window moved to the new position, and evicts the lowest-scored unprotecte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import PromptOnlyOption, ScoreEvict
+from methods.evict import ScoreEvict
+from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.rope import rotate
 
@@ -51,7 +52,7 @@ def unpack(packed: torch.Tensor, d: int) -> torch.Tensor:
 
 
 @dataclass
-class ExpectedAttention(PromptOnlyOption, ScoreEvict):
+class ExpectedAttention(ScoreEvict):
     """Expected Attention: keep the tokens the future queries' Gaussian is expected to attend to.
 
     Parameters
@@ -77,7 +78,7 @@ class ExpectedAttention(PromptOnlyOption, ScoreEvict):
     """
 
     name: ClassVar[str] = "expected_attention"
-    decode_input: ClassVar[str] = "none"
+    TRAITS: ClassVar[Traits] = replace(ScoreEvict.TRAITS, decode_input="none")
 
     n_future_positions: int = 512
     n_sink: int = 4
@@ -130,7 +131,7 @@ class ExpectedAttention(PromptOnlyOption, ScoreEvict):
         (Welford), then the seam's fused attention."""
         q = query.float()
         if layer.spec.rotary is not None:
-            q = layer.spec.rotary.rerotate(q, 1 - layer.seen_tokens)
+            q = layer.spec.rotary.rerotate(q, 1 - layer.get_seq_length())
         q = q[:, :, 0]
         count = layer.scalars["ea_queries"]
         count += 1
@@ -152,7 +153,7 @@ class ExpectedAttention(PromptOnlyOption, ScoreEvict):
         rotary = layer.spec.rotary
         if rotary is not None:  # u_i = R_bar^T R(-t) k_i
             cos, sin = layer.aux["ea_turn"]
-            keys = rotate(rotary.rerotate(keys, 1 - layer.seen_tokens), cos, -sin)
+            keys = rotate(rotary.rerotate(keys, 1 - layer.get_seq_length()), cos, -sin)
         b, kv_heads, _, d = keys.shape
         s = layer.scalars["ea_scaling"]
         mean = layer.aux["ea_mean"].view(b, kv_heads, -1, d)
@@ -161,7 +162,7 @@ class ExpectedAttention(PromptOnlyOption, ScoreEvict):
             cov = unpack(layer.aux["ea_scatter"] / layer.scalars["ea_queries"], d).view(b, kv_heads, -1, d, d)
             spread = torch.einsum("bhsd,bhgde->bhgse", keys, cov)
             logits = logits + (spread * keys[:, :, None]).sum(-1) * (s * s / 2)
-        sink = layer.positions < self.n_sink
+        sink = layer.store.positions < self.n_sink
         probs = torch.softmax(logits.masked_fill(sink[:, :, None], float("-inf")), dim=-1)
         scores = probs.masked_fill(sink[:, :, None], 0.0).mean(dim=2)
         if self.use_vnorm:

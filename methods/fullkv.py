@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from methods.seam.contract import CompressionMethod
+from methods.seam.contract import CompressionMethod, Traits
 
 
 @dataclass
@@ -16,6 +16,6 @@ class FullKV(CompressionMethod):
     """
 
     name: ClassVar[str] = "fullkv"
-    compresses: ClassVar[bool] = False
-    decode_input: ClassVar[str] = "none"
-    uses_log_weight: ClassVar[bool] = False
+    TRAITS: ClassVar[Traits] = Traits(
+        compresses=False, budget_applies=False, decode_rule=False, decode_input="none", uses_log_weight=False
+    )

@@ -4,8 +4,8 @@ Per KV head the cache keeps the ``recent`` latest tokens plus the ``heavy`` toke
 highest accumulated attention ("heavy hitters"). The accumulated score of a token is the sum of
 the attention it received from every query while it was in the cache: at prefill the column sums
 of the causal prompt attention (computed in chunks), then one row per decode step. Once over
-budget, the lowest-scoring non-recent token is evicted at every step (docs/methods.md section 3).
-A score-then-evict rule (``methods.seam.evict``): protected = the recent window, score = accumulated
+budget, the lowest-scoring non-recent token is evicted at every step (docs/methods.md, "H2O").
+A score-then-evict rule (``methods.evict``): protected = the recent window, score = accumulated
 attention.
 """
 
@@ -17,14 +17,15 @@ from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import PromptOnlyOption, ScoreEvict
+from methods.evict import ScoreEvict
+from methods.scoring import causal_column_sums
+from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.scoring import causal_column_sums
 
 
 @dataclass
-class H2O(PromptOnlyOption, ScoreEvict):
+class H2O(ScoreEvict):
     """H2O with heavy and recent budgets splitting the budget equally (the paper's default).
 
     Parameters
@@ -48,7 +49,7 @@ class H2O(PromptOnlyOption, ScoreEvict):
     """
 
     name: ClassVar[str] = "h2o"
-    score_decay: ClassVar[float | None] = 1.0  # the accumulated attention s <- s + a, fused
+    TRAITS: ClassVar[Traits] = replace(ScoreEvict.TRAITS, score_decay=1.0)  # s <- s + a, fused
 
     heavy_ratio: float = 0.5
     recent_ratio: float = 0.5
@@ -85,13 +86,14 @@ class H2O(PromptOnlyOption, ScoreEvict):
         """The layer's budget plus the Baseline+ slots of ``state_rank`` (tokens): what H2O holds,
         and what the layer sizes its buffers from (``CompressionMethod.plan``)."""
         plan = super().plan(layer)
-        if plan.bound is None or not self.state_rank:
+        if plan.keep is None or not self.state_rank:
             return plan
         d_k, d_v = layer.keys.shape[-1], layer.values.shape[-1]
         state = (self.state_rank * d_v + self.state_rank) * 4
-        bound = plan.bound + math.ceil(state / ((d_k + d_v) * layer.keys.element_size()))
-        first, recent = self.protected(bound)
-        return replace(plan, bound=bound, keep=bound, first=first, recent=recent)
+        keep = plan.keep + math.ceil(state / ((d_k + d_v) * layer.keys.element_size()))
+        first, recent = self.protected(keep)
+        bound = None if plan.bound is None else keep
+        return replace(plan, bound=bound, keep=keep, first=first, recent=recent)
 
     def protected(self, bound: int) -> tuple[int, int]:
         """No first tokens; the recent window of :meth:`split`."""
@@ -99,9 +101,9 @@ class H2O(PromptOnlyOption, ScoreEvict):
 
     def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """Accumulated attention of every prompt token: causal column sums (H2O Sec. 3)."""
-        return causal_column_sums(query, layer.keys, scaling, self.chunk_size, softcap=layer.softcap)
+        return causal_column_sums(query, layer.keys, scaling, self.chunk_size, softcap=layer.spec.softcap)
 
     def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:
         """Accumulated attention plus this step's probabilities ``[batch, kv_heads, slots]``; None
         when the decode attention already added them (``probs`` None: ``score_decay``)."""
-        return None if probs is None else layer.state["scores"] + probs
+        return None if probs is None else layer.store.state["scores"] + probs

@@ -6,18 +6,19 @@ negative cosine similarity of its key to the anchor (Eq. 4 and Algorithm 1), so 
 different from the mean are kept (kvpress's ``KeyDiffPress``: ``anchor = normalize(keys).mean``,
 ``score = -cosine_similarity(keys, anchor)``). Attention-free: decoding uses fused attention. At every
 decode step the anchor is recomputed over the slots held (Algorithm 1 scores the cache plus the new
-token). A score-then-evict rule (``methods.seam.evict``): nothing protected (as the paper and kvpress).
+token). A score-then-evict rule (``methods.evict``): nothing protected (as the paper and kvpress).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from methods.seam.evict import PromptOnlyOption, ScoreEvict
+from methods.evict import ScoreEvict
+from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 
 
@@ -30,11 +31,11 @@ def keydiff_scores(keys: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class KeyDiff(PromptOnlyOption, ScoreEvict):
+class KeyDiff(ScoreEvict):
     """KeyDiff: per KV head, keep the tokens whose keys are least similar to the mean key direction."""
 
     name: ClassVar[str] = "keydiff"
-    decode_input: ClassVar[str] = "none"
+    TRAITS: ClassVar[Traits] = replace(ScoreEvict.TRAITS, decode_input="none")
 
     def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """Scores of the prompt's keys against the prompt's anchor."""

@@ -2,23 +2,24 @@
 
 Keys with a low L2 norm draw high attention (Sec. 3), so the cache keeps the tokens with the lowest
 key norm: score = -||k|| (kvpress's ``KnormPress``). Attention-free: decoding uses fused attention.
-A score-then-evict rule (``methods.seam.evict``): nothing protected (neither the paper nor kvpress
+A score-then-evict rule (``methods.evict``): nothing protected (neither the paper nor kvpress
 protects tokens), at prefill and at every decode step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import PromptOnlyOption, ScoreEvict
+from methods.evict import ScoreEvict
+from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 
 
 @dataclass
-class KNorm(PromptOnlyOption, ScoreEvict):
+class KNorm(ScoreEvict):
     """KNorm: per KV head, keep the tokens whose (post-RoPE) keys have the lowest L2 norm.
 
     RoPE is a rotation, so the norm is that of the pre-RoPE key. Scores ``[batch, kv_heads, slots]``
@@ -26,7 +27,7 @@ class KNorm(PromptOnlyOption, ScoreEvict):
     """
 
     name: ClassVar[str] = "knorm"
-    decode_input: ClassVar[str] = "none"
+    TRAITS: ClassVar[Traits] = replace(ScoreEvict.TRAITS, decode_input="none")
 
     def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """``-||k||`` of every prompt token."""

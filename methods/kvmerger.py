@@ -1,7 +1,7 @@
 """KVMerger: adaptive KV merging by key similarity (Wang, Jin, Yu, Zhang 2024, "Model Tells You
 Where to Merge").
 
-Once, after prefill (no official code; docs/methods.md section 8):
+Once, after prefill (no official code; docs/methods.md, "KVMerger"):
 
 1. Protect the most recent ``recent_ratio * L`` tokens and the ``heavy_ratio * L`` tokens with the
    highest aggregated attention (column sums of the causal prompt attention, chunked; GQA: group
@@ -22,15 +22,16 @@ adjacent tokens first. Decoded tokens are appended uncompressed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from methods.seam.contract import CompressionMethod
+from methods.scoring import causal_column_sums
+from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
-from methods.seam.scoring import causal_column_sums
 
 PAPER_PROTECTED_SHARE = (0.17 + 0.12) / 0.5  # protected share of the budget in the paper's 50% setting
 
@@ -62,7 +63,8 @@ class KVMerger(CompressionMethod):
     """
 
     name: ClassVar[str] = "kvmerger"
-    decode_input: ClassVar[str] = "none"  # prompt-only; its padded heads keep the log-weight bias
+    #: prompt-only; its padded heads keep the log-weight bias
+    TRAITS: ClassVar[Traits] = Traits(prompt_only=True, decode_rule=False, decode_input="none")
 
     recent_ratio: float = 0.17
     heavy_ratio: float = 0.12
@@ -70,10 +72,11 @@ class KVMerger(CompressionMethod):
     exact_budget: bool = False
     chunk_size: int = 256
 
-    @property
-    def budget_applies(self) -> bool:
-        """Only ``exact_budget`` uses the budget; with a fixed ``theta`` the ratio is an outcome."""
-        return self.exact_budget
+    @cached_property
+    def traits(self) -> Traits:
+        """The declared traits; the budget applies only with ``exact_budget`` (with a fixed
+        ``theta`` the kept ratio is an outcome)."""
+        return self.with_decode_budget(replace(self.TRAITS, budget_applies=self.exact_budget))
 
     def __post_init__(self) -> None:
         for field in ("recent_ratio", "heavy_ratio"):
@@ -83,10 +86,6 @@ class KVMerger(CompressionMethod):
             raise ValueError("recent_ratio + heavy_ratio must be <= 1")
         if not -1.0 <= self.theta <= 1.0:
             raise ValueError(f"theta must be in [-1, 1], got {self.theta}")
-
-    @property
-    def budget_holds_in_decode(self) -> bool:
-        return False
 
     def protected_counts(self, length: int, budget: int | None) -> tuple[int, int]:
         """``(recent, heavy)`` protected tokens for a prompt of ``length`` tokens."""
@@ -98,11 +97,11 @@ class KVMerger(CompressionMethod):
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Protect, identify merging sets, Gaussian-merge each set into its pivot."""
-        length = layer.n_slots
+        length = layer.store.n_slots
         budget = layer.plan.keep
         if self.exact_budget and (budget is None or length <= budget):
             return
-        acc = causal_column_sums(query, layer.keys, scaling, self.chunk_size, softcap=layer.softcap)
+        acc = causal_column_sums(query, layer.keys, scaling, self.chunk_size, softcap=layer.spec.softcap)
         protected = self._protected(acc, *self.protected_counts(length, budget))
         if self.exact_budget:
             set_id = self._adjacent_sets(layer.keys, protected, length - budget)

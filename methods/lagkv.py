@@ -20,12 +20,13 @@ scores never change after that; each step evicts the lowest-scored unprotected t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import PromptOnlyOption, ScoreEvict
+from methods.evict import ScoreEvict
+from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 
 BITS = 24  # float32 holds every integer below 2^24
@@ -40,7 +41,7 @@ def lag_std(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Ten
 
 
 @dataclass
-class LagKV(PromptOnlyOption, ScoreEvict):
+class LagKV(ScoreEvict):
     """LagKV: per KV head, keep the tokens that stand out against the next ``lag_size`` tokens.
 
     Parameters
@@ -60,7 +61,7 @@ class LagKV(PromptOnlyOption, ScoreEvict):
     """
 
     name: ClassVar[str] = "lagkv"
-    decode_input: ClassVar[str] = "none"
+    TRAITS: ClassVar[Traits] = replace(ScoreEvict.TRAITS, decode_input="none")
 
     n_sink: int = 4
     lag_size: int = 128
@@ -92,7 +93,7 @@ class LagKV(PromptOnlyOption, ScoreEvict):
     def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """Scores ``[batch, kv_heads, prompt]`` of the prompt (held in position order): partitions
         ``0 .. M - 2`` against their successors, ``M`` full partitions after the sinks."""
-        out = layer.positions.float() + TAIL
+        out = layer.store.positions.float() + TAIL
         b, h, length, d = layer.keys.shape
         lag = self.lag_size
         parts = max(length - self.n_sink, 0) // lag
@@ -113,8 +114,8 @@ class LagKV(PromptOnlyOption, ScoreEvict):
     def step_scores(self, layer: CompressedLayer, probs: None) -> torch.Tensor:
         """The stored scores, the newest token's ``2 + position``, and the partition whose
         reference completes at this step scored against the reference's held tokens."""
-        pos, stored = layer.positions, layer.state["scores"]
-        full = (layer.seen_tokens - self.n_sink) // self.lag_size  # complete partitions (-1: none)
+        pos, stored = layer.store.positions, layer.store.state["scores"]
+        full = (layer.get_seq_length() - self.n_sink) // self.lag_size  # complete partitions (-1: none)
         part = torch.div(pos - self.n_sink, self.lag_size, rounding_mode="floor")
         body = pos >= self.n_sink
         target = body & (part == full - 2) & (stored >= TAIL)  # nonempty only when ``full`` just grew

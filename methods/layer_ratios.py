@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from methods.seam.layer import CompressedLayer
-from methods.seam.wrap import LayerBudgets, spread_evenly
+from methods.wrap import LayerBudgets, spread_evenly
 
 
 @dataclass
@@ -53,4 +53,4 @@ class LayerRatios(LayerBudgets):
         one slot)."""
         total = sum(self.ratios)
         shares = spread_evenly([len(self.ratios) * budget * r / total for r in self.ratios])
-        return max(1, shares[layer.layer_idx])
+        return max(1, shares[layer.spec.layer_idx])

@@ -4,11 +4,12 @@ each layer.
 
 Sec. 3.3: lower layers attend broadly and get more slots, upper layers fewer; the budgets form an
 arithmetic sequence whose mean is the run's budget. As the official code (KVCache-Factory
-``PyramidKVCluster``) and kvpress's ``PyramidKVPress`` compute it: besides the protected tokens
-(SnapKV's observation window) a layer selects ``max - l (max - min) / (L - 1)`` tokens, with
-``min = r / beta``, ``max = 2 r - min`` for the ``r = budget - window`` tokens a uniform layer selects
-(``max`` capped at the prompt, ``min`` raised to keep the mean). The rounding is spread so the
-layers' budgets add up to exactly ``L x budget``.
+``PyramidKVCluster``) computes it: besides the protected tokens (SnapKV's observation window) a layer
+selects ``max - l (max - min) / (L - 1)`` tokens, with ``min = r / beta``, ``max = 2 r - min`` for the
+``r = budget - window`` tokens a uniform layer selects (``max`` capped at the prompt, ``min`` raised to
+keep the mean). kvpress's ``PyramidKVPress`` (0.5.5) shares the whole budget instead, window included
+(``r = budget``): at an equal budget its top layer keeps ``B / beta`` tokens, this one
+``w + (B - w) / beta``. The rounding is spread so the layers' budgets add up to exactly ``L x budget``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from methods.seam.layer import CompressedLayer
-from methods.seam.wrap import LayerBudgets, spread_evenly
+from methods.wrap import LayerBudgets, spread_evenly
 
 
 def pyramid_budgets(budget: int, protected: int, prompt: int, layers: int, beta: float) -> list[int]:
@@ -88,5 +89,5 @@ class PyramidKV(LayerBudgets):
     def layer_budget(self, layer: CompressedLayer, budget: int) -> int:
         """This layer's entry of :func:`pyramid_budgets` (protected: the scorer's under ``budget``)."""
         protected = sum(self.scorer.protected(budget))
-        schedule = pyramid_budgets(budget, protected, layer.n_slots, layer.num_layers, self.beta)
-        return schedule[layer.layer_idx]
+        schedule = pyramid_budgets(budget, protected, layer.store.n_slots, layer.spec.num_layers, self.beta)
+        return schedule[layer.spec.layer_idx]

@@ -2,18 +2,19 @@
 
 Each token gets a fixed uniform score in ``[0, 1)`` from an integer hash of (seed, layer, KV head,
 position), so the kept set is a uniformly random subset, reproducible, with no random-generator state
-(a compiled decode step stays one graph). A score-then-evict rule (``methods.seam.evict``): nothing
+(a compiled decode step stays one graph). A score-then-evict rule (``methods.evict``): nothing
 protected (as kvpress), at prefill and at every decode step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import PromptOnlyOption, ScoreEvict
+from methods.evict import ScoreEvict
+from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 
 MASK = 0xFFFFFFFF
@@ -30,7 +31,7 @@ def hashed_uniform(positions: torch.Tensor, seed: int, layer_idx: int) -> torch.
 
 
 @dataclass
-class Random(PromptOnlyOption, ScoreEvict):
+class Random(ScoreEvict):
     """Random: per KV head, keep a seeded uniformly random subset of the tokens.
 
     Parameters
@@ -40,14 +41,14 @@ class Random(PromptOnlyOption, ScoreEvict):
     """
 
     name: ClassVar[str] = "random"
-    decode_input: ClassVar[str] = "none"
+    TRAITS: ClassVar[Traits] = replace(ScoreEvict.TRAITS, decode_input="none")
 
     seed: int = 0
 
     def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """The prompt tokens' hashed scores."""
-        return hashed_uniform(layer.positions, self.seed, layer.layer_idx)
+        return hashed_uniform(layer.store.positions, self.seed, layer.spec.layer_idx)
 
     def step_scores(self, layer: CompressedLayer, probs: None) -> torch.Tensor:
         """Every slot's hashed score (fixed per token)."""
-        return hashed_uniform(layer.positions, self.seed, layer.layer_idx)
+        return hashed_uniform(layer.store.positions, self.seed, layer.spec.layer_idx)

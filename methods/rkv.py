@@ -20,11 +20,11 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from methods.seam.contract import CompressionMethod
-from methods.seam.evict import ScoreEvict
+from methods.evict import ScoreEvict
+from methods.scoring import pool_scores, window_logits
+from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.scoring import pool_scores, window_logits
 
 
 def redundancy(keys: torch.Tensor, threshold: float, chunk: int = 1024) -> torch.Tensor:
@@ -76,8 +76,7 @@ class RKV(ScoreEvict):
     """
 
     name: ClassVar[str] = "rkv"
-    decode_input: ClassVar[str] = "logits"
-    uses_log_weight: ClassVar[bool] = False
+    TRAITS: ClassVar[Traits] = replace(ScoreEvict.TRAITS, decode_input="logits")
 
     mix_lambda: float = 0.1
     window_size: int = 8
@@ -104,11 +103,14 @@ class RKV(ScoreEvict):
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """Bound = the budget (buffer included); ``keep`` = what a compression keeps; recent = the
-        observation window; ``split`` = :meth:`split`."""
+        observation window; ``split`` = :meth:`split`. Prompt-only: the prompt compressed once to the
+        budget (no buffer)."""
         plan = CompressionMethod.plan(self, layer)
-        if plan.bound is None:
+        if plan.keep is None:
             return plan
-        keep, buffer, window = self.split(plan.bound)
+        keep, buffer, window = self.split(plan.keep)
+        if plan.bound is None:
+            return replace(plan, recent=window)
         return replace(plan, keep=keep, recent=window, split=(keep, buffer, window))
 
     def protected(self, bound: int) -> tuple[int, int]:
@@ -130,22 +132,24 @@ class RKV(ScoreEvict):
     ) -> torch.Tensor | None:
         """``Z`` of every prompt token, the last ``window`` prompt queries observing; None without a
         budget."""
-        n, plan = layer.n_slots, layer.plan
+        n, plan = layer.store.n_slots, layer.plan
         if plan.keep is None:
             return None
         w = min(plan.recent, n - 1)
         if w < 1:
-            return torch.zeros(layer.positions.shape, dtype=torch.float32, device=layer.device)
-        logits = window_logits(query, layer.keys, w, scaling, layer.softcap)[..., : n - w]
+            return torch.zeros(layer.store.positions.shape, dtype=torch.float32, device=layer.keys.device)
+        logits = window_logits(query, layer.keys, w, scaling, layer.spec.softcap)[..., : n - w]
         importance = torch.softmax(logits.amax(dim=2), dim=-1).mean(dim=2)
         return self.final_scores(layer.keys, importance)
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Compress a prompt over the bound to ``plan.keep`` slots; a prompt within it is kept whole
-        (R-KV compresses only when the cache is full)."""
-        if layer.plan.bound is not None and layer.n_slots > layer.plan.bound:
+        (R-KV compresses only when the cache is full). Prompt-only: over ``plan.keep``."""
+        plan = layer.plan
+        limit = plan.keep if plan.bound is None else plan.bound
+        if limit is not None and layer.store.n_slots > limit:
             layer.store.keep(self.prefill_keep(layer, query, scaling))
-            layer.store.write("scores", torch.zeros_like(layer.state["scores"]))
+            layer.store.write("scores", torch.zeros_like(layer.store.state["scores"]))
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor) -> None:
         """Add this step's attention to the scores when the token is one of the last ``window`` before
@@ -155,19 +159,19 @@ class RKV(ScoreEvict):
         group, softmax over the tokens before the window. Steps outside the window add zero (the
         same computation at every step: one compiled graph besides the compression's).
         """
-        plan, n = layer.plan, layer.n_slots
+        plan, n = layer.plan, layer.store.n_slots
         if plan.bound is None:
             return
         keep, _, w = plan.split
-        start = layer.seen_tokens - n + plan.bound + 1 - w  # position of the window's first token
-        pos = layer.positions
+        start = layer.get_seq_length() - n + plan.bound + 1 - w  # position of the window's first token
+        pos = layer.store.positions
         logits = probs.amax(dim=2).masked_fill(pos >= start, -torch.inf)
         active = pos[..., n - 1 :] >= start  # this token is in the window
-        layer.store.write("scores", layer.state["scores"] + torch.softmax(logits, dim=-1) * active)
+        layer.store.write("scores", layer.store.state["scores"] + torch.softmax(logits, dim=-1) * active)
         if n <= plan.bound:
             return
-        z = self.final_scores(layer.keys, layer.state["scores"][..., : n - w] / w)
+        z = self.final_scores(layer.keys, layer.store.state["scores"][..., : n - w] / w)
         top = z[..., : n - w].topk(keep - w, dim=-1).indices.sort(dim=-1).values
         window = torch.arange(n - w, n, device=z.device).expand(*z.shape[:2], w)
         layer.store.keep(torch.cat([top, window], dim=-1))
-        layer.store.write("scores", torch.zeros_like(layer.state["scores"]))
+        layer.store.write("scores", torch.zeros_like(layer.store.state["scores"]))

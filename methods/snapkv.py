@@ -2,21 +2,22 @@
 
 At the end of prefill, the last ``window_size`` prompt queries (the observation window) vote for
 prefix tokens; the votes are smoothed by 1-D pooling and the top ``budget - window`` prefix
-tokens per KV head are kept together with the window itself (docs/methods.md section 4). Decoded
+tokens per KV head are kept together with the window itself (docs/methods.md, "SnapKV"). Decoded
 tokens are appended uncompressed, as in the paper, unless ``decode_budget`` is set. A
-score-then-evict rule (``methods.seam.evict``): protected = the observation window, score = pooled votes.
+score-then-evict rule (``methods.evict``): protected = the observation window, score = pooled votes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import ScoreEvict
+from methods.evict import ScoreEvict
+from methods.scoring import pool_scores, window_attention
+from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
-from methods.seam.scoring import pool_scores, window_attention
 
 POOLINGS = ("max", "avg")
 
@@ -34,9 +35,10 @@ class SnapKV(ScoreEvict):
         Pooling kernel over the prefix votes (odd; 1 disables pooling).
     pooling : str
         ``"max"`` (paper) or ``"avg"`` (library default).
-    decode_budget : bool
-        Also cap the cache while decoding: votes keep accumulating each step's attention and the
-        lowest-voted token outside the window is evicted (not in the paper).
+    decode_budget : bool | None
+        ``true``: also cap the cache while decoding (votes keep accumulating each step's attention
+        and the lowest-voted token outside the window is evicted; not in the paper). Default: the
+        paper's rule, the prompt only.
 
     Raises
     ------
@@ -45,11 +47,11 @@ class SnapKV(ScoreEvict):
     """
 
     name: ClassVar[str] = "snapkv"
+    TRAITS: ClassVar[Traits] = replace(ScoreEvict.TRAITS, prompt_only=True)
 
     window_size: int = 32
     kernel_size: int = 7
     pooling: str = "max"
-    decode_budget: bool = False
 
     def __post_init__(self) -> None:
         if self.window_size < 1:
@@ -58,16 +60,6 @@ class SnapKV(ScoreEvict):
             raise ValueError(f"kernel_size must be odd and >= 1, got {self.kernel_size}")
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
-
-    @property
-    def decode_input(self) -> str:
-        """``probs`` with ``decode_budget`` (votes keep accumulating), else ``none``."""
-        return "probs" if self.decode_budget else "none"
-
-    @property
-    def budget_holds_in_decode(self) -> bool:
-        """Only with ``decode_budget``: else decoding grows the layer past the budget."""
-        return self.decode_budget
 
     def window(self, budget: int) -> int:
         """Observation window (tokens) used with a budget."""
@@ -82,14 +74,19 @@ class SnapKV(ScoreEvict):
     ) -> torch.Tensor | None:
         """Votes of the observation window, pooled over the prefix (SnapKV Sec. 4); None when the
         prompt fits the budget (nothing to select)."""
-        length, plan = layer.n_slots, layer.plan
+        length, plan = layer.store.n_slots, layer.plan
         if plan.keep is None or length <= plan.keep:
             return None
         w = plan.recent
-        votes = window_attention(query, layer.keys, w, scaling, layer.softcap).sum(dim=2)
+        votes = window_attention(query, layer.keys, w, scaling, layer.spec.softcap).sum(dim=2)
         prefix = pool_scores(votes[..., : length - w], self.kernel_size, self.pooling)
         return torch.cat([prefix, votes[..., length - w :]], dim=-1)
 
+    def score_scale(self, layer: CompressedLayer) -> float:
+        """``1 / w``: the votes are summed over the observation window of ``w`` queries (the ranking is
+        the same), kvpress's ``SnapKVPress`` averages them (CriticalKV's epsilon is on that scale)."""
+        return 1.0 / layer.plan.recent
+
     def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:
-        """With ``decode_budget``: votes plus this step's probabilities; else unchanged."""
-        return layer.state["scores"] + probs if self.decode_budget else None
+        """Votes plus this step's probabilities (``decode_budget=true``)."""
+        return layer.store.state["scores"] + probs

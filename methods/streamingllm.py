@@ -6,23 +6,24 @@ positions are assigned by cache index, so relative distances never exceed the ca
 Because the recent window is contiguous, that is the same as keeping every key at its original
 position and moving only the sinks forward by the number of evicted tokens; the sinks are
 re-rotated on the fly at each decode step (``methods.seam.rope.LayerRotary``, the layer's own RoPE).
-A score-then-evict rule (``methods.seam.evict``): protected = the sinks and the recent window, which
+A score-then-evict rule (``methods.evict``): protected = the sinks and the recent window, which
 fill the budget; ranked by position.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import PromptOnlyOption, ScoreEvict
+from methods.evict import ScoreEvict
+from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 
 
 @dataclass
-class StreamingLLM(PromptOnlyOption, ScoreEvict):
+class StreamingLLM(ScoreEvict):
     """Attention sinks + recent window.
 
     Parameters
@@ -45,8 +46,7 @@ class StreamingLLM(PromptOnlyOption, ScoreEvict):
     """
 
     name: ClassVar[str] = "streamingllm"
-    decode_input: ClassVar[str] = "none"
-    state_fill: ClassVar[dict[str, float]] = {}
+    TRAITS: ClassVar[Traits] = replace(ScoreEvict.TRAITS, decode_input="none", state_fill={})
 
     n_sink: int = 4
     rerotate: bool = True
@@ -79,13 +79,13 @@ class StreamingLLM(PromptOnlyOption, ScoreEvict):
         ValueError
             With ``rerotate`` on a model without rotary embeddings.
         """
-        evicted = layer.seen_tokens - layer.n_slots
+        evicted = layer.get_seq_length() - layer.store.n_slots
         n = layer.plan.first
         if self.rerotate and evicted > 0 and n > 0:
             if layer.spec.rotary is None:
                 raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
             if "sink_keys" not in layer.aux:  # first eviction: the stored sinks are still the originals
                 layer.aux["sink_keys"] = layer.keys[:, :, :n].clone()
-            sinks = torch.arange(n, device=layer.device).expand(*layer.positions.shape[:2], n)
+            sinks = torch.arange(n, device=layer.keys.device).expand(*layer.store.positions.shape[:2], n)
             layer.store.replace(sinks, keys=layer.spec.rotary.rerotate(layer.aux["sink_keys"], evicted))
         return super().decode_attention(layer, query, scaling)

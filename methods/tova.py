@@ -2,7 +2,7 @@
 
 At every decode step the token with the lowest attention from the current query, averaged over all
 heads of the layer, is dropped (Sec. 3.3, the TOVA policy); at prefill the last prompt query ranks
-the prompt (as kvpress's ``TOVAPress``). A score-then-evict rule (``methods.seam.evict``): protected =
+the prompt (as kvpress's ``TOVAPress``). A score-then-evict rule (``methods.evict``): protected =
 the newest token (kvpress gives it the maximal score; the paper protects nothing), score = this
 step's attention. docs/extending.md shows this class as its worked example.
 """
@@ -14,13 +14,13 @@ from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import PromptOnlyOption, ScoreEvict
+from methods.evict import ScoreEvict
+from methods.scoring import window_attention
 from methods.seam.layer import CompressedLayer
-from methods.seam.scoring import window_attention
 
 
 @dataclass
-class TOVA(PromptOnlyOption, ScoreEvict):
+class TOVA(ScoreEvict):
     """TOVA: keep the tokens the current query attends to most, averaged over every head of the layer.
 
     Scores are ``[batch, kv_heads, slots]``, the same for every KV head (the mean of the group-mean
@@ -52,7 +52,7 @@ class TOVA(PromptOnlyOption, ScoreEvict):
 
     def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """The last prompt query's attention over the prompt, averaged over all heads."""
-        probs = window_attention(query, layer.keys, 1, scaling, layer.softcap)[:, :, -1]
+        probs = window_attention(query, layer.keys, 1, scaling, layer.spec.softcap)[:, :, -1]
         return probs.mean(1, keepdim=True).expand_as(probs)
 
     def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:

@@ -11,14 +11,16 @@ Slot layout: residual slots first (``positions == -1``), then context and proxim
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import ClassVar
 
 import torch
 
-from methods.seam.contract import CompressionMethod
-from methods.seam.layer import CompressedLayer, gather_slots
+from methods.scoring import causal_column_sums, keep_index, lowest_score, pool_scores, window_attention
+from methods.seam.contract import CompressionMethod, Traits
+from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.scoring import causal_column_sums, keep_index, lowest_score, pool_scores, window_attention
+from methods.seam.store import gather_slots
 
 ORDERS = ("code", "paper")
 
@@ -58,7 +60,7 @@ class ZSMerge(CompressionMethod):
     """
 
     name: ClassVar[str] = "zsmerge"
-    state_fill: ClassVar[dict[str, float]] = {"scores": 0.0, "fusion": 1.0}
+    TRAITS: ClassVar[Traits] = Traits(state_fill={"scores": 0.0, "fusion": 1.0})
 
     proximity_ratio: float = 0.5
     residual_ratio: float = 0.02
@@ -114,14 +116,16 @@ class ZSMerge(CompressionMethod):
         return b_p, b_c, b_r
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
-        """The contract's plan with :meth:`split` of the bound (``plan.split``)."""
+        """The contract's plan with :meth:`split` of the budget (``plan.split``; the prompt's when the
+        method is prompt-only)."""
         plan = super().plan(layer)
-        return plan if plan.bound is None else replace(plan, split=self.split(plan.bound))
+        return plan if plan.keep is None else replace(plan, split=self.split(plan.keep))
 
-    @property
-    def score_decay(self) -> float:  # type: ignore[override]
-        """``lambda`` of Eq. 5, ``s <- lambda s + a``, fused into the decode attention."""
-        return self.lam
+    @cached_property
+    def traits(self) -> Traits:
+        """The declared traits with ``score_decay = lam``: Eq. 5, ``s <- lambda s + a``, fused into
+        the decode attention."""
+        return self.with_decode_budget(replace(self.TRAITS, score_decay=self.lam))
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
@@ -131,18 +135,20 @@ class ZSMerge(CompressionMethod):
         near-equal size and each group is averaged into one residual slot (fusion count = group
         size, score = max of its members), as the official code's ``cache_init`` does.
         """
-        length = layer.n_slots
+        length = layer.store.n_slots
         window = length if self.window_size is None else min(self.window_size, length)
         decay = self.lam ** torch.arange(window - 1, -1, -1, device=query.device, dtype=torch.float32)
         if self.window_size is None:
-            scores = causal_column_sums(query, layer.keys, scaling, row_weights=decay, softcap=layer.softcap)
+            scores = causal_column_sums(
+                query, layer.keys, scaling, row_weights=decay, softcap=layer.spec.softcap
+            )
         else:
-            probs = window_attention(query, layer.keys, window, scaling, layer.softcap)
+            probs = window_attention(query, layer.keys, window, scaling, layer.spec.softcap)
             scores = (probs * decay[:, None]).sum(dim=2)
         scores = pool_scores(scores, self.pool_kernel)
         layer.store.write("scores", scores)
         layer.scalars["residual"] = 0
-        if layer.plan.bound is None or length <= layer.plan.bound:
+        if layer.plan.keep is None or length <= layer.plan.keep:
             return
         b_p, b_c, b_r = layer.plan.split
         kept = keep_index(scores, 0, b_c, b_p)
@@ -154,10 +160,12 @@ class ZSMerge(CompressionMethod):
             layer.store.reset(
                 keys=torch.cat([keys, layer.keys], dim=2),
                 values=torch.cat([values, layer.values], dim=2),
-                log_weight=torch.cat([self.alpha * fusion.log(), layer.log_weight], dim=-1),
-                positions=torch.cat([torch.full_like(res_scores, -1, dtype=torch.long), layer.positions], -1),
-                scores=torch.cat([res_scores, layer.state["scores"]], dim=-1),
-                fusion=torch.cat([fusion, layer.state["fusion"]], dim=-1),
+                log_weight=torch.cat([self.alpha * fusion.log(), layer.store.log_weight], dim=-1),
+                positions=torch.cat(
+                    [torch.full_like(res_scores, -1, dtype=torch.long), layer.store.positions], -1
+                ),
+                scores=torch.cat([res_scores, layer.store.state["scores"]], dim=-1),
+                fusion=torch.cat([fusion, layer.store.state["fusion"]], dim=-1),
             )
             layer.scalars["residual"] = b_r
 
@@ -189,7 +197,7 @@ class ZSMerge(CompressionMethod):
             sums = members.new_zeros((b, h, b_r, t.shape[-1])).index_add_(2, group, members)
             return (sums / counts[:, None].to(acc)).to(t.dtype)
 
-        scores = layer.state["scores"].gather(2, leftover)
+        scores = layer.store.state["scores"].gather(2, leftover)
         res_scores = scores.new_zeros((b, h, b_r)).scatter_reduce_(
             2, group.expand(b, h, n), scores, "amax", include_self=False
         )
@@ -198,20 +206,22 @@ class ZSMerge(CompressionMethod):
     # ------------------------------------------------------------------ decode
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Eq. 5 score update (done by the decode attention when ``probs`` is None:
-        :attr:`score_decay`), then one eviction: fill a residual slot or merge (Eqs. 6-7)."""
+        :attr:`Traits.score_decay`), then one eviction: fill a residual slot or merge (Eqs. 6-7)."""
         if probs is not None:
-            layer.store.write("scores", layer.state["scores"] * self.lam + probs)
+            layer.store.write("scores", layer.store.state["scores"] * self.lam + probs)
         if layer.plan.bound is None:
             return
         b_p, b_c, b_r = layer.plan.split
-        leaving = layer.seen_tokens - 1 - b_p  # position of the token that just left the proximity window
+        leaving = (
+            layer.get_seq_length() - 1 - b_p
+        )  # position of the token that just left the proximity window
         # One eviction per step once the cache is full; more only while a prompt that fit the budget
         # overflows B_p + B_c for the first time.
-        while layer.n_slots - layer.scalars["residual"] > b_p + b_c:
+        while layer.store.n_slots - layer.scalars["residual"] > b_p + b_c:
             n_res = layer.scalars["residual"]
-            pos = layer.positions
+            pos = layer.store.positions
             candidates = (pos >= 0) & ((pos <= leaving) if self.order == "paper" else (pos < leaving))
-            victim = lowest_score(layer.state["scores"], candidates)
+            victim = lowest_score(layer.store.state["scores"], candidates)
             if n_res < b_r:
                 self._to_residual(layer, victim, n_res)
                 continue
@@ -237,7 +247,7 @@ class ZSMerge(CompressionMethod):
         k_i = gather_slots(layer.keys, v_idx)
         dots = torch.matmul(layer.keys[:, :, :n_res].float(), k_i.float().transpose(-1, -2)).squeeze(-1)
         j_idx = dots.argmax(dim=-1, keepdim=True)
-        fusion, scores = layer.state["fusion"], layer.state["scores"]
+        fusion, scores = layer.store.state["fusion"], layer.store.state["scores"]
         w_i, w_j = fusion.gather(2, v_idx), fusion.gather(2, j_idx)
         total = w_i + w_j
         best = torch.maximum(scores.gather(2, j_idx), scores.gather(2, v_idx))

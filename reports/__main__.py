@@ -16,12 +16,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from reports.cli import Parser, check_out, default_results_dir, open_store, positive_int, run
+from reports.paired import RESAMPLES
 from reports.runs import Filters
 from reports.store import ResultStore, renamed_override
+from reports.versus import check_baseline
 from tasks.errors import KVBenchError
 
 FIGURES = ("budget", "niah", "pareto", "memory")
 COMMANDS = (*FIGURES, "ruler", "runs", "summary", "table", "reindex")
+#: The commands that compare methods (``--baseline``); experiment reports do too.
+COMPARED = ("ruler", "summary", "budget")
 
 
 def _figures(args, store: ResultStore) -> list:
@@ -29,7 +33,7 @@ def _figures(args, store: ResultStore) -> list:
 
     filters = Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit)
     builders: dict[str, Callable[[], list]] = {
-        "budget": lambda: budget.build(store, filters, args.metric),
+        "budget": lambda: budget.build(store, filters, args.metric, args.baseline, args.resamples),
         "niah": lambda: niah.build(store, filters, args.metric),
         "pareto": lambda: pareto.build(store, filters, args.metric, args.memory),
         "memory": lambda: memory.build(store, filters),
@@ -41,6 +45,8 @@ def figure_command(args, store: ResultStore, out: Path) -> int:
     """Draw a figure report; print where its PNG, PDF and CSV went and any warnings."""
     for plot in _figures(args, store):
         files = plot.save(out)
+        if plot.text:
+            print(plot.text)
         for note in plot.notes:
             print(note, file=sys.stderr)
         print("written: " + ", ".join(str(p) for p in files))
@@ -49,13 +55,13 @@ def figure_command(args, store: ResultStore, out: Path) -> int:
 
 def ruler_command(args, store: ResultStore, out: Path) -> int:
     """The RULER leaderboard: Markdown tables on stdout and in ``ruler.md``, the figure and its CSV."""
-    from reports import ruler, ruler_figure
+    from reports import ruler, ruler_figure, ruler_table
 
     filters = Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit)
     found = ruler.rows(store, filters)
-    board = ruler.leaderboard(found.frame)
-    text = ruler.markdown(board, args.label, found.pairing)
-    plot = ruler_figure.draw(board, args.label, found.pairing)
+    compared = ruler_table.paired(ruler.leaderboard(found.frame), store, args.baseline, args.resamples)
+    text = ruler_table.markdown(compared.frame, args.label, found.pairing, compared)
+    plot = ruler_figure.draw(compared.frame, args.label, found.pairing)
     files = plot.save(out)
     (out / "ruler.md").write_text(text, encoding="utf-8")
     print(text)
@@ -105,7 +111,7 @@ def summary_command(args, store: ResultStore, out: Path) -> int:
     """Methods ranked per budget across tasks (``summary.md``)."""
     from reports.summary import render
 
-    text, path, warnings = render(store, out, args.resamples)
+    text, path, warnings = render(store, out, args.resamples, args.baseline)
     print(text)
     for warning in warnings:
         print(warning, file=sys.stderr)
@@ -117,7 +123,7 @@ def experiment_command(args, store: ResultStore, out: Path) -> int:
     """An experiment's table and figure (``configs/experiment/<name>.yaml``)."""
     from reports.experiment import build
 
-    report = build(args.name, args.scale, store.root, out, args.overrides)
+    report = build(args.name, args.scale, store.root, out, args.overrides, args.baseline, args.resamples)
     print(report.markdown)
     for note in report.notes:
         print(note, file=sys.stderr)
@@ -162,7 +168,14 @@ def parser() -> Parser:
         choices=("ratio", "budget"),
         help="ruler: label rows by kvpress's compression ratio or by the budget (kept fraction)",
     )
-    p.add_argument("--resamples", type=positive_int, default=1000, help="summary: bootstrap resamples")
+    p.add_argument(
+        "--baseline",
+        help="ruler, summary, budget, experiment reports: also compare each setting with this method "
+        "(or preset) at the same budget or compression ratio",
+    )
+    p.add_argument(
+        "--resamples", type=positive_int, default=RESAMPLES, help="bootstrap resamples of every interval"
+    )
     return p
 
 
@@ -180,6 +193,11 @@ def _main(argv: Sequence[str]) -> int:
         raise KVBenchError(f"{args.name} takes no overrides (got {' '.join(args.overrides)})")
     if (renamed := renamed_override(args.overrides)) is not None:
         raise KVBenchError(renamed)
+    if args.baseline is not None and args.name in set(COMMANDS) - set(COMPARED):
+        raise KVBenchError(
+            f"--baseline applies to {', '.join(COMPARED)} and experiment reports, not {args.name}"
+        )
+    check_baseline(args.baseline)
     store = open_store(args.results_dir, need_records=args.name in COMMANDS)
     out = check_out(Path(args.out) if args.out else store.root / "reports")
     return HANDLERS.get(args.name, experiment_command)(args, store, out)

@@ -16,7 +16,9 @@ import pandas as pd
 from matplotlib import transforms
 
 from reports import style
+from reports.paired import RESAMPLES
 from reports.pairing import Pairing, pair_frame
+from reports.persample import setting_scores, stratum
 from reports.runs import (
     MIN_N,
     SMALL_N,
@@ -28,6 +30,7 @@ from reports.runs import (
     sample_values,
 )
 from reports.store import ResultStore
+from reports.versus import differences
 from tasks.errors import KVBenchError
 
 #: Sideways distance between the lines of neighbouring methods (points, display only).
@@ -85,6 +88,7 @@ def quality_points(
                 "budget_unit": first["budget_unit"],
                 "budget_realised": bool(first["budget_realised"]),
                 "reference": bool(first["reference"]),
+                "protocol": first["protocol"],
                 "metric": metric,
                 "n": n,
                 "mean": mean,
@@ -259,7 +263,29 @@ def draw_lines(ax, part: pd.DataFrame) -> None:
     ax.autoscale_view()
 
 
-def build(store: ResultStore, filters: Filters, metric: str | None = None) -> list[style.Plot]:
-    """The ``budget`` report: one :class:`~reports.style.Plot` (see :func:`draw`)."""
+def build(
+    store: ResultStore,
+    filters: Filters,
+    metric: str | None = None,
+    baseline: str | None = None,
+    n_resamples: int = RESAMPLES,
+) -> list[style.Plot]:
+    """The ``budget`` report: one :class:`~reports.style.Plot` (see :func:`draw`) whose CSV and
+    Markdown hold each compressed setting's paired difference from FullKV and ``baseline`` at the
+    same budget (:func:`reports.versus.differences`).
+
+    Raises
+    ------
+    KVBenchError
+        See :func:`quality_points`; and when ``baseline`` has no run on the compared samples.
+    """
     points, metric, pairing = quality_points(store, filters, metric)
-    return [draw(points, metric, pairing=pairing)]
+    task = str(points["task"].iloc[0])
+    scores = setting_scores(store, points["run_ids"], task, metric)
+    level = ["budget", "budget_unit", "protocol"]
+    found = differences(points, scores, ["model"], level, baseline, n_resamples, stratum(task, metric))
+    plot = draw(found.frame, metric, pairing=pairing)
+    keys = {"model": "model", "label": "method", "budget": "budget", "budget_unit": "unit"}
+    rows = found.frame.sort_values(["model", "label", "budget"], kind="stable")
+    plot.text = f"# {task}: paired differences in {metric}\n\n{found.markdown(keys, metric, rows)}\n"
+    return [plot]

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pandas as pd
 
 from reports import cli
+from reports.paired import RESAMPLES
 from reports.pairing import Pairing, describe, pair_frame
+from reports.persample import setting_scores, stratum
 from reports.presets import non_default_settings
 from reports.runs import Filters, records_frame
+from reports.store import ResultStore
 from reports.tables import DASH, budget_text, display, missing
+from reports.versus import Compared, check_baseline, differences
 from tasks.errors import KVBenchError
 
 __all__ = ["comparison", "main", "non_default_settings"]
@@ -76,6 +81,7 @@ def comparison(records: list[dict], task: str | None = None, pairing: Pairing | 
             "budget unit": "" if missing(run["budget_unit"]) else run["budget_unit"],
             "budget realised": bool(run["budget_realised"]),
             "n": run["n"],
+            "run_id": run["run_id"],
         }
         row.update({k: round(v, 2) for k, v in run["metrics"].items()})
         for key, (label, decimals) in EFFICIENCY_COLUMNS.items():
@@ -89,12 +95,40 @@ def comparison(records: list[dict], task: str | None = None, pairing: Pairing | 
         return out
     out["_budget"] = out["budget"].astype(float).fillna(float("inf"))
     out = out.sort_values(["task", "model", "_budget", "method"], ascending=[True, True, False, True])
-    efficiency = [label for label, _ in EFFICIENCY_COLUMNS.values()] + ["wall s"]
+    efficiency = [label for label, _ in EFFICIENCY_COLUMNS.values()] + ["wall s", "run_id"]
     out = out[[c for c in out.columns if c not in efficiency] + efficiency]
     for label, decimals in EFFICIENCY_COLUMNS.values():
         if decimals == 0 and label in out:
             out[label] = out[label].astype("Int64")
     return out.drop(columns="_budget").reset_index(drop=True)
+
+
+def paired(
+    store: ResultStore,
+    frame: pd.DataFrame,
+    runs: pd.DataFrame,
+    baseline: str | None = None,
+    n_resamples: int = RESAMPLES,
+) -> Compared:
+    """Each run of :func:`comparison`'s ``frame`` against FullKV and ``baseline`` at the same budget
+    and protocol, in its task's primary metric (the record's first), on the same sample ids
+    (:func:`reports.versus.differences`); ``runs`` are :func:`quality_runs` (labels, protocols).
+
+    Raises
+    ------
+    KVBenchError
+        When ``baseline`` has no run on the compared samples, or is ambiguous.
+    """
+    info = runs.set_index("run_id")
+    settings = frame.assign(
+        label=frame["run_id"].map(info["label"]),
+        reference=frame["run_id"].map(info["reference"]).astype(bool),
+        protocol=frame["run_id"].map(info["protocol"]),
+        metric=frame["run_id"].map(info["metrics"].map(lambda ms: next(iter(ms), None))),
+    )
+    scores = [setting_scores(store, [r.run_id], r.task, str(r.metric))[0] for r in settings.itertuples()]
+    level = ["budget", "budget unit", "protocol"]
+    return differences(settings, scores, ["task", "model"], level, baseline, n_resamples)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -109,26 +143,38 @@ def _main(argv: Sequence[str]) -> int:
     parser.add_argument("--results-dir", dest="results_dir_opt", default=None)
     parser.add_argument("--task", default=None)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--baseline", help="also compare each run with this method (or preset) at its budget")
+    parser.add_argument("--resamples", type=cli.positive_int, default=RESAMPLES, help="bootstrap resamples")
     args = parser.parse_args(argv)
+    check_baseline(args.baseline)
     root = args.results_dir or args.results_dir_opt or cli.default_results_dir()
     store = cli.open_store(root)
     records = store.records()
-    pairing = pair_frame(store, quality_runs(records, args.task))
+    runs = quality_runs(records, args.task)
+    pairing = pair_frame(store, runs)
     frame = comparison(records, args.task, pairing)
     if frame.empty:
         of_task = f" of task {args.task}" if args.task else ""
         raise KVBenchError(f"no finished quality runs{of_task} under {root}/runs")
+    found = paired(store, frame, runs, args.baseline, args.resamples)
+    metric = found.frame.groupby("task")["metric"].first()
+    where = frame.columns.get_loc("decode tok/s")
+    for header, cells in found.text_columns().items():
+        frame.insert(where, header, cells)
+        where += 1
     frame["budget"] = [
         f"kept {100 * b:.0f}% of {u}" if kept else budget_text(b, u or None)  # kept: an outcome
         for b, u, kept in zip(frame["budget"], frame["budget unit"], frame["budget realised"], strict=True)
     ]
-    frame = frame.drop(columns=["budget unit", "budget realised"])
+    frame = frame.drop(columns=["budget unit", "budget realised", "run_id"])
     for task, part in frame.groupby("task", sort=True):
         part = part.drop(columns="task").dropna(axis=1, how="all")  # only this task's metrics
         text = display(part).replace({"": DASH})
         print(f"## {task}\n" if args.markdown else f"task: {task}")
         print(text.to_markdown(index=False) if args.markdown else text.to_string(index=False))
-        print()
+        rows = found.frame[found.frame["task"] == task]
+        caption = replace(found, stratified=stratum(task, metric[task])).caption(rows, str(metric[task]))
+        print(f"\n{caption}\n" if args.markdown else f"{caption}\n")
     for (model, task), key in pairing.samples.items():
         print(f"compared on the same samples: {model}, {task}: {describe(key)}")
     for note in pairing.notes():

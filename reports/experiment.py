@@ -28,6 +28,7 @@ from reports import figures, style, tables
 from reports.cells import display_keys, markdown, ordered
 from reports.frame import job_frame, near_misses, not_done, report_jobs
 from reports.kinds import KINDS, Context
+from reports.paired import RESAMPLES
 from reports.pairing import Pairing, describe, model_key, pair_frame
 from reports.shards import ShardedStore
 from reports.store import ResultStore, atomic_write_text, setting_of
@@ -46,18 +47,25 @@ class Report:
 
 
 def build(
-    experiment: str, scale: str, results_dir: str | Path, out_dir: str | Path, overrides: Sequence[str] = ()
+    experiment: str,
+    scale: str,
+    results_dir: str | Path,
+    out_dir: str | Path,
+    overrides: Sequence[str] = (),
+    baseline: str | None = None,
+    n_resamples: int = RESAMPLES,
 ) -> Report:
     """Render ``experiment`` at ``scale`` from the store under ``results_dir`` into ``out_dir``
     (``<experiment>_<scale>.md``/``.tex``, and ``.png``/``.pdf``/``.csv`` when it has a figure).
 
     ``overrides`` are the extra command-line overrides the sweep ran with (``seed=0,1,2``: each
-    cell then averages the seeds).
+    cell then averages the seeds). A table of quality runs is followed by each cell's paired
+    difference from FullKV and ``baseline`` (:mod:`reports.experiment_paired`, ``n_resamples``).
 
     Raises
     ------
     KVBenchError
-        For an unknown experiment.
+        For an unknown experiment, or a ``baseline`` without a run on the compared samples.
     """
     store = ShardedStore(results_dir)
     base, jobs, records = report_jobs(experiment, scale, overrides, store)
@@ -71,7 +79,7 @@ def build(
     stem = Path(out_dir) / f"{experiment}_{scale}"
     models = ordered(frame["model"].map(str))
     title = f"{spec.title} ({scale}: {', '.join(models)})"
-    ctx = Context(frame, spec, jobs, records, index, store, title, models)
+    ctx = Context(frame, spec, jobs, records, index, store, title, models, baseline, n_resamples)
     table, plots, extra = KINDS[spec.kind](ctx)
     distinct = frame.drop_duplicates("run_id")
     finished = int(distinct["status"].isin(["ok", UNPAIRED]).sum())
@@ -91,6 +99,7 @@ def build(
     ]
     for heading, part in extra:
         lines += ["", f"## {heading}", "", markdown(display_keys(part, hue))]
+        lines += ["", part.attrs["caption"]] if part.attrs.get("caption") else []
     missing = not_done(frame[frame["status"] != UNPAIRED])
     lines += ["", "## Missing or failed runs", ""]
     lines.append(markdown(missing) if len(missing) else "none")

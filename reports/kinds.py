@@ -13,7 +13,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from reports import figures, style
 from reports.cells import ordered, paper_cells, spread_reference, wide_table, with_paper
+from reports.experiment_paired import HEADING, paired_table
 from reports.frame import cell_means, label
+from reports.paired import RESAMPLES
 from reports.runs import budget_axis, mean_interval, pooled_scores, sample_values
 from reports.store import ResultStore
 
@@ -21,7 +23,8 @@ from reports.store import ResultStore
 @dataclass
 class Context:
     """What every report kind reads: the job frame, the spec, the jobs, their records (by run id),
-    the table's index keys, the store, the figure title and the models of our runs."""
+    the table's index keys, the store, the figure title, the models of our runs, and the
+    ``--baseline`` and ``--resamples`` of the paired differences."""
 
     frame: pd.DataFrame
     spec: DictConfig
@@ -31,6 +34,8 @@ class Context:
     store: ResultStore
     title: str
     models: list[str]
+    baseline: str | None = None
+    n_resamples: int = RESAMPLES
 
     def hue(self, key: str) -> figures.Hue:
         """The hue of ``key`` with the spec's ``legend`` names and title."""
@@ -135,6 +140,9 @@ def _table_kind(ctx: Context) -> Rendered:
                 )
             )
     extra = []
+    differences = paired_table(ctx, [*index, *columns], values)
+    if differences is not None:
+        extra.append((HEADING, differences))
     if spec.get("per_dataset"):  # LongBench: one column per subset the runs scored (record protocol)
         subsets = ordered(
             s

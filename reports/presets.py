@@ -40,7 +40,7 @@ def _value(v: object) -> str:
 def differences(config: dict, preset: dict, base: dict) -> dict:
     """Hyperparameters where ``config`` differs from ``preset``; a key the config lacks takes the
     method's base value (``base``)."""
-    keys = [k for k in dict.fromkeys([*preset, *config]) if k != "_target_"]
+    keys = [k for k in dict.fromkeys([*preset, *config]) if k not in ("_target_", "decode_budget")]
     full = base | config
     return {k: full.get(k) for k in keys if full.get(k) != preset.get(k, base.get(k))}
 
@@ -95,7 +95,7 @@ def _raw(name: str) -> dict:
 
 
 #: ``_target_`` -> whether a method config ignores the budget: the reports' copy of
-#: ``CompressionMethod.budget_applies`` (no torch here), used only to name the run id of a run
+#: ``Traits.budget_applies`` (no torch here), used only to name the run id of a run
 #: that is not stored yet; tests check it against the methods for every experiment job.
 BUDGET_IGNORED: dict[str, object] = {
     "methods.duo_attention.DuoAttention": lambda config: True,

@@ -9,7 +9,8 @@ budgets in slots or in fractions of the context window have none and are left ou
 
 Runs are compared only on the same samples (:mod:`reports.pairing`), per length: a run over several
 lengths joins each length's table with that length's samples and ``<task>/len<L>`` scores. FullKV
-compresses nothing, so it is the reference of both protocols of its model and length.
+compresses nothing, so it is the reference of both protocols of its model and length. The tables,
+with each setting's paired difference and rank, are :mod:`reports.ruler_table`'s.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from reports.pairing import Pairing, pair, sample_key
-from reports.runs import Filters, records_frame
+from reports.runs import Filters, decoding_tag, records_frame
 from reports.store import ResultStore
 from reports.style import preset_label
-from reports.tables import budget_text, display
+from reports.tables import budget_text
+from reports.versus import COLUMNS
 from tasks.errors import KVBenchError
 from tasks.generators.ruler_builders import TASKS
 
@@ -46,8 +48,9 @@ LABELS = {
 GROUP = ["model", "length", "protocol"]
 #: The columns of :func:`rows`' frame that are not scores (besides ``n/<task>``).
 ROW_COLUMNS = frozenset(
-    {"run_id", "model", "task", "method", "label", "reference", "length", "query_aware", "key"}
+    {"run_id", "model", "task", "method", "preset", "label", "reference", "length", "query_aware", "key"}
     | {"other_inputs", "protocol", "compression_ratio", "budget", "n", "avg", "runs", "run_ids"}
+    | {"rank", "paired_n", *COLUMNS}  # reports.ruler_table's
 )
 
 
@@ -155,8 +158,11 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
             counts = pd.Series([s.get("task") for s in here], dtype=object).value_counts()
             scores = _scores(run["metrics"], length, len(lengths) > 1)
             out.append(
-                {k: run[k] for k in ("run_id", "model", "task", "method", "reference", "other_inputs")}
-                | {"label": _name(run)}
+                {k: run[k] for k in ("run_id", "model", "task", "method", "preset", "reference")}
+                | {
+                    "other_inputs": run["other_inputs"],
+                    "label": f"{_name(run)} {decoding_tag(record)}".strip(),
+                }
                 | {"length": length, "query_aware": qa, "key": key, "compression_ratio": ratio}
                 | {"budget": 1.0 if run["reference"] else float(run["budget"]), "n": len(here) or run["n"]}
                 | {f"n/{t}": int(c) for t, c in counts.items() if t is not None}
@@ -206,7 +212,7 @@ def leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
     count and ids; FullKV first in each group, then by label and ratio."""
     tasks = task_columns(frame)
     counts = sorted(c for c in frame.columns if c.startswith("n/"))
-    keys = [*GROUP, "method", "label", "reference", "compression_ratio", "budget"]
+    keys = [*GROUP, "method", "preset", "label", "reference", "compression_ratio", "budget"]
     board = (
         frame.groupby(keys, sort=False, dropna=False)
         .agg(
@@ -220,32 +226,3 @@ def leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
     order = board.assign(first=~board["reference"], name=board["label"].str.lower())
     order = order.sort_values([*GROUP, "first", "name", "compression_ratio"], kind="stable")
     return order.drop(columns=["first", "name"]).reset_index(drop=True)
-
-
-def markdown(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = None) -> str:
-    """One Markdown table per (model, length, protocol): the method, its ``--label`` column,
-    ``avg`` and each task's score (2 decimals), under a heading with the samples per task; then
-    the samples compared and the runs left out (``pairing``)."""
-    column, header = LABELS[label]
-    parts = ["# RULER leaderboard (scores x100)"]
-    for (model, length, protocol), part in board.groupby(GROUP, sort=False):
-        tasks = task_columns(part)
-        per_task = ", ".join(f"{t} {int(part[f'n/{t}'].max())}" for t in tasks if f"n/{t}" in part)
-        n = int(part["n"].max())
-        parts += ["", f"## {model}, {length:,} tokens, {protocol}", ""]
-        parts.append(f"Samples: {n}" + (f" ({per_task})" if per_task else "") + ".")
-        shown = pd.DataFrame(
-            {"method": part["label"], header: part[column].map(lambda v: f"{v:g}")}
-            | {t: part[t] for t in ["avg", *tasks]}
-        )
-        align = ("left", *["right"] * (shown.shape[1] - 1))
-        parts += ["", display(shown).to_markdown(index=False, disable_numparse=True, colalign=align)]
-    if pairing is not None and (pairing.unpaired or pairing.no_reference):
-        parts += [
-            "",
-            "## Not compared",
-            "",
-            *[f"- {line.removeprefix('note: ')}" for line in pairing.unpaired_notes()],
-        ]
-    parts += pairing.other_section() if pairing is not None else []
-    return "\n".join(parts) + "\n"

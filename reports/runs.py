@@ -41,12 +41,26 @@ def budget_axis(budget: object, unit: str | None) -> str | None:
     return unit or "prompt"
 
 
+def decoding_tag(record: dict) -> str:
+    """``prompt-only`` or ``decode-time`` when a run decoded otherwise than its task's protocol says
+    (``config.task.decode_budget``; unset: the method's paper rule): ``protocol.decoding`` against
+    ``protocol.paper_decoding``; else empty (also for runs recorded before the key)."""
+    proto = record.get("protocol") or {}
+    rule = proto.get("decoding")
+    default = ((record.get("config") or {}).get("task") or {}).get("decode_budget")
+    expected = (
+        proto.get("paper_decoding") if default is None else ("decode-time" if default else "prompt-only")
+    )
+    return rule if rule and rule != expected else ""
+
+
 def protocol_tag(record: dict) -> str:
     """``query_aware=false`` for a compressing run whose question was appended after compression
-    (``config.task.query_aware``), so reports never pool it with query-aware runs; else empty."""
+    (``config.task.query_aware``), so reports never pool it with query-aware runs, and its
+    :func:`decoding_tag`; else empty."""
     task = (record.get("config") or {}).get("task") or {}
     agnostic = task.get("query_aware") is False and not is_reference(record.get("method") or "")
-    return "query_aware=false" if agnostic else ""
+    return " ".join(t for t in ("query_aware=false" if agnostic else "", decoding_tag(record)) if t)
 
 
 def row(record: dict) -> dict:
@@ -74,6 +88,7 @@ def row(record: dict) -> dict:
         "preset": preset,
         "settings": settings,
         "label": preset_label(method, preset, f"{settings} {protocol_tag(record)}".strip()),
+        "protocol": protocol_tag(record),
         "task": record.get("task"),
         "limit": (cfg.get("task") or {}).get("limit"),
         "task_config": cfg.get("task") or {},
@@ -156,6 +171,7 @@ def row_columns() -> list[str]:
         "preset",
         "settings",
         "label",
+        "protocol",
         "task",
         "limit",
         "task_config",

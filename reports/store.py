@@ -152,7 +152,7 @@ def run_config(cfg: DictConfig, budget_applies: bool = True) -> dict:
     cfg : DictConfig
         The composed job config.
     budget_applies : bool
-        False for a method that ignores the budget (``CompressionMethod.budget_applies``).
+        False for a method that ignores the budget (``Traits.budget_applies``).
     """
     config = OmegaConf.to_container(cfg, resolve=True)
     uses_task, uses_budget = IDENTITY_RULES.get(cfg.runner.name, (True, True))

@@ -171,16 +171,22 @@ def save(fig, stem: Path, data: pd.DataFrame | None = None) -> list[Path]:
 @dataclass
 class Plot:
     """A drawn figure before it is saved: the matplotlib ``Figure``, the numbers it shows (written
-    as CSV beside it), the file stem and notes for the console (e.g. small-n warnings)."""
+    as CSV beside it), the file stem, notes for the console (e.g. small-n warnings) and Markdown
+    that goes with it (printed, and written as ``<stem>.md``; none when empty)."""
 
     fig: object
     data: pd.DataFrame
     stem: str
     notes: list[str]
+    text: str = ""
 
     def save(self, out_dir: Path) -> list[Path]:
-        """:func:`save` into ``out_dir``."""
-        return save(self.fig, Path(out_dir) / self.stem, self.data)
+        """:func:`save` into ``out_dir``, and :attr:`text` as ``<stem>.md``."""
+        paths = save(self.fig, Path(out_dir) / self.stem, self.data)
+        if self.text:
+            paths.append((Path(out_dir) / self.stem).with_suffix(".md"))
+            paths[-1].write_text(self.text, encoding="utf-8")
+        return paths
 
 
 def caption(fig, text: str) -> None:

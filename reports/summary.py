@@ -8,7 +8,8 @@ percentile bootstrap, 95%). Runs are compared within a (model, task) only on the
 budget) methods are ranked by mean (1 = best; FullKV, the only reference, joins every budget of
 its model and task); a method that ignores the budget (KVMerger at a fixed theta) is ranked in its
 own ``outcome`` group with the fraction it kept; a method's summary rank is its mean rank over the
-tasks it ran.
+tasks it ran. Each budget's ranking is followed by each setting's paired difference from FullKV and
+from ``--baseline`` (:mod:`reports.summary_paired`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pandas as pd
 from scipy.stats import bootstrap
 
 from reports.frame import label
+from reports.paired import RESAMPLES, SEED
 from reports.pairing import Pairing, describe, pair_frame
 from reports.runs import MIN_N, SMALL_N, Filters, pooled_scores, runs_frame, sample_values
 from reports.store import ResultStore
@@ -29,7 +31,7 @@ from tasks.errors import KVBenchError
 CONFIDENCE = 0.95
 
 
-def interval(scores: list[float], n_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+def interval(scores: list[float], n_resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float]:
     """Percentile-bootstrap 95% confidence interval of the mean (within the scores' range; NaN for
     fewer than :data:`~reports.runs.MIN_N` samples)."""
     if len(scores) < MIN_N:
@@ -47,12 +49,13 @@ def interval(scores: list[float], n_resamples: int = 1000, seed: int = 0) -> tup
 OUTCOME = "outcome"
 
 
-def scored_runs(store: ResultStore, n_resamples: int = 1000) -> tuple[pd.DataFrame, Pairing]:
+def scored_runs(store: ResultStore, n_resamples: int = RESAMPLES) -> tuple[pd.DataFrame, Pairing]:
     """One row per (model, task, budget, method label) of finished quality runs with per-sample
     scores, one run per setting (the newest finished) and paired on the same samples within each
     (model, task) (:func:`reports.pairing.pair`): model, task, budget (``outcome`` for a method
     that ignores it, with the fraction ``kept``), method label, ``reference`` (FullKV), metric (the
-    first of the record's), n, mean, CI bounds. Runs of several seeds are averaged per sample id
+    first of the record's), n, mean, CI bounds, and the method's registry name, preset, protocol
+    tag and run ids. Runs of several seeds are averaged per sample id
     (:func:`reports.runs.pooled_scores`). Returns the rows and the pairing (the runs left out and
     why, the runs on other inputs)."""
     infos = runs_frame(store, Filters(runner="quality"))
@@ -62,19 +65,22 @@ def scored_runs(store: ResultStore, n_resamples: int = 1000) -> tuple[pd.DataFra
         budget_key=[OUTCOME if r.budget_realised else label(r.budget) for r in infos.itertuples()],
         metric=infos["metrics"].map(lambda ms: next(iter(ms), None)),
     )
-    keys = ["model", "task", "budget_key", "budget_unit", "label"]
+    keys = ["model", "task", "budget_key", "budget_unit", "protocol", "label"]
     rows = []
-    for (model, task, budget, unit, method), group in infos.groupby(keys, sort=False, dropna=False):
+    for (model, task, budget, unit, protocol, method), group in infos.groupby(keys, sort=False, dropna=False):
         metric = group["metric"].iloc[0]
         scores = pooled_scores([sample_values(store, rid, metric, True) for rid in group["run_id"]])
         if metric is None or not scores:
             continue
         low, high = interval(scores, n_resamples)
         kept = group["budget"].iloc[0] if budget == OUTCOME else None
+        first = group.iloc[0]
         rows.append({
             "model": model, "task": task, "budget": budget, "budget_unit": unit, "kept": kept,
-            "method": method, "reference": bool(group["reference"].iloc[0]),
+            "method": method, "reference": bool(first["reference"]),
             "metric": metric, "n": len(scores), "mean": float(np.mean(scores)), "low": low, "high": high,
+            "registry": first["method"], "preset": first["preset"], "protocol": protocol,
+            "run_ids": " ".join(group["run_id"]),
         })  # fmt: skip
     frame = pd.DataFrame(rows)
     if frame.empty:
@@ -128,21 +134,29 @@ def _budget_order(budget: str) -> tuple[int, float]:
     return (0 if value <= 1 else 1, -value)
 
 
-def render(store: ResultStore, out_dir: str | Path, n_resamples: int = 1000) -> tuple[str, Path, list[str]]:
+def render(
+    store: ResultStore, out_dir: str | Path, n_resamples: int = RESAMPLES, baseline: str | None = None
+) -> tuple[str, Path, list[str]]:
     """Write ``summary.md`` under ``out_dir``; returns its text, its path and warnings (runs with
     fewer than :data:`~reports.runs.SMALL_N` samples, whose bootstrap intervals are unreliable,
-    runs left out because they were scored on other samples, runs on other inputs).
+    runs left out because they were scored on other samples, runs on other inputs). Each budget's
+    ranking is followed by the paired differences from FullKV and ``baseline``
+    (:mod:`reports.summary_paired`).
 
     Raises
     ------
     KVBenchError
-        When the store holds no finished quality run with per-sample scores (nothing is written).
+        When the store holds no finished quality run with per-sample scores, or ``baseline`` has
+        no run on the compared samples (nothing is written).
     """
+    from reports import summary_paired
     from reports.store import atomic_write_text
 
     runs, pairing = scored_runs(store, n_resamples)
     if runs.empty:
         raise KVBenchError(f"no finished quality runs with per-sample scores under {store.root}/runs")
+    paired = summary_paired.compared(store, runs, baseline, n_resamples)
+    deltas = summary_paired.tables(paired)
     lines = [
         "# Summary: methods ranked per budget across tasks",
         "",
@@ -169,6 +183,10 @@ def render(store: ResultStore, out_dir: str | Path, n_resamples: int = 1000) -> 
             "budget as an outcome (kept fraction of the prompt)" if budget == OUTCOME else f"budget {budget}"
         )
         lines += ["", f"## {heading}", "", shown.to_markdown(index=False, floatfmt=".2f", missingval="–")]
+        if budget in deltas:
+            table = deltas[budget].to_markdown(index=False, disable_numparse=True)
+            lines += ["", f"Paired differences at {heading}:", "", table]
+            lines += ["", paired.caption(paired.frame[paired.frame["budget"] == budget], "the metric")]
     lines += ["", "## Compared samples", ""]
     lines += [f"- {', '.join(group)}: {describe(key)}" for group, key in pairing.samples.items()]
     unpaired = pairing.unpaired_notes()

@@ -84,14 +84,15 @@ _SPECIAL = re.compile(r"([&%$#_{}])")
 
 
 def tex(text: object) -> str:
-    """LaTeX-escaped text of a cell (``&%$#_{}`` escaped, ``~^\\`` spelled out, ``–`` for empty)."""
+    """LaTeX-escaped text of a cell (``&%$#_{}`` escaped, ``~^\\`` spelled out, ``–`` for empty,
+    ``Δ`` as ``$\\Delta$``)."""
     if missing(text):
         return "--"
     if isinstance(text, float):
         return f"{text:.2f}"
     out = str(text).replace("\\", r"\textbackslash{}").replace("~", r"\textasciitilde{}")
     out = out.replace("^", r"\textasciicircum{}").replace("–", "--")
-    return _SPECIAL.sub(r"\\\1", out)
+    return _SPECIAL.sub(r"\\\1", out).replace("Δ", r"$\Delta$")
 
 
 def split_header(column: str) -> tuple[str, str]:

@@ -15,9 +15,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from methods import CompressedCache, CompressionMethod, FullKV, resolve_budget
+from methods import CompressedCache, CompressionMethod, FullKV
 from methods.seam.architecture import LayerSpec, layer_specs
 from methods.seam.step import decode_step, prefill_step
+from runners.budget import resolve_budget
 from runners.build import build_components, load_prompts, refuse_untrained
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model
@@ -70,10 +71,10 @@ class ShadowCaches:
         for i, cache in enumerate(self.caches):
             layer = cache.layers[layer_idx]
             layer.update(keys, values)
-            if not layer.prefilled:
-                prefill_step(layer, query, None, None, scale)  # prefill output is uncompressed
+            if layer.plan is None:
+                prefill_step(cache.rules[layer_idx], layer, query, None, None, scale)  # uncompressed output
                 continue
-            approx = decode_step(layer, query, scale)
+            approx = decode_step(cache.rules[layer_idx], layer, query, scale)
             self.error_sum[i, layer_idx] += float((approx.float() - reference).norm() / norm)
             self.steps[i, layer_idx] += 1
 
@@ -94,7 +95,7 @@ def run_attention_error(cfg: DictConfig) -> dict:
         cfg_b = OmegaConf.merge(cfg, {"budget": b})
         build_components(cfg_b)  # validates each budget with the method's assets
     method, task = build_components(cfg)
-    if not method.compresses:
+    if not method.traits.compresses:
         raise KVBenchError(
             "runner=error compares a compressing method with FullKV; method=fullkv has no error"
         )
@@ -103,7 +104,7 @@ def run_attention_error(cfg: DictConfig) -> dict:
             "runner=error compresses whole prompts; run it with task.query_aware=true "
             f"(task {task.name} is set query-agnostic)"
         )
-    config = run_config(cfg, method.budget_applies)
+    config = run_config(cfg, method.traits.budget_applies)
     tokenizer, samples, prompts = load_prompts(cfg, task)
     store, rid, done = stored_run(cfg, config, print_error_table, samples)
     if done is not None:

@@ -1,6 +1,6 @@
 """Batched greedy generation (``runner.batch_size``): each prompt is prefilled on its own into its own
 compressed cache, then the decode steps of up to ``batch_size`` prompts run in one model forward
-(:class:`~methods.seam.rows.RowsCache`), continuously: a row that ends (EOS, stop token, max tokens)
+(:class:`~runners.rows.RowsCache`), continuously: a row that ends (EOS, stop token, max tokens)
 leaves the batch at once, and the next prompt's prefill takes its place.
 
 A row's tokens are those of its batch-1 run (:func:`runners.generate.greedy_generate`): its attention,

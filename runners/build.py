@@ -7,20 +7,24 @@ Order (bad input fails before anything expensive): :func:`check_run` (results di
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from methods import METHOD_REGISTRY, CompressionMethod, validate_budget
+from methods import METHOD_REGISTRY, CompressionMethod
 from reports.store import renamed_in_config
+from runners.budget import validate_budget
+from runners.kernel_proof import check_kernels
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
 from tasks import TASK_REGISTRY, Task
+from tasks.chat import template_kwargs
 from tasks.errors import KVBenchError
 
 #: ``method.checkpoint`` of a method run with untrained weights (``method=less_random``): its
@@ -192,25 +196,79 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
     ------
     KVBenchError
         For a bad budget, unknown method target, bad hyperparameters, bad model config, an
-        unsupported architecture or a missing method asset (LESS kernels: the message gives the
-        training command, with this run's :func:`model_options`). Fills the model config's null
-        fields from the model's own config (``runners.models.resolve_model_config``).
+        unsupported architecture, a Triton kernel that fails its proof with ``kernels=triton``
+        (``runners.kernel_proof.check_kernels``) or a missing method asset (LESS kernels: the
+        message gives the training command, with this run's :func:`model_options`). Fills the
+        model config's null fields from the model's own config
+        (``runners.models.resolve_model_config``).
     """
     try:
         validate_budget(cfg.budget, cfg.budget_unit)
     except ValueError as err:
         raise KVBenchError(str(err)) from err
-    method = build_node(cfg.method, "method", METHOD_REGISTRY)
+    method = apply_decode_rule(cfg, build_node(cfg.method, "method", METHOD_REGISTRY))
     text = resolve_model_config(cfg.model)
     try:
         method.check_model(text)
     except ValueError as err:
         raise KVBenchError(f"method {method.label}: {err}") from err
+    check_kernels(cfg, text)
     try:
         method.attach_assets(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
     except FileNotFoundError as err:
         raise KVBenchError(str(err).replace("<model options>", model_options(cfg.model))) from err
     return method
+
+
+def decode_rule(cfg: DictConfig) -> bool | None:
+    """The run's ``decode_budget`` (``CompressionMethod.decode_budget``): the top-level option, else
+    the method config's, else the task protocol's (``task.decode_budget``: RULER's false, the kvpress
+    leaderboard's rule); None leaves the method's paper rule.
+
+    Raises
+    ------
+    KVBenchError
+        For a value that is not true, false or null.
+    """
+    for node, key in (
+        (cfg, "decode_budget"),
+        (cfg.method, "decode_budget"),
+        (cfg.get("task"), "decode_budget"),
+    ):
+        value = node.get(key) if node is not None else None
+        if value is not None and not isinstance(value, bool):
+            raise KVBenchError(f"decode_budget must be true, false or null, got {value!r}")
+        if value is not None:
+            return value
+    return None
+
+
+def apply_decode_rule(cfg: DictConfig, method: CompressionMethod) -> CompressionMethod:
+    """``method`` under the run's :func:`decode_rule`, which is written into ``cfg.method`` (so the run
+    is stored under the rule it ran: the same computation has one id however it was asked for).
+    FullKV, whose decoding no rule changes, is left as it is."""
+    rule = decode_rule(cfg)
+    if rule is None or not method.traits.compresses or method.decode_budget == rule:
+        return method
+    with open_dict(cfg):
+        cfg.method.decode_budget = rule
+    return dataclasses.replace(method, decode_budget=rule)
+
+
+def decoding_protocol(method: CompressionMethod) -> dict:
+    """What a run records of its method's decoding: ``decoding`` (``prompt-only``: the prompt
+    compressed once, every later token kept; ``decode-time``: the method's rule runs at every decode
+    step) and ``paper_decoding``, the method's own rule; both None for FullKV."""
+    if not method.traits.compresses:
+        return {"decoding": None, "paper_decoding": None}
+
+    def name(prompt_only: bool) -> str:
+        return "prompt-only" if prompt_only else "decode-time"
+
+    return {
+        "decoding": name(method.traits.prompt_only),
+        "paper_decoding": name(method.paper().traits.prompt_only),
+    }
 
 
 def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
@@ -226,15 +284,28 @@ def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
 
 
 def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.Tensor]]:
-    """The tokenizer, the task's samples and their encoded prompts ``[1, prompt]``.
+    """The tokenizer, the task's samples and their encoded prompts ``[1, prompt]``; the task renders
+    chat templates with ``model.chat_template_kwargs`` (``tasks.chat.template_kwargs``: null gives
+    ``enable_thinking=false`` where the template reads it), recorded in its protocol.
 
     Raises
     ------
     KVBenchError
-        If the task selects no samples (and as ``Task.load`` for missing or unreadable data).
+        If the task selects no samples (and as ``Task.load`` for missing or unreadable data), or for
+        a ``model.chat_template_kwargs`` that is not a dict.
     """
     tokenizer = load_tokenizer(cfg.model)
+    configured = cfg.model.get("chat_template_kwargs")
+    configured = OmegaConf.to_container(configured) if isinstance(configured, DictConfig) else configured
+    task.chat_template_kwargs = template_kwargs(tokenizer, configured)
     samples = task.load(tokenizer)
     if not samples:
         raise KVBenchError(f"task {task.name} selected no samples")
     return tokenizer, samples, [task.encode(tokenizer, s) for s in samples]
+
+
+def run_budget(cfg: DictConfig, method: CompressionMethod) -> float | int | None:
+    """The budget the run compresses to: the configured one, or None where the method's traits say
+    it does not apply (FullKV; KVMerger at a fixed ``theta`` and DuoAttention, whose kept fraction is
+    an outcome)."""
+    return cfg.budget if method.traits.budget_applies else None

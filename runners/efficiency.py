@@ -18,8 +18,9 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from methods import CompressionMethod, resolve_budget
-from runners.build import build_method
+from methods import CompressionMethod
+from runners.budget import resolve_budget
+from runners.build import build_method, run_budget
 from runners.environment import (
     peak_device_bytes,
     peak_rss_bytes,
@@ -130,13 +131,15 @@ def run_efficiency(cfg: DictConfig) -> dict:
     """
     method = build_method(cfg)  # fills model.max_context from the model's config
     check_shape(cfg)
-    config = run_config(cfg, method.budget_applies)
+    config = run_config(cfg, method.traits.budget_applies)
     store, rid, done = stored_run(cfg, config, print_summary)
     if done is not None:
         return done
     print(f"loading model {cfg.model.name}", flush=True)
     model = load_model(cfg.model, cfg.device)
-    budget = resolve_budget(config["budget"], cfg.runner.prompt_len, cfg.model.max_context, cfg.budget_unit)
+    budget = resolve_budget(
+        run_budget(cfg, method), cfg.runner.prompt_len, cfg.model.max_context, cfg.budget_unit
+    )
     r = cfg.runner
     record = new_record(
         rid, config, method.label, "synthetic", model.device,

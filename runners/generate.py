@@ -204,7 +204,7 @@ def step_rows(rows: list[Row]) -> None:
     """One decode step of every row (its last token, at its own position, on its own cache) and its
     greedy next token: one row takes its run's own step (eager or compiled), several rows one eager
     forward (:func:`runners.model_run.forward_rows`). Each row records the step's wall time."""
-    device = rows[0].run.cache.layers[0].device
+    device = rows[0].run.cache.layers[0].keys.device
     tokens = torch.tensor([row.result.tokens[-1] for row in rows], device=device)
     start = time.perf_counter()
     if len(rows) == 1:
@@ -237,7 +237,7 @@ def begin_generation(
     """
     cache = run.cache
     prefill_tokens = run.seen
-    prefill_slots, head_slots = [layer.real_slots() for layer in cache.layers], cache.head_spread()
+    prefill_slots, head_slots = cache.real_slots(), cache.head_spread()
     start = time.perf_counter()
     if run.seen < input_ids.shape[1]:
         logits = run.append(input_ids[:, run.seen :])

@@ -42,7 +42,7 @@ class GenerationResult:
     budget : int | None
         Resolved slot budget.
     counters : dict[str, int]
-        The method's event counters over all layers (``CompressionMethod.counters``).
+        The method's event counters over all layers (``Traits.counters``).
     """
 
     tokens: list[int]

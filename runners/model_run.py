@@ -7,16 +7,21 @@ model's one-token forward, cache seam and method included; CUDA graphs on CUDA v
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
-from kernels.switch import Switch
+from kernels.switch import RAN, Switch
 from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
-from methods.seam.rows import RowsCache
+from runners.kernel_proof import prove_for_model
+from runners.rows import RowsCache
 
 __all__ = [
     "BACKENDS",
     "ModelRun",
+    "cache_arguments",
     "compiled_forward",
     "forward_rows",
     "get_decode_backend",
@@ -105,7 +110,10 @@ class ModelRun:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         compiled = self.backend == "compiled" and observer is None
+        if compiled:  # a traced step cannot prove a kernel: prove them all now (kernels.proof)
+            prove_for_model(model)
         self._decode = compiled_forward(model) if compiled else model
+        self._steps = "compiled" if compiled else "eager"
 
     def _forward(self, forward, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
         batch, new = input_ids.shape
@@ -127,7 +135,23 @@ class ModelRun:
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (``[batch]``); returns the logits ``[batch, vocab]``."""
+        RAN.note("backend", self._steps)
         return self._forward(self._decode, tokens[:, None])
+
+
+@functools.cache
+def _cache_keyword(function) -> str:
+    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
+
+
+def cache_arguments(forward, cache: CompressedCache | RowsCache) -> dict:
+    """The keyword arguments that hand ``cache`` to ``forward`` (a model, or its compiled forward):
+    under the name the model's own forward declares (``cache`` in current transformers, where
+    ``past_key_values`` is deprecated; ``past_key_values`` in earlier 5.x releases), looked up once
+    per forward function, and as ``kvbench_cache`` for the attention function
+    (``methods.seam.attention``)."""
+    function = inspect.unwrap(forward.forward if isinstance(forward, torch.nn.Module) else forward)
+    return {_cache_keyword(getattr(function, "__func__", function)): cache, "kvbench_cache": cache}
 
 
 def model_forward(
@@ -139,15 +163,14 @@ def model_forward(
     **kwargs,
 ) -> torch.Tensor:
     """One call of ``forward`` (the model, or its compiled forward) on ``input_ids`` ``[batch, new]``
-    at ``positions`` ``[batch, new]`` with ``cache`` handed to the attention function
-    (``kvbench_cache``); returns the last position's logits ``[batch, vocab]``."""
+    at ``positions`` ``[batch, new]`` with ``cache`` (:func:`cache_arguments`); returns the last
+    position's logits ``[batch, vocab]``."""
     out = forward(
         input_ids=input_ids,
         position_ids=positions,
-        past_key_values=cache,
         use_cache=True,
-        kvbench_cache=cache,
         kvbench_observer=observer,
+        **cache_arguments(forward, cache),
         **kwargs,
     )
     return out.logits[:, -1]
@@ -155,8 +178,9 @@ def model_forward(
 
 def forward_rows(model: torch.nn.Module, runs: list[ModelRun], tokens: torch.Tensor) -> torch.Tensor:
     """One eager decode forward of several runs, one token each (``tokens`` ``[rows]``), each at its
-    own position on its own cache (:class:`~methods.seam.rows.RowsCache`); returns the logits
+    own position on its own cache (:class:`~runners.rows.RowsCache`); returns the logits
     ``[rows, vocab]`` and advances every run by one token."""
+    RAN.note("backend", "eager")
     positions = torch.tensor([[run.seen] for run in runs], device=tokens.device)
     logits = model_forward(model, tokens[:, None], positions, RowsCache([run.cache for run in runs]))
     for run in runs:

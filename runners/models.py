@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from methods.seam.architecture import UnsupportedArchitectureError, check_supported, text_config
 from methods.seam.attention import ATTN_IMPLEMENTATION
 from runners.model_sources import MODEL_SOURCES, default_name, safe_name
+from tasks.chat import check_template_kwargs
 from tasks.errors import KVBenchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -29,7 +30,10 @@ DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 LONGBENCH_ROOM = 640
 
 #: Keys every loader takes, besides its own (``runners.model_sources.ModelSource``).
-COMMON_KEYS = {"name", "loader", "dtype", "device_map", "max_context", "longbench_max_input_tokens"}
+COMMON_KEYS = {
+    "name", "loader", "dtype", "device_map", "max_context", "longbench_max_input_tokens",
+    "chat_template_kwargs",
+}  # fmt: skip
 
 
 def _source(cfg: DictConfig) -> str | Path:
@@ -43,8 +47,8 @@ def validate_model_config(cfg: DictConfig) -> None:
     Raises
     ------
     KVBenchError
-        For an unknown loader, an unknown or missing key, a bad dtype, ``device_map`` or context
-        length, or a missing embedded-model package.
+        For an unknown loader, an unknown or missing key, a bad dtype, ``device_map``, context
+        length or ``chat_template_kwargs`` (a dict or null), or a missing embedded-model package.
     """
     loader = cfg.get("loader")
     if loader not in MODEL_SOURCES:
@@ -65,6 +69,8 @@ def validate_model_config(cfg: DictConfig) -> None:
     device_map = cfg.get("device_map")
     if device_map is not None and not isinstance(device_map, DictConfig) and device_map not in DEVICE_MAPS:
         raise KVBenchError(f"model.device_map must be one of {DEVICE_MAPS} or a dict, got {device_map!r}")
+    kwargs = cfg.get("chat_template_kwargs")
+    check_template_kwargs(OmegaConf.to_container(kwargs) if isinstance(kwargs, DictConfig) else kwargs)
     for key in ("max_context", "longbench_max_input_tokens"):
         value = cfg.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

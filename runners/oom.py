@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from methods import resolve_budget
+from runners.budget import resolve_budget
 from runners.build import build_method, check_device
 from runners.record import failure, is_oom, new_record, recording, run_config, stored_run
 from tasks.errors import KVBenchError
@@ -109,7 +109,7 @@ def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Modu
     method = build_method(cfg)
     model = model if model is not None else load_model(cfg.model, "cpu")
     budget = resolve_budget(
-        None if not method.budget_applies else cfg.budget,
+        None if not method.traits.budget_applies else cfg.budget,
         prompt_len,
         cfg.model.max_context,
         cfg.budget_unit,
@@ -231,7 +231,7 @@ def run_oom(cfg: DictConfig) -> dict:
 
     method = build_method(cfg)  # fills model.max_context from the model's config
     check_search(cfg)
-    config = run_config(cfg, method.budget_applies)
+    config = run_config(cfg, method.traits.budget_applies)
     store, rid, done = stored_run(cfg, config, print_summary)
     if done is not None:
         return done

@@ -15,11 +15,12 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from methods import CompressionMethod, resolve_budget
+from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from runners.batched import decode_rows, start_row
-from runners.build import build_components, load_prompts, refuse_untrained
+from runners.budget import resolve_budget
+from runners.build import build_components, decoding_protocol, load_prompts, refuse_untrained, run_budget
 from runners.environment import (
     peak_device_bytes,
     peak_rss_bytes,
@@ -78,18 +79,18 @@ def check_lengths(cfg: DictConfig, task: Task, samples: list, prompts: list) -> 
 
 
 def question_starts(tokenizer, task: Task, samples: list, prompts: list) -> list[int | None]:
-    """Where each prompt's question starts (``Task.question_start``) when the task is run
-    query-agnostic (``task.query_aware=false``: the context is compressed, then the question is
-    appended); all None when it is run query-aware.
+    """Where each prompt's uncompressed chunk starts (``Task.chunk_start``): the question's first
+    token when the task is run query-agnostic (``task.query_aware=false``: the context is
+    compressed, then the question is appended); for RULER run query-aware, the first token after
+    the question (end of turn, generation prompt, answer prefix: kvpress's ``compress_questions``);
+    None where the whole prompt is compressed.
 
     Raises
     ------
     KVBenchError
         If the task has no context/question split for a sample.
     """
-    if task.query_aware:
-        return [None] * len(samples)
-    return [task.question_start(tokenizer, s, p) for s, p in zip(samples, prompts, strict=True)]
+    return [task.chunk_start(tokenizer, s, p) for s, p in zip(samples, prompts, strict=True)]
 
 
 def check_budgets(
@@ -101,9 +102,9 @@ def check_budgets(
     task: Task,
     starts: list[int | None],
 ) -> list[int | None]:
-    """Each sample's slot budget (``methods.seam.budget.resolve_budget``; a prompt fraction is of
-    the tokens the prefill compresses: the whole prompt, or the context before the question of a
-    query-agnostic run, as kvpress's compression ratio; a context fraction is of
+    """Each sample's slot budget (``runners.budget.resolve_budget``; a prompt fraction is of
+    the tokens the prefill compresses: the whole prompt, or the tokens before the appended chunk
+    (``starts``), as kvpress's compression ratio; a context fraction is of
     ``model.max_context``), checked with the method (``CompressionMethod.check_budget``) before any
     model loads.
 
@@ -122,7 +123,7 @@ def check_budgets(
             except ValueError as err:
                 raise KVBenchError(
                     f"sample {sample.id}: budget={budget} ({cfg.budget_unit}) gives {slots} slots for its "
-                    f"{compressed}-token {'prompt' if start is None else 'context'}: {err}"
+                    f"{compressed}-token {'prompt' if start is None else 'compressed part'}: {err}"
                 ) from err
         out.append(slots)
     return out
@@ -234,7 +235,7 @@ def run_quality(cfg: DictConfig) -> dict:
     batch_size = check_batch_size(cfg)
     check_shards(cfg)
     method, task = build_components(cfg)
-    config = run_config(cfg, method.budget_applies)
+    config = run_config(cfg, method.traits.budget_applies)
     tokenizer, every, prompts = load_prompts(cfg, task)
     samples, prompts = shard_samples(cfg, every, prompts)  # the run is identified by every sample
     store, rid, done = stored_run(cfg, config, print_summary, every)
@@ -243,7 +244,7 @@ def run_quality(cfg: DictConfig) -> dict:
         return done
     check_lengths(cfg, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
-    budgets = check_budgets(cfg, method, config["budget"], samples, prompts, task, starts)
+    budgets = check_budgets(cfg, method, run_budget(cfg, method), samples, prompts, task, starts)
     print(f"loading model {cfg.model.name}", flush=True)
     model = load_model(cfg.model, cfg.device)
     eos = eos_token_ids(model, tokenizer)
@@ -254,7 +255,10 @@ def run_quality(cfg: DictConfig) -> dict:
         task.name,
         model.device,
         data_source=task.source,
-        protocol=task.protocol() | {"eos_token_ids": sorted(eos)} | layer_protocol(layer_specs(model)),
+        protocol=task.protocol()
+        | {"eos_token_ids": sorted(eos)}
+        | layer_protocol(layer_specs(model))
+        | decoding_protocol(method),
         n_samples=len(samples),
     )
     results: list[GenerationResult] = []

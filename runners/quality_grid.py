@@ -31,7 +31,14 @@ from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from reports.shards import whole_run_id
 from reports.store import ResultStore, setting_id
-from runners.build import build_components, check_run, load_prompts, refuse_untrained
+from runners.build import (
+    build_components,
+    check_run,
+    decoding_protocol,
+    load_prompts,
+    refuse_untrained,
+    run_budget,
+)
 from runners.generate import GenerationResult, eos_token_ids
 from runners.models import load_model
 from runners.quality import (
@@ -140,7 +147,7 @@ def _prepare(cfg: DictConfig) -> tuple[list[Setting], list[dict], tuple]:
         check_run(scfg)
         refuse_untrained(scfg)
         method, task = build_components(scfg)
-        config = run_config(scfg, method.budget_applies)
+        config = run_config(scfg, method.traits.budget_applies)
         if setting_id(config) in seen:  # FullKV ignores the budget: one run
             continue
         seen.add(setting_id(config))
@@ -174,7 +181,9 @@ def run_quality_grid(cfg: DictConfig) -> dict:
     check_lengths(cfg, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
     for s in settings:
-        s.budgets = check_budgets(s.cfg, s.method, s.config["budget"], samples, prompts, task, starts)
+        s.budgets = check_budgets(
+            s.cfg, s.method, run_budget(s.cfg, s.method), samples, prompts, task, starts
+        )
     print(f"{len(settings)} setting(s) to run, {len(finished)} already finished", flush=True)
     if settings:
         _run(cfg, settings, task, tokenizer, samples, prompts, starts, batch_size)
@@ -206,7 +215,7 @@ def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts
         for s in settings:
             s.record = new_record(
                 s.rid, s.config, s.method.label, task.name, model.device, data_source=task.source,
-                protocol=protocol, n_samples=len(samples), grid=grid,
+                protocol=protocol | decoding_protocol(s.method), n_samples=len(samples), grid=grid,
                 presets=(presets() or {}) | {"method": s.preset, "runner": "quality"},
             )  # fmt: skip
             stack.enter_context(recording(s.cfg, s.store, s.record, s.predictions, s.count_done))

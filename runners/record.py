@@ -24,6 +24,7 @@ from reports.store import (  # noqa: F401
     setting_id,
 )
 from runners.environment import device_info, git_sha, package_versions, release_free_memory, reset_peak_memory
+from runners.kernel_proof import decode_paths, start_decode_paths
 from runners.run_lock import lock_run
 from tasks.data import samples_fingerprint
 
@@ -204,9 +205,11 @@ def recording(
     (and not raised), any other exception as ``error`` (and raised, marked ``kvbench_recorded``),
     Ctrl-C / SIGTERM (``KeyboardInterrupt``, ``SystemExit``) as ``interrupted`` (and raised);
     ``wall_seconds`` is set. The peak-memory window starts here (``reset_peak_memory``), so
-    every run of a sweep process reports its own peak. A status the body set before raising (a grid's
+    every run of a sweep process reports its own peak, and so does ``decode``, what the decode
+    path ran (``runners.kernel_proof.decode_paths``). A status the body set before raising (a grid's
     runner says which sample stopped it) is kept."""
     start = time.perf_counter()
+    start_decode_paths()
     release_free_memory()
     reset_peak_memory(record_device(record))
     try:
@@ -225,6 +228,7 @@ def recording(
         if record.get("status") == "running":  # a runner that returned without saying how it ended
             record.update(status="error", error="the runner ended without setting a status")
         record["wall_seconds"] = time.perf_counter() - start
+        record["decode"] = decode_paths()
         if before_write is not None:
             before_write()
         finish(cfg, store, record, predictions or [])

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import traceback
 from collections.abc import Callable
 
 from omegaconf import DictConfig
 
-from kernels import set_backend
-from methods.less.train import run_train_less
+from kernels import KernelProofError, set_backend
 from runners.attention_error import run_attention_error
 from runners.build import check_run
 from runners.efficiency import run_efficiency
@@ -19,6 +19,7 @@ from runners.quality import run_quality
 from runners.quality_grid import run_quality_grid
 from runners.record import in_multirun, record_failure
 from runners.run_lock import holding_run_locks
+from runners.train_less import run_train_less
 from tasks.errors import KVBenchError
 
 #: Runner name -> runner; each holds the run locks it takes until it returns (``runners.run_lock``).
@@ -33,6 +34,18 @@ RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
         "train_less": run_train_less,
     }.items()
 }
+
+#: Libraries whose INFO lines Hydra's job logging would print (it shows INFO from every logger):
+#: absl's "Using default tokenizer." (rouge-score), matplotlib's font-cache lines.
+QUIET_LOGGERS = ("absl", "matplotlib")
+
+
+def quiet_library_loggers() -> None:
+    """Show only warnings and errors from :data:`QUIET_LOGGERS` (KVBench's own lines are kept)."""
+    import absl.logging  # noqa: F401  (absl's logger must be its own class before its level is set)
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def run_from_config(cfg: DictConfig) -> float | None:
@@ -52,6 +65,7 @@ def run_from_config(cfg: DictConfig) -> float | None:
         In a single run, if ``optimize_metric`` is not one of the run's metrics.
     """
     multirun = in_multirun()
+    quiet_library_loggers()
     try:
         try:
             set_backend(cfg.get("kernels", "auto"))
@@ -62,12 +76,13 @@ def run_from_config(cfg: DictConfig) -> float | None:
             raise KVBenchError(f"unknown runner {cfg.runner.name!r} (known: {sorted(RUNNER_REGISTRY)})")
         check_run(cfg)
         record = RUNNER_REGISTRY[cfg.runner.name](cfg)
-    except KVBenchError as err:
+    except (KVBenchError, KernelProofError) as err:  # a kernel failing mid-run is recorded already
         print(f"error: {err}", file=sys.stderr)
         if not multirun:
             sys.exit(2)
-        rid = record_failure(cfg, err)
-        print(f"recorded as run {rid} (status error); the sweep goes on", file=sys.stderr)
+        if not getattr(err, "kvbench_recorded", False):
+            rid = record_failure(cfg, err)
+            print(f"recorded as run {rid} (status error); the sweep goes on", file=sys.stderr)
         return None
     except Exception as err:
         if not multirun:

@@ -18,7 +18,7 @@ import time
 import torch
 
 from methods import CompressedCache, CompressionMethod, FullKV
-from methods.seam.score_memo import shared_scores
+from methods.score_memo import shared_scores
 from methods.seam.step import prefill_step
 from runners.batched import decode_rows
 from runners.generate import GenerationResult, ModelRun, Row, begin_generation
@@ -41,14 +41,14 @@ class PrefillFanout:
 
     def __call__(self, layer_idx: int, query, keys, values, out, scale: float) -> None:
         """Feed one layer's prefill call to every cache (a decode call is not expected); equal score
-        computations of several settings run once (``methods.seam.score_memo``)."""
+        computations of several settings run once (``methods.score_memo``)."""
         with shared_scores():
             for cache in self.caches:
                 layer = cache.layers[layer_idx]
-                if layer.prefilled:
+                if layer.plan is not None:
                     raise RuntimeError("PrefillFanout observes a prefill only")
                 layer.update(keys, values)
-                prefill_step(layer, query, None, None, scale)
+                prefill_step(cache.rules[layer_idx], layer, query, None, None, scale)
 
 
 @torch.inference_mode()

@@ -45,7 +45,7 @@ def job_setting_id(job_config: Path) -> str:
 
     cfg = OmegaConf.load(job_config)
     try:
-        budget_applies = instantiate(cfg.method).budget_applies
+        budget_applies = instantiate(cfg.method).traits.budget_applies
     except Exception:  # the job failed on its method config; its record says so
         budget_applies = True
     return setting_id(run_config(cfg, budget_applies))

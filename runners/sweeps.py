@@ -40,7 +40,7 @@ def sweep_jobs(
     jobs = []
     for job_overrides, cfg in composed:
         method = instantiate(cfg.method)
-        config = run_config(cfg, method.budget_applies)
+        config = run_config(cfg, method.traits.budget_applies)
         task_target = (config.get("task") or {}).get("_target_")
         names = {"method": method.label, "task": registered_name(task_target, TASK_REGISTRY)}
         jobs.append(Job(job_overrides, cfg, config, run_id(config), names))

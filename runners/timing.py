@@ -187,7 +187,7 @@ def timed_generate(
         state_bytes=cache.state_bytes(),
         fullkv_bytes=cache.fullkv_bytes(),
         slots=cache.n_slots,
-        held_slots=[int(layer.head_slots().sum()) for layer in cache.layers],
+        held_slots=[int(layer.store.head_slots().sum()) for layer in cache.layers],
         curve=curve,
         tokens=torch.stack(decoder.tokens, dim=1),
     )

@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import decode_attention_torch, set_backend
-from methods import METHOD_REGISTRY, resolve_budget
+from methods import METHOD_REGISTRY
+from runners.budget import resolve_budget
 from runners.environment import device_info
 from runners.timing import Decoder, synthetic_prompts
 

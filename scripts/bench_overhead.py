@@ -35,7 +35,8 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from methods import METHOD_REGISTRY, CompressionMethod, resolve_budget
+from methods import METHOD_REGISTRY, CompressionMethod
+from runners.budget import resolve_budget
 from runners.environment import device_info
 from runners.model_run import BACKENDS, set_decode_backend
 from runners.timing import Decoder, synthetic_prompts

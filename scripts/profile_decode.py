@@ -31,7 +31,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from methods import METHOD_REGISTRY, CompressedLayer, CompressionMethod
 from methods.seam.architecture import LayerSpec
 from methods.seam.rope import LayerRotary
-from methods.seam.step import attend, prefill_step, update
+from methods.seam.step import prefill_step, update
 
 
 def build(name: str) -> CompressionMethod:
@@ -48,9 +48,9 @@ def make_layer(method: CompressionMethod, args, budget: int | None, prompt: int)
                          num_key_value_heads=args.kv_heads, head_dim=args.head_dim)  # fmt: skip
     spec = LayerSpec(rotary=LayerRotary(LlamaRotaryEmbedding(config).to(args.device)))  # StreamingLLM
     max_tokens = prompt + 2 * args.steps + 16  # buffers sized for the run, as ModelRun does
-    layer = CompressedLayer(method, budget, spec, max_tokens=max_tokens)
+    layer = CompressedLayer(method.traits.state_fill, budget, spec, max_tokens=max_tokens)
     layer.update(rand(1, args.kv_heads, prompt, args.head_dim), rand(1, args.kv_heads, prompt, args.head_dim))
-    prefill_step(layer, rand(1, args.q_heads, prompt, args.head_dim), None, None, args.head_dim**-0.5)
+    prefill_step(method, layer, rand(1, args.q_heads, prompt, args.head_dim), None, None, args.head_dim**-0.5)
     return layer
 
 
@@ -65,10 +65,10 @@ def phases(method: CompressionMethod, layer: CompressedLayer, args, steps: int) 
         layer.update(k, k)
         sync(args)
         marks.append(time.perf_counter())
-        _, probs = attend(layer, q, scale)  # the two halves of methods.seam.step.decode_step
+        _, probs = method.decode_attention(layer, q, scale)  # the halves of methods.seam.step.decode_step
         sync(args)
         marks.append(time.perf_counter())
-        update(layer, probs)
+        update(method, layer, probs)
         sync(args)
         marks.append(time.perf_counter())
         for name, a, b in zip(totals, marks, marks[1:], strict=False):
@@ -83,8 +83,8 @@ def compiled_total(method: CompressionMethod, layer: CompressedLayer, args, step
 
     def step(k: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         layer.update(k, k)
-        out, probs = attend(layer, q, scale)
-        update(layer, probs)
+        out, probs = method.decode_attention(layer, q, scale)
+        update(method, layer, probs)
         return out
 
     torch._dynamo.reset()

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import torch
 
+from tasks.chat import template_kwargs
 from tasks.errors import KVBenchError
 from tasks.truncation import kept_question, middle_truncate
 
@@ -39,9 +40,9 @@ class Sample:
         Anything the scorer needs (subset, length bucket, classes, needle depth ...); stored with
         the prediction.
     question : str | None
-        The question part of the prompt text: its last occurrence and everything after it is what a
-        query-agnostic run appends after compressing the context (``Task.question_start``); None for
-        a task without a context/question split.
+        The question part of the prompt text, its leading blanks included: its last occurrence and
+        everything after it is what a query-agnostic run appends after compressing the context
+        (``Task.question_start``); None for a task without a context/question split.
     """
 
     id: str
@@ -90,6 +91,14 @@ class Task:
     #: context/question split): the context is compressed, then the question appended (kvpress's
     #: default, "query-agnostic").
     query_aware: bool = True
+    #: What compressing methods do while decoding under this protocol (``decode_budget`` of every
+    #: method, ``runners.build.decode_rule``): None, each method's paper rule; False, the prompt only
+    #: (RULER, as the kvpress leaderboard runs it).
+    decode_budget: bool | None = None
+    #: Keyword arguments of the chat template (``tasks.chat.template_kwargs``): the runner sets them
+    #: from ``model.chat_template_kwargs`` (``runners.build.load_prompts``); None: the tokenizer's
+    #: default (thinking off where the template reads ``enable_thinking``).
+    chat_template_kwargs: dict | None = None
 
     def load(self, tokenizer=None) -> list[Sample]:
         """Read (or generate) the samples; local data directory first, hub otherwise.
@@ -114,12 +123,18 @@ class Task:
         """Middle-truncation limit for ``sample``'s raw prompt (tokens); None for none."""
         return self.max_input_tokens
 
+    def template_kwargs(self, tokenizer) -> dict:
+        """The variables the chat template is rendered with (:attr:`chat_template_kwargs`, or the
+        tokenizer's default: ``tasks.chat.template_kwargs``)."""
+        return template_kwargs(tokenizer, self.chat_template_kwargs)
+
     def render(self, tokenizer, sample: Sample) -> tuple[str, bool]:
         """The prompt as text and whether it is tokenized with the tokenizer's special tokens.
 
         A raw prompt is middle-truncated to ``max_input_tokens`` first (LongBench/InfiniteBench
         protocol: truncation before the template, as THUDM's ``pred.py``); chat messages get the
-        template with the generation prompt (no special tokens added: the template writes them), or
+        template with the generation prompt and :meth:`template_kwargs` (no special tokens added: the
+        template writes them), or
         with ``chat_template="none"`` their contents joined by blank lines (with special tokens).
 
         Raises
@@ -143,7 +158,10 @@ class Task:
                 f"the tokenizer of {name} has no chat template (a base model?); run with "
                 f"task.chat_template=none to give it the raw prompt (recorded in the run's protocol)"
             )
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), False
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **self.template_kwargs(tokenizer)
+        )
+        return text, False
 
     def encode(self, tokenizer, sample: Sample) -> torch.Tensor:
         """Prompt ids ``[1, prompt]``: :meth:`render`, tokenized.
@@ -160,10 +178,11 @@ class Task:
         """Index of the question's first token in the prompt ``ids`` ``[1, prompt]`` (:meth:`encode`):
         a query-agnostic run (``query_aware=false``) compresses the tokens before it (the context)
         and appends the rest (question, answer prefix, the template's generation prompt) after
-        compression. The question is the prompt text's last occurrence of ``sample.question``
-        (stripped), or of the part of it that middle truncation kept (``tasks.truncation.
-        kept_question``: a question longer than the kept tail starts at the seam); a token that
-        straddles its start goes with the question.
+        compression. The question is the prompt text's last occurrence of ``sample.question``, its
+        leading blanks included (kvpress appends the newlines before its question with it; trailing
+        blanks may be trimmed by a chat template), or of the part of it that middle
+        truncation kept (``tasks.truncation.kept_question``: a question longer than the kept tail
+        starts at the seam); a token that straddles its start goes with the question.
 
         Raises
         ------
@@ -181,7 +200,7 @@ class Task:
             truncated = middle_truncate(tokenizer, sample.prompt_text, limit, self.add_special_tokens)
             question = kept_question(truncated, question)
         text, special = self.render(tokenizer, sample)
-        at = text.rfind(question.strip())
+        at = text.rfind(question.rstrip())
         enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
         if at < 0 or enc["input_ids"] != ids[0].tolist():
             raise KVBenchError(f"task {self.name}: the question of sample {sample.id} is not in its prompt")
@@ -190,10 +209,25 @@ class Task:
             raise KVBenchError(f"task {self.name}: sample {sample.id} has no context before its question")
         return start
 
+    def chunk_start(self, tokenizer, sample: Sample, ids: torch.Tensor) -> int | None:
+        """The first token of the prompt ``ids`` ``[1, prompt]`` that is appended after the prefill
+        compressed the tokens before it: the question's (:meth:`question_start`) in a query-agnostic
+        run; None in a query-aware one, which compresses the whole prompt (the protocols of LongBench
+        and InfiniteBench, whose question ends the prompt or its user message; RULER overrides this).
+
+        Raises
+        ------
+        tasks.errors.KVBenchError
+            As :meth:`question_start`.
+        """
+        return None if self.query_aware else self.question_start(tokenizer, sample, ids)
+
     def protocol(self) -> dict:
-        """The protocol facts recorded with every result (template, truncation, EOS set ...)."""
+        """The protocol facts recorded with every result (template and its variables, truncation,
+        EOS set ...)."""
         return {
             "chat_template_mode": self.chat_template,
+            "chat_template_kwargs": None if self.chat_template == "none" else self.chat_template_kwargs,
             "max_input_tokens": self.max_input_tokens,
             "min_new_tokens": self.min_new_tokens,
             "add_special_tokens": self.add_special_tokens,

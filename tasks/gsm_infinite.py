@@ -1,5 +1,5 @@
 """GSM-Infinite (Zhou et al. 2025): long-context grade-school math, under ZSMerge's protocol
-(``exam/gsminfinite``; docs/methods.md section 10.4). Accuracy in %.
+(``exam/gsminfinite``; docs/methods.md, "GSM-Infinite"). Accuracy in %.
 
 - realistic ``medium`` / ``hard``: rows from ``<data_dir>/gsm_infinite/<length>/<subset>/<op>/*.jsonl``
   (the official generator's output) or the hub (``InfiniAILab/gsm_infinite_<subset>_<length>``,

@@ -1,5 +1,5 @@
 """InfiniteBench (Zhang et al., ACL 2024): 12 long-context tasks with the official scorers, under
-the ZSMerge prompt protocol (docs/methods.md section 10.3).
+the ZSMerge prompt protocol (docs/methods.md, "InfiniteBench").
 
 Prompt for every task: ``context + "\\n\\nQuestion: " + input + "\\nAnswer:"`` (no chat template,
 options not shown), middle-truncated to ``max_input_tokens`` (100,000 in ZSMerge; capped here so
@@ -237,6 +237,7 @@ class InfiniteBench(Task):
         return super().protocol() | {
             "benchmark": "InfiniteBench (official compute_scores.py scorers)",
             "prompt": "context + \\n\\nQuestion: + input + \\nAnswer: (ZSMerge), no chat template",
+            "chat_template_kwargs": None,
             "context_tokens": self.context_tokens,
             "choice_scoring": self.choice_scoring,
             "answer_tokens": self.answer_tokens or "min(int(1.2 avg_out) + 2, 1024)",

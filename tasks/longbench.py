@@ -1,6 +1,6 @@
 """LongBench (Bai et al. 2024, THUDM/LongBench): 21 long-context subsets with their official metrics.
 
-Protocol (docs/methods.md section 10.1): prompt from the ``dataset2prompt`` table, middle truncation of
+Protocol (docs/methods.md, "LongBench"): prompt from the ``dataset2prompt`` table, middle truncation of
 the prompt to a per-model ``max_input_tokens``, greedy decoding with ``dataset2maxlen`` new tokens
 and at least one token (``min_length = context + 1``), first-line post-processing for
 trec/triviaqa/samsum/lsht, per-example max over references, per-subset 100 x mean. Both protocol

@@ -1,10 +1,13 @@
 """RULER (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context Language
 Models?", arXiv:2404.06654): its 13 synthetic tasks generated offline at token lengths of the
-model's tokenizer, scored as RULER scores them (docs/methods.md section 10.5).
+model's tokenizer, scored as RULER scores them (docs/methods.md, "RULER").
 
 Task settings are RULER's ``scripts/synthetic.yaml``; each sample's haystack is the largest that
 keeps ``prompt tokens + tokens to generate <= length``. A sample's ``meta`` keeps the split of its
-prompt into context, question and answer prefix (:func:`split`).
+prompt into context, question and answer prefix (:func:`split`), where kvpress's leaderboard data
+(``simonjegou/ruler``) splits it: the question from the newline(s) before it to the blank before
+the answer prefix. The prompt's tokens are kvpress's pipeline's (``kvpress/pipeline.py``): the
+compressed part and the appended part tokenized apart (:meth:`Ruler.encode`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import torch
+
 from tasks.base import Sample, Task, check_chat_template, check_limit, check_query_aware
+from tasks.chat import pipeline_pieces
 from tasks.errors import KVBenchError
 from tasks.generators import ruler_data
 from tasks.generators.ruler_builders import TASKS, Inputs, builder, haystack_of
@@ -58,15 +64,18 @@ class Ruler(Task):
         RULER's model template: ``base`` (the task template as is).
     chat_template : str
         ``auto``: the task template (without the answer prefix) is the user message of the
-        tokenizer's chat template and the answer prefix follows the generation prompt, as RULER's
-        chat model templates do; ``none``: the raw text (RULER's ``base``).
+        tokenizer's chat template (with ``Task.template_kwargs``) and the answer prefix follows the
+        generation prompt, as RULER's chat model templates and kvpress's pipeline do; ``none``: the
+        raw text (RULER's ``base``).
     hotpotqa_file : str
         qa_2's file in ``<data_dir>/ruler/`` or an absolute path (the full dev file gives RULER's pool).
     context_tokens : int | None
         The model's context window (``${model.max_context}``).
     query_aware : bool
-        False (kvpress's default): the context is compressed, then the question and answer prefix
-        are appended; True: the whole prompt is compressed (``Task.question_start``).
+        False (kvpress's default): the context is compressed, then the question, the end of turn,
+        the generation prompt and the answer prefix are appended; True (kvpress's
+        ``compress_questions``): the context and the question are compressed, then the rest is
+        appended (:meth:`encode`).
     """
 
     name: ClassVar[str] = "ruler"
@@ -105,21 +114,46 @@ class Ruler(Task):
         self.inputs = Inputs(self.data_dir, self.seed, self.hotpotqa_file, self.limit)
         self.tokenizer_name = None
 
-    def _text(self, tokenizer, context: str, question: str, prefix: str) -> tuple[str, bool]:
-        if self.chat_template == "none":
-            return context + question + prefix, True
-        messages = [{"role": "user", "content": context + question}]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return text + prefix, False
+    def _pieces(self, tokenizer, context: str, question: str, prefix: str, query_aware: bool):
+        if query_aware:  # kvpress's compress_questions: the question joins the compressed context
+            context, question = context + question, ""
+        kwargs = None if self.chat_template == "none" else self.template_kwargs(tokenizer)
+        compressed, appended, special = pipeline_pieces(tokenizer, context, question, prefix, kwargs)
+        first = tokenizer(compressed, add_special_tokens=special)["input_ids"]
+        return first, tokenizer(appended, add_special_tokens=False)["input_ids"]
 
     def _count(self, tokenizer, row: RulerRow) -> int:
-        text, special = self._text(tokenizer, row.context, row.question, row.answer_prefix)
-        return len(tokenizer(text, add_special_tokens=special)["input_ids"])
+        """Prompt tokens of ``row``: the longer of its query-agnostic and query-aware tokenizations,
+        so both protocols size the same sample within the length."""
+        pieces = (row.context, row.question, row.answer_prefix)
+        return max(sum(map(len, self._pieces(tokenizer, *pieces, aware))) for aware in (False, True))
 
     def render(self, tokenizer, sample: Sample) -> tuple[str, bool]:
-        """The prompt text: the raw text (with special tokens), or the chat template around context
-        + question followed by the answer prefix (``chat_template=auto``)."""
-        return self._text(tokenizer, *split(sample))
+        """The prompt text (:meth:`encode` tokenizes its two pieces apart)."""
+        kwargs = None if self.chat_template == "none" else self.template_kwargs(tokenizer)
+        compressed, appended, special = pipeline_pieces(tokenizer, *split(sample), kwargs)
+        return compressed + appended, special
+
+    def encode(self, tokenizer, sample: Sample) -> torch.Tensor:
+        """Prompt ids ``[1, prompt]`` as kvpress's pipeline builds them (``tasks.chat.pipeline_pieces``):
+        the compressed piece (the template up to the end of the context, with ``query_aware`` of the
+        question) and the appended piece (the rest, answer prefix last) tokenized apart, joined."""
+        first, rest = self._pieces(tokenizer, *split(sample), self.query_aware)
+        return torch.tensor([first + rest], dtype=torch.long)
+
+    def chunk_start(self, tokenizer, sample: Sample, ids: torch.Tensor) -> int:
+        """The first token of :meth:`encode`'s appended piece: the prefill compresses the tokens
+        before it (the context; with ``query_aware`` the context and the question).
+
+        Raises
+        ------
+        KVBenchError
+            If ``ids`` are not the sample's prompt (:meth:`encode`).
+        """
+        first, rest = self._pieces(tokenizer, *split(sample), self.query_aware)
+        if first + rest != ids[0].tolist():
+            raise KVBenchError(f"task {self.name}: the ids given for sample {sample.id} are not its prompt")
+        return len(first)
 
     def sample_seed(self, task: str, length: int, index: int) -> str:
         """The seed of one sample (``random.Random`` hashes a string seed with SHA-512: stable)."""
@@ -160,20 +194,20 @@ class Ruler(Task):
                     "ask for a shorter length"
                 )
             row = build(units, seed, i)
-            meta = {"task": task, "length": length, "index": i, "prompt_tokens": self._count(tokenizer, row)}
+            meta = {"task": task, "length": length, "index": i}
             meta |= {"context_chars": len(row.context), "question": row.question}
             meta["answer_prefix"] = row.answer_prefix
-            samples.append(
-                Sample(
-                    id=f"{task}-len{length}-{i}",
-                    references=row.answers,
-                    prompt_text=row.text,
-                    chat_template=self.chat_template == "auto",
-                    max_new_tokens=budget,
-                    meta=meta | row.meta,
-                    question=row.question,
-                )
+            sample = Sample(
+                id=f"{task}-len{length}-{i}",
+                references=row.answers,
+                prompt_text=row.text,
+                chat_template=self.chat_template == "auto",
+                max_new_tokens=budget,
+                meta=meta | row.meta,
+                question=row.question,
             )
+            sample.meta["prompt_tokens"] = self.encode(tokenizer, sample).shape[1]
+            samples.append(sample)
         return samples
 
     def load(self, tokenizer=None) -> list[Sample]:
@@ -211,6 +245,9 @@ class Ruler(Task):
             "generation prompt)"
             if self.chat_template == "auto"
             else "none (raw base-template text with special tokens)",
+            "split": "kvpress's: the question from the newline(s) before it to the blank before the answer "
+            "prefix; compressed and appended pieces tokenized apart"
+            + (" (question compressed with the context)" if self.query_aware else ""),
             "seed": self.seed,
             "lengths": list(self.lengths),
             "sizing": "largest haystack with prompt tokens + tokens to generate <= length",

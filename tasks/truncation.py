@@ -52,9 +52,10 @@ def kept_question(truncated: str, question: str) -> str:
     """The part of a prompt's question that middle truncation kept.
 
     ``question`` ends the raw prompt (the text after the context, ``Sample.question``). If the
-    truncated prompt still ends with it (both stripped), it is returned as is; otherwise the truncation cut
-    into it (a question longer than the kept tail, e.g. LongBench repobench-p's in-file code under a
-    small ``max_input_tokens``) and what survives is the longest common suffix of ``truncated`` and
+    truncated prompt still ends with it, leading blanks included (trailing ones aside), it is
+    returned as is; otherwise the truncation cut into it (a question longer than the kept tail,
+    e.g. LongBench repobench-p's in-file code under a small ``max_input_tokens``, or a seam in its
+    leading blanks) and what survives is the longest common suffix of ``truncated`` and
     ``question``: the tail after the seam. A query-agnostic run then appends that part after
     compressing the rest.
 
@@ -71,7 +72,7 @@ def kept_question(truncated: str, question: str) -> str:
         ``question``, or its suffix that ``truncated`` ends with (``question`` itself when that
         suffix is blank, so the caller reports the question as missing).
     """
-    if truncated.rstrip().endswith(question.strip()):
+    if truncated.rstrip().endswith(question.rstrip()):
         return question
     n, limit = 0, min(len(truncated), len(question))
     while n < limit and truncated[-1 - n] == question[-1 - n]:

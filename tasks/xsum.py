@@ -2,7 +2,7 @@
 
 Two prompt protocols: ``chat`` (the article in an instruction through the model's chat template)
 and the HELM k-shot format of the H2O/LESS/ZSMerge XSum experiments (``helm_0shot``,
-``helm_5shot``: raw prompt without BOS, generation cut at the first "###"; docs/methods.md 10.2).
+``helm_5shot``: raw prompt without BOS, generation cut at the first "###"; docs/methods.md, "XSum").
 """
 
 from __future__ import annotations

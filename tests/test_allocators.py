@@ -51,7 +51,7 @@ def reference_adakv(scores: torch.Tensor, keep: int, window: int, alpha: float) 
 
 def held_positions(layer) -> list[set[int]]:
     """Token positions each (batch 0) head of a ragged layer holds."""
-    r = layer.ragged
+    r = layer.store
     pos, seg, valid = r.buffers["positions"], r.segment, r.valid()
     return [set(pos[(seg == h) & valid].tolist()) for h in range(r.shape[1])]
 
@@ -65,7 +65,7 @@ def test_adakv_on_a_real_prompt_keeps_what_algorithm_1_keeps(embedded, data_dir)
 
     class Recorded(SnapKV):
         def prefill_scores(self, layer, query, scaling):
-            scores[layer.layer_idx] = out = super().prefill_scores(layer, query, scaling)
+            scores[layer.spec.layer_idx] = out = super().prefill_scores(layer, query, scaling)
             return out
 
     # no pooling: max-pooled votes tie in runs, and a tie at the cut may go either way
@@ -74,7 +74,7 @@ def test_adakv_on_a_real_prompt_keeps_what_algorithm_1_keeps(embedded, data_dir)
 
     def record(cache) -> None:
         if not kept:
-            kept.update({layer.layer_idx: held_positions(layer) for layer in cache.layers})
+            kept.update({layer.spec.layer_idx: held_positions(layer) for layer in cache.layers})
 
     greedy_generate(model, ids, method, budget, 2, set(), record)
     heads = model.config.num_key_value_heads
@@ -117,12 +117,12 @@ def test_ragged_decode_attention_is_each_heads_attention_over_its_own_tokens():
     cache = CompressedCache(AdaKV(scorer=SnapKV(window_size=4)), 12, 1, max_tokens=n + 1)
     layer = cache.layers[0]
     layer.update(keys[:, :, :n], values[:, :, :n])
-    prefill_step(layer, query, None, None, 0.5)
+    prefill_step(cache.rules[0], layer, query, None, None, 0.5)
     held = held_positions(layer)
     assert len({len(p) for p in held}) > 1  # the heads really differ
     layer.update(keys[:, :, n:], values[:, :, n:])
     q = torch.randn(b, h * g, 1, d)
-    out = decode_step(layer, q, 0.5)
+    out = decode_step(cache.rules[0], layer, q, 0.5)
     for head in range(h):
         idx = torch.tensor(sorted(held[head] | {n}))
         k, v = keys[0, head, idx], values[0, head, idx]
@@ -151,15 +151,17 @@ def test_ragged_memory_is_the_sum_of_the_heads_at_every_step(tiny_model):
     def check(cache) -> None:
         steps.append(cache.allocated_bytes())
         for layer in cache.layers:
-            r = layer.ragged
+            r = layer.store
             slot = sum(t[:1].nbytes for t in r.buffers.values())  # K + V + position of one slot
             index = 2 * r.segment.nbytes + 3 * r.offsets.nbytes
             kept = int(r.head_slots().sum()) - r.shape[1] * (len(steps) - 1)  # what prefill kept
             assert kept == r.shape[1] * budget  # the layer's budget, shared unevenly
-            assert layer.allocated_bytes() == (kept + remaining * r.shape[1]) * slot + index
+            assert layer.store.allocated_bytes() == (kept + remaining * r.shape[1]) * slot + index
             slots = r.head_slots()
             if slots.min() < slots.max():  # never heads x max
-                assert layer.allocated_bytes() - index < r.shape[1] * (int(slots.max()) + remaining) * slot
+                assert (
+                    layer.store.allocated_bytes() - index < r.shape[1] * (int(slots.max()) + remaining) * slot
+                )
 
     method = AdaKV(scorer=SnapKV(window_size=4))
     greedy_generate(tiny_model, prompt(7), method, budget, NEW, set(), check)
@@ -173,9 +175,9 @@ def test_duo_attention_streaming_heads_stay_within_their_window(tiny_model):
 
     def check(cache) -> None:
         for layer in cache.layers:
-            slots = layer.head_slots()[0]
-            streaming = ~torch.as_tensor(duo.retrieval[layer.layer_idx])
-            assert (slots[streaming] <= 12).all() and (slots[~streaming] == layer.seen_tokens).all()
+            slots = layer.store.head_slots()[0]
+            streaming = ~torch.as_tensor(duo.retrieval[layer.spec.layer_idx])
+            assert (slots[streaming] <= 12).all() and (slots[~streaming] == layer.get_seq_length()).all()
             seen.append(slots.tolist())
 
     greedy_generate(tiny_model, prompt(8), duo, None, NEW, set(), check)

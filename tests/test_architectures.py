@@ -18,6 +18,7 @@ from methods.seam.architecture import UnsupportedArchitectureError, check_suppor
 from methods.seam.cache import CompressedCache
 from methods.seam.sliding import sliding_bound
 from runners.generate import greedy_generate
+from runners.model_run import cache_arguments
 from tests.architectures import FAMILIES, VOCAB, WINDOW, tiny_family
 from tests.test_method_matrix import SETTINGS
 
@@ -53,7 +54,7 @@ def seam_logits(model: torch.nn.Module, ids: torch.Tensor, prompt_len: int) -> t
     """Logits ``[positions, vocab]`` of a FullKV prefill of ``prompt_len`` tokens, then one decode
     step per remaining token (teacher-forced)."""
     cache = CompressedCache.for_model(model, FullKV(), None)
-    kw = {"past_key_values": cache, "use_cache": True, "kvbench_cache": cache}
+    kw = {"use_cache": True, **cache_arguments(model, cache)}
     out = [model(input_ids=ids[:, :prompt_len], position_ids=torch.arange(prompt_len)[None], **kw).logits[0]]
     for t in range(prompt_len, ids.shape[1]):
         step = model(input_ids=ids[:, t : t + 1], position_ids=torch.tensor([[t]]), **kw)
@@ -108,7 +109,7 @@ def test_fullkv_tokens_equal_generate(family):
 def test_every_method_runs_within_its_slot_bound(family, name, tmp_path):
     _, ours, _ = family
     method = method_for(name, ours, tmp_path)
-    budget = 10 if method.budget_applies else None  # as the runners pass it
+    budget = 10 if method.traits.budget_applies else None  # as the runners pass it
     specs = layer_specs(ours)
     steps = []
 
@@ -119,19 +120,19 @@ def test_every_method_runs_within_its_slot_bound(family, name, tmp_path):
                 bound = sliding_bound(budget, spec.window)
             elif budget is None:
                 bound = PROMPT + len(steps) - 1
-            elif method.budget_holds_in_decode:
+            elif method.traits.holds_in_decode:
                 bound = layer.budget  # the layer's own (layer allocators), else the run's
             else:  # prompt-only methods (SnapKV, KVMerger) append decoded tokens
                 bound = layer.budget + len(steps) - 1
-            held = layer.head_slots().float().mean()  # ragged heads (AdaKV) share the layer's bound
-            assert held <= bound, (layer.layer_idx, held, bound)
-            keys = layer.keys if layer.ragged is None else layer.ragged.buffers["keys"]
+            held = layer.store.head_slots().float().mean()  # ragged heads (AdaKV) share the layer's bound
+            assert held <= bound, (layer.spec.layer_idx, held, bound)
+            keys = layer.keys if layer.store.kind == "uniform" else layer.store.buffers["keys"]
             assert torch.isfinite(keys).all()
 
     res = greedy_generate(ours, prompt(3), method, budget, NEW, set(), check)
     assert len(steps) == NEW
     # a method with no budget (DuoAttention) acts on full-attention layers only: none on Mistral/Phi-3
-    compressed = method.compresses and (budget is not None or any(s.window is None for s in specs))
+    compressed = method.traits.compresses and (budget is not None or any(s.window is None for s in specs))
     assert res.kv_bytes < res.fullkv_bytes if compressed else res.kv_bytes == res.fullkv_bytes
 
 
@@ -146,9 +147,9 @@ def fullkv_tokens(family) -> list[int]:
 def test_covering_budget_gives_fullkv_output(family, fullkv_tokens, name, tmp_path):
     _, ours, _ = family
     method = method_for(name, ours, tmp_path)
-    if not method.budget_applies:
+    if not method.traits.budget_applies:
         pytest.skip("the budget does not drive it (DuoAttention: tests/test_allocators.py, sparsity 0)")
-    covering = PROMPT + NEW if method.budget_holds_in_decode else PROMPT
+    covering = PROMPT + NEW if method.traits.holds_in_decode else PROMPT
     ratios = getattr(method, "ratios", None)
     if ratios:  # every layer's share must cover the prompt
         covering = int(-(-covering * sum(ratios) // (len(ratios) * min(ratios))))

@@ -8,9 +8,10 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kernels import decode_attention
 from methods import H2O, CompressedLayer, SnapKV, StreamingLLM
+from methods.scoring import causal_column_sums
 from methods.seam.architecture import LayerSpec
 from methods.seam.rope import LayerRotary
-from methods.seam.scoring import causal_column_sums
+from methods.seam.step import prefill_step
 from tests.conftest import tiny_llama
 
 B, H, HQ, D = 2, 2, 6, 8
@@ -49,18 +50,18 @@ def test_h2o_keeps_heavy_hitters_of_the_full_matrix_then_evicts_the_lowest_each_
     method = H2O()
     heavy, recent = method.split(budget)
     q, k, v, gen = random_prompt(length, 1)
-    layer = CompressedLayer(method, budget)
+    layer = CompressedLayer(method.traits.state_fill, budget)
     layer.update(k, v)
-    method.prefill(layer, q, SCALE)
-    layer.prefilled = True
+    prefill_step(method, layer, q, None, None, SCALE)
     acc = naive_attention_matrix(q, k).sum(dim=2)
     for b in range(B):
         for h in range(H):
             top = set(torch.topk(acc[b, h, : length - recent], heavy).indices.tolist())
-            assert set(layer.positions[b, h].tolist()) == top | set(range(length - recent, length))
+            assert set(layer.store.positions[b, h].tolist()) == top | set(range(length - recent, length))
     # literal decode: a dict {position: accumulated score} per head
     kept = [
-        [{p: acc[b, h, p].item() for p in layer.positions[b, h].tolist()} for h in range(H)] for b in range(B)
+        [{p: acc[b, h, p].item() for p in layer.store.positions[b, h].tolist()} for h in range(H)]
+        for b in range(B)
     ]
     for t in range(length, length + steps):
         layer.update(
@@ -78,7 +79,7 @@ def test_h2o_keeps_heavy_hitters_of_the_full_matrix_then_evicts_the_lowest_each_
             for h in range(H):
                 scores = kept[b][h]
                 scores[t] = 0.0
-                for slot, p in enumerate(layer.positions[b, h].tolist()):
+                for slot, p in enumerate(layer.store.positions[b, h].tolist()):
                     scores[p] += probs[b, h, slot].item()
                 if len(scores) > budget:
                     victim = min((p for p in scores if p <= t - recent), key=scores.get)
@@ -86,7 +87,7 @@ def test_h2o_keeps_heavy_hitters_of_the_full_matrix_then_evicts_the_lowest_each_
         method.decode_step(layer, probs)
         for b in range(B):
             for h in range(H):
-                assert sorted(layer.positions[b, h].tolist()) == sorted(kept[b][h])
+                assert sorted(layer.store.positions[b, h].tolist()) == sorted(kept[b][h])
 
 
 @pytest.mark.parametrize(("pooling", "kernel"), [("max", 7), ("avg", 5), ("max", 1)])
@@ -94,9 +95,9 @@ def test_snapkv_keeps_the_naive_pooled_top_k_and_the_window(pooling, kernel):
     length, budget, window = 50, 20, 6
     method = SnapKV(window_size=window, kernel_size=kernel, pooling=pooling)
     q, k, v, _ = random_prompt(length, 2)
-    layer = CompressedLayer(method, budget)
+    layer = CompressedLayer(method.traits.state_fill, budget)
     layer.update(k, v)
-    method.prefill(layer, q, SCALE)
+    prefill_step(method, layer, q, None, None, SCALE)
     votes = naive_attention_matrix(q, k)[:, :, length - window :, : length - window].sum(dim=2)
     half = kernel // 2
     for b in range(B):
@@ -107,8 +108,8 @@ def test_snapkv_keeps_the_naive_pooled_top_k_and_the_window(pooling, kernel):
                 seg = row[max(0, i - half) : i + half + 1]
                 pooled.append(max(seg) if pooling == "max" else sum(seg) / len(seg))
             top = set(torch.topk(torch.tensor(pooled), budget - window).indices.tolist())
-            assert set(layer.positions[b, h].tolist()) == top | set(range(length - window, length))
-    assert layer.n_slots == budget
+            assert set(layer.store.positions[b, h].tolist()) == top | set(range(length - window, length))
+    assert layer.store.n_slots == budget
 
 
 def test_snapkv_window_shrinks_for_budgets_below_it():
@@ -123,11 +124,13 @@ def test_streamingllm_keeps_exactly_sinks_and_recent(tiny_model, rerotate):
     history = []
 
     def check(cache) -> None:
-        seen = cache.layers[0].seen_tokens
+        seen = cache.layers[0].get_seq_length()
         expected = list(range(n_sink)) + list(range(seen - (budget - n_sink), seen))
         for layer in cache.layers:
-            assert layer.positions[..., :n_sink].tolist() == [[list(range(n_sink))] * 2]  # sinks stay first
-            assert torch.all(layer.positions.sort(dim=-1).values == torch.tensor(expected))
+            assert layer.store.positions[..., :n_sink].tolist() == [
+                [list(range(n_sink))] * 2
+            ]  # sinks stay first
+            assert torch.all(layer.store.positions.sort(dim=-1).values == torch.tensor(expected))
         history.append(seen)
 
     ids = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(0))
@@ -167,10 +170,10 @@ def test_streamingllm_attention_equals_the_papers_cache_index_positions():
     gen = torch.Generator().manual_seed(0)
     raw_k = torch.randn(1, 2, length, 16, generator=gen)
     values = torch.randn(1, 2, length, 16, generator=gen)
-    layer = CompressedLayer(method, budget, LayerSpec(rotary=LayerRotary(rotary)))
+    layer = CompressedLayer(method.traits.state_fill, budget, LayerSpec(rotary=LayerRotary(rotary)))
     layer.update(rope(raw_k, list(range(length))), values)
-    method.prefill(layer, torch.zeros(1, 6, length, 16), 0.25)
-    kept = layer.positions[0, 0].tolist()
+    prefill_step(method, layer, torch.zeros(1, 6, length, 16), None, None, 0.25)
+    kept = layer.store.positions[0, 0].tolist()
     raw_q = torch.randn(1, 6, 1, 16, generator=gen)
     ours, _ = method.decode_attention(layer, rope(raw_q, [length - 1]), 0.25)
     paper_k = rope(raw_k[:, :, kept], list(range(budget)))
@@ -220,7 +223,7 @@ def test_streamingllm_small_budget_keeps_fewer_sinks_and_the_newest_token(tiny_m
         3,
         4,
         set(),
-        lambda c: seen.append(c.layers[0].positions[0, 0].tolist()),
+        lambda c: seen.append(c.layers[0].store.positions[0, 0].tolist()),
     )
     assert res.slots == [3, 3]
     assert seen[0] == [0, 1, 29] and seen[-1] == [0, 1, 32]

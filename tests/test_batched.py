@@ -1,4 +1,4 @@
-"""Batched generation (``runners.batched``, ``methods.seam.rows``): prompts of different lengths decode
+"""Batched generation (``runners.batched``, ``runners.rows``): prompts of different lengths decode
 together, each on its own cache, and every row's tokens, slots and bytes are those of its batch-1 run
 (:func:`runners.generate.greedy_generate`), for every method and every architecture family."""
 
@@ -9,9 +9,9 @@ import torch
 
 from methods import METHOD_REGISTRY, FullKV
 from methods.seam.cache import CompressedCache
-from methods.seam.rows import RowsCache
 from runners.batched import decode_rows, start_row
 from runners.generate import greedy_generate
+from runners.rows import RowsCache
 from tests.architectures import FAMILIES, tiny_family
 from tests.test_method_matrix import CASES, build_preset, preset_names
 

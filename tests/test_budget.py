@@ -1,6 +1,6 @@
 import pytest
 
-from methods import resolve_budget, validate_budget
+from runners.budget import resolve_budget, validate_budget
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,7 @@ BAD_INPUT = [
     ),
     (["method=layer_ratios", "method.ratios=[1,2]"], "ratios has 2 entries; the model has 30 layers"),
     (["method=adakv_snapkv", "method.alpha_safeguard=2"], "alpha_safeguard must be in [0, 1], got 2"),
-    (["method=tova", "+method.decode_budget=maybe"], "decode_budget must be true or false, got 'maybe'"),
+    (["method=tova", "decode_budget=maybe"], "decode_budget must be true, false or null, got 'maybe'"),
     (["compression_ratio=1.0"], "compression_ratio must be in [0, 1) (the fraction removed), got 1.0"),
     (["compression_ratio=0.5", "budget_unit=context"], "compression_ratio is a fraction of the prompt"),
     (["compression_ratio=0.75", "budget=0.5"], "not both (compression_ratio=0.75 is budget=0.25)"),

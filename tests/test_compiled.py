@@ -13,8 +13,9 @@ import torch
 from omegaconf import OmegaConf
 from torch._dynamo.utils import counters
 
-from methods import METHOD_REGISTRY, SnapKV, resolve_budget
+from methods import METHOD_REGISTRY, SnapKV
 from reports.store import run_identity
+from runners.budget import resolve_budget
 from runners.generate import ModelRun, greedy_generate
 from runners.timing import synthetic_prompts
 from tests.conftest import REPO
@@ -72,7 +73,7 @@ def test_compiled_decode_gives_eager_tokens_without_graph_breaks(shallow, name):
                     token = run.step(token).argmax(-1)
                     out.append(int(token))
             tokens[backend].append(out)
-            if budget is not None and method.budget_holds_in_decode:
+            if budget is not None and method.traits.holds_in_decode:
                 assert max(run.cache.n_slots) <= budget
     assert tokens["compiled"] == tokens["eager"]
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])

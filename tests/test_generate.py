@@ -68,7 +68,7 @@ def test_zsmerge_slots_and_bytes_at_every_step(tiny_model, budget):
         seen.append(slots)
         assert max(slots) <= budget
         assert cache.kv_bytes() == sum(slots) * (2 * 2 * 16 * 4)  # kv_heads x head_dim x K,V x fp32
-        assert all(layer.seen_tokens == cache.layers[0].seen_tokens for layer in cache.layers)
+        assert all(layer.get_seq_length() == cache.layers[0].get_seq_length() for layer in cache.layers)
 
     res = greedy_generate(tiny_model, ids, ZSMerge(), budget, NEW, set(), on_step=check)
     assert len(seen) == NEW and all(s == [budget, budget] for s in seen)

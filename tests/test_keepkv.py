@@ -10,6 +10,8 @@ import torch
 
 from methods import CompressedLayer, KeepKV
 from methods.keepkv.zip_merge import merge_groups
+from methods.seam.architecture import LayerSpec
+from methods.seam.step import prefill_step
 from runners.generate import greedy_generate
 
 D = 16
@@ -85,7 +87,7 @@ def test_zip_falls_back_to_the_convex_average_near_the_singularity():
 
 def make_layer(method: KeepKV, length: int, budget: int, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    layer = CompressedLayer(method, budget)
+    layer = CompressedLayer(method.traits.state_fill, budget)
     keys = torch.randn(1, 2, length, D, generator=gen)
     layer.update(keys, torch.randn(1, 2, length, D, generator=gen))
     query = torch.randn(1, 6, length, D, generator=gen)
@@ -95,18 +97,18 @@ def make_layer(method: KeepKV, length: int, budget: int, seed: int = 0):
 def test_eq8_ema_initialisation_and_update():
     method = KeepKV(window=5)
     layer, keys, query = make_layer(method, 30, 100)  # budget covers the prompt: nothing evicted
-    method.prefill(layer, query, SCALE)
+    prefill_step(method, layer, query, None, None, SCALE)
     alpha = 1 - 2 / 6
     q = query.view(1, 2, 3, 30, D).double()
     s = torch.exp(torch.einsum("bhgqd,bhkd->bhgqk", q, keys.double()) * SCALE)
     s = s * torch.tril(torch.ones(30, 30, dtype=torch.float64))  # causal zeros
     s_mean = s.mean(dim=2)  # GQA: group mean of the unnormalised scores
     expected = sum((1 - alpha) * alpha ** (29 - t) * s_mean[..., t, :] for t in range(25, 30))
-    assert torch.allclose(layer.state["log_ema"].double().exp(), expected, rtol=1e-5)
+    assert torch.allclose(layer.store.state["log_ema"].double().exp(), expected, rtol=1e-5)
     logits = torch.randn(1, 2, 3, 30)
     method.decode_step(layer, logits)
     step = alpha * expected + (1 - alpha) * logits.double().exp().mean(dim=2)
-    assert torch.allclose(layer.state["log_ema"].double().exp(), step, rtol=1e-5)
+    assert torch.allclose(layer.store.state["log_ema"].double().exp(), step, rtol=1e-5)
     corrected = method.scores.merge_score(layer).double().exp()
     assert torch.allclose(corrected, step / (1 - alpha**6), rtol=1e-5)
 
@@ -114,12 +116,12 @@ def test_eq8_ema_initialisation_and_update():
 def test_selection_keeps_sinks_recent_and_top_estimated_attention():
     method = KeepKV(window=6, threshold=1.0)  # no cosine exceeds 1: pure eviction
     layer, _, query = make_layer(method, 60, 20, seed=1)
-    method.prefill(layer, query, SCALE)
+    prefill_step(method, layer, query, None, None, SCALE)
     layer2, _, _ = make_layer(method, 60, 100, seed=1)
-    method.prefill(layer2, query, SCALE)  # same scores, no eviction
-    score = layer2.state["log_ema"]
+    prefill_step(method, layer2, query, None, None, SCALE)  # same scores, no eviction
+    score = layer2.store.state["log_ema"]
     for h in range(2):
-        pos = layer.positions[0, h].tolist()
+        pos = layer.store.positions[0, h].tolist()
         assert pos[:4] == [0, 1, 2, 3] and pos[-6:] == list(range(54, 60)) and len(pos) == 20
         top = score[0, h, 4:54].topk(10).indices + 4
         assert sorted(pos[4:-6]) == sorted(top.tolist())
@@ -136,12 +138,14 @@ def test_votes_account_for_every_token(tiny_model, preset):
 
     def check(cache) -> None:
         for layer in cache.layers:
-            votes = float(layer.log_weight.exp().sum())
-            heads = layer.log_weight.shape[1]
+            votes = float(layer.store.log_weight.exp().sum())
+            heads = layer.store.log_weight.shape[1]
             dropped = float(layer.scalars["dropped_votes"].sum())
-            assert math.isclose(votes + dropped, heads * layer.seen_tokens, abs_tol=1e-2)
-            assert layer.n_slots <= layer.plan.bound
-            assert layer.positions.eq(layer.seen_tokens - 1).any(dim=-1).all()  # the newest token is kept
+            assert math.isclose(votes + dropped, heads * layer.get_seq_length(), abs_tol=1e-2)
+            assert layer.store.n_slots <= layer.plan.bound
+            assert (
+                layer.store.positions.eq(layer.get_seq_length() - 1).any(dim=-1).all()
+            )  # the newest token is kept
 
     ids = torch.randint(0, 128, (1, 48), generator=torch.Generator().manual_seed(0))
     res = greedy_generate(tiny_model, ids, method, budget, 12, set(), check)
@@ -153,7 +157,6 @@ def test_in_place_decode_eviction_equals_the_group_merge(preset):
     """The per-step in-place merge (victim + partner only) gives the same slots, votes, scores,
     keys and values as Algorithm 1's group merge over every slot with one slot over budget (the
     path of the prefill), on the same victim."""
-    from methods.seam.layer import CompressedLayer
 
     gen = torch.Generator().manual_seed(3)
     base = torch.randn(1, 2, 1, 16, generator=gen)
@@ -162,9 +165,16 @@ def test_in_place_decode_eviction_equals_the_group_merge(preset):
     method = KeepKV(threshold=0.5, **preset)
     layers = []
     for _ in "ab":
-        layer = CompressedLayer(method, 20)
+        layer = CompressedLayer(method.traits.state_fill, 20)
         layer.update(keys[:, :, :30], values[:, :, :30])
-        method.prefill(layer, torch.randn(1, 6, 30, 16, generator=torch.Generator().manual_seed(1)), 0.25)
+        prefill_step(
+            method,
+            layer,
+            torch.randn(1, 6, 30, 16, generator=torch.Generator().manual_seed(1)),
+            None,
+            None,
+            0.25,
+        )
         layers.append(layer)
     fast, full = layers
     merge_evicted = method.merge_evicted
@@ -172,20 +182,22 @@ def test_in_place_decode_eviction_equals_the_group_merge(preset):
         logits = torch.randn(1, 2, 3, 21, generator=torch.Generator().manual_seed(step))
         for layer in layers:
             layer.update(keys[:, :, step : step + 1], values[:, :, step : step + 1])
-        assert torch.equal(fast.positions.sort(-1).values, full.positions)  # the group path keeps order
-        full_logits = logits.gather(-1, fast.positions.argsort(-1)[:, :, None].expand(-1, -1, 3, -1))
+        assert torch.equal(
+            fast.store.positions.sort(-1).values, full.store.positions
+        )  # the group path keeps order
+        full_logits = logits.gather(-1, fast.store.positions.argsort(-1)[:, :, None].expand(-1, -1, 3, -1))
         method.decode_step(fast, logits)
         method.merge_evicted = lambda layer, evicted: merge_evicted(layer, evicted, in_place=False)
         try:
             method.decode_step(full, full_logits)
         finally:
             method.merge_evicted = merge_evicted
-        order_fast, order_full = fast.positions.argsort(dim=-1), full.positions.argsort(dim=-1)
+        order_fast, order_full = fast.store.positions.argsort(dim=-1), full.store.positions.argsort(dim=-1)
         name = "log_ema" if method.estimator == "ema" else "rows"
         for ours, theirs in (
-            (fast.positions, full.positions),
-            (fast.log_weight, full.log_weight),
-            (fast.state[name], full.state[name]),
+            (fast.store.positions, full.store.positions),
+            (fast.store.log_weight, full.store.log_weight),
+            (fast.store.state[name], full.store.state[name]),
             (fast.keys, full.keys),
             (fast.values, full.values),
         ):
@@ -199,7 +211,8 @@ def test_in_place_decode_eviction_equals_the_group_merge(preset):
 
 def test_cosine_layer_budgets_average_to_the_budget():
     method = KeepKV(layer_budgets="cosine")
-    layers = [CompressedLayer(method, 200, layer_idx=i, num_layers=30) for i in range(30)]
+    specs = [LayerSpec(layer_idx=i, num_layers=30) for i in range(30)]
+    layers = [CompressedLayer(method.traits.state_fill, 200, spec) for spec in specs]
     budgets = [method.plan(layer).bound for layer in layers]
     assert budgets[0] > budgets[-1] and budgets == sorted(budgets, reverse=True)
     assert abs(sum(budgets) / 30 - 200) < 1.0
@@ -210,12 +223,12 @@ def test_partners_are_the_retained_slots_of_highest_key_cosine(k):
     """Algorithm 1 line 5, brute force: every evicted slot's partner is the retained slot of
     highest ``F.cosine_similarity`` with its key, and the returned cosine is that similarity; for a
     decode step's one slot (every other slot a candidate) and a prefill's many (the complement)."""
+    from methods.scoring import complement
     from methods.seam.layer import CompressedLayer
-    from methods.seam.scoring import complement
 
     gen = torch.Generator().manual_seed(k)
     keys = torch.randn(2, 3, 24, D, generator=gen)
-    layer = CompressedLayer(KeepKV(), None)
+    layer = CompressedLayer(KeepKV().traits.state_fill, None)
     layer.update(keys, torch.zeros_like(keys))
     evicted = torch.stack([torch.randperm(24, generator=gen)[:k] for _ in range(6)]).view(2, 3, k)
     retained = None if k == 1 else complement(evicted, 24)

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from methods import CompressedLayer, KVMerger
-from methods.seam.scoring import causal_column_sums
+from methods.scoring import causal_column_sums
+from methods.seam.step import prefill_step
 
 B, H, HQ, D = 2, 2, 6, 8
 SCALE = D**-0.5
@@ -53,21 +54,21 @@ def test_gaussian_merge_weights_pivot_and_sum_to_one():
     keys = similar_keys(length, 2)
     values = torch.eye(length, dtype=torch.float64).expand(B, H, length, length).clone()  # one-hot: weights
     query = torch.randn(B, HQ, length, D, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    layer = CompressedLayer(method, None)
+    layer = CompressedLayer(method.traits.state_fill, None)
     layer.update(keys, values)
-    method.prefill(layer, query, SCALE)
+    prefill_step(method, layer, query, None, None, SCALE)
     acc = causal_column_sums(query, keys, SCALE)
     protected = method._protected(acc, *method.protected_counts(length, None))
     set_id = method._anchor_sets(keys, protected)
     for b in range(B):
         for h in range(H):
-            real = torch.isfinite(layer.log_weight[b, h])
+            real = torch.isfinite(layer.store.log_weight[b, h])
             torch.testing.assert_close(
                 layer.values[b, h, real].sum(-1), torch.ones(int(real.sum()), dtype=torch.float64)
             )
             assert int(real.sum()) == len(set(set_id[b, h].tolist()))
             for slot in torch.nonzero(real).flatten().tolist():
-                pivot = layer.positions[b, h, slot].item()
+                pivot = layer.store.positions[b, h, slot].item()
                 members = torch.nonzero(set_id[b, h] == set_id[b, h, pivot]).flatten()
                 assert pivot == members[acc[b, h, members].argmax()].item()
                 dist = (keys[b, h, members] - keys[b, h, pivot]).norm(dim=-1)
@@ -80,23 +81,23 @@ def test_gaussian_merge_weights_pivot_and_sum_to_one():
 
 def test_fixed_theta_pads_heads_with_unattendable_slots():
     method = KVMerger(theta=0.6)
-    layer = CompressedLayer(method, 10)
+    layer = CompressedLayer(method.traits.state_fill, 10)
     keys = similar_keys(70, 4)
     layer.update(keys, keys)
-    method.prefill(layer, torch.randn(B, HQ, 70, D, dtype=torch.float64), SCALE)
-    counts = torch.isfinite(layer.log_weight).sum(-1)
-    assert layer.n_slots == int(counts.max()) and int(counts.min()) < 70
-    assert torch.all(layer.positions[~torch.isfinite(layer.log_weight)] == -1)
+    prefill_step(method, layer, torch.randn(B, HQ, 70, D, dtype=torch.float64), None, None, SCALE)
+    counts = torch.isfinite(layer.store.log_weight).sum(-1)
+    assert layer.store.n_slots == int(counts.max()) and int(counts.min()) < 70
+    assert torch.all(layer.store.positions[~torch.isfinite(layer.store.log_weight)] == -1)
 
 
 @pytest.mark.parametrize("budget", [7, 20, 35])
 def test_exact_budget_hits_the_slot_count_on_every_head(budget):
     method = KVMerger(exact_budget=True)
-    layer = CompressedLayer(method, budget)
+    layer = CompressedLayer(method.traits.state_fill, budget)
     keys = similar_keys(70, 5)
     layer.update(keys, keys)
-    method.prefill(layer, torch.randn(B, HQ, 70, D, dtype=torch.float64), SCALE)
-    assert layer.n_slots == budget and torch.isfinite(layer.log_weight).all()
+    prefill_step(method, layer, torch.randn(B, HQ, 70, D, dtype=torch.float64), None, None, SCALE)
+    assert layer.store.n_slots == budget and torch.isfinite(layer.store.log_weight).all()
     recent, heavy = method.protected_counts(70, budget)
     assert recent + heavy <= budget
 
@@ -106,8 +107,8 @@ def test_fixed_theta_ignores_the_budget_and_says_so(tiny_model):
     from methods import FullKV
     from runners.generate import greedy_generate
 
-    assert not KVMerger().budget_applies and KVMerger(exact_budget=True).budget_applies
-    assert not FullKV().budget_applies
+    assert not KVMerger().traits.budget_applies and KVMerger(exact_budget=True).traits.budget_applies
+    assert not FullKV().traits.budget_applies
     ids = torch.randint(0, 128, (1, 48), generator=torch.Generator().manual_seed(0))
     with_budget = greedy_generate(tiny_model, ids, KVMerger(), 10, 8, set())
     without = greedy_generate(tiny_model, ids, KVMerger(), None, 8, set())

@@ -1,4 +1,4 @@
-"""LESS inference against its definition (docs/methods.md section 6): shapes and GQA, the state equals
+"""LESS inference against its definition (docs/methods.md, "LESS"): shapes and GQA, the state equals
 the explicit sum over evicted tokens, the log-space decode equals the plain formula, and a zero
 state reduces LESS to its sparse policy exactly."""
 
@@ -9,6 +9,7 @@ import torch
 
 from methods import H2O, LESS, CompressedLayer
 from methods.less.kernels import LessKernels
+from methods.seam.step import prefill_step
 from runners.generate import greedy_generate
 
 B, HQ, HKV, D, R = 1, 6, 2, 16, 8
@@ -37,20 +38,20 @@ def test_feature_maps_are_non_negative_with_gqa_shapes():
 def test_state_is_the_sum_over_evicted_tokens(policy):
     method = LESS(policy=policy, kernels=tiny_kernels(1))
     gen = torch.Generator().manual_seed(0)
-    layer = CompressedLayer(method, budget=12)
+    layer = CompressedLayer(method.traits.state_fill, budget=12)
     keys, values = torch.randn(B, HKV, 30, D, generator=gen), torch.randn(B, HKV, 30, D, generator=gen)
     layer.update(keys, values)
-    method.prefill(layer, torch.randn(B, HQ, 30, D, generator=gen), SCALE)
+    prefill_step(method, layer, torch.randn(B, HQ, 30, D, generator=gen), None, None, SCALE)
     for _ in range(5):  # decode steps: append, attend, evict one
         k, v = torch.randn(B, HKV, 1, D, generator=gen), torch.randn(B, HKV, 1, D, generator=gen)
         keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
         layer.update(k, v)
         _, probs = method.decode_attention(layer, torch.randn(B, HQ, 1, D, generator=gen), SCALE)
         method.decode_step(layer, probs)
-        assert layer.n_slots == 12
+        assert layer.store.n_slots == 12
     psi = method.kernels[0].psi(keys)
     for h in range(HKV):
-        kept = set(layer.positions[0, h].tolist())
+        kept = set(layer.store.positions[0, h].tolist())
         gone = [p for p in range(keys.shape[2]) if p not in kept]
         assert len(gone) == keys.shape[2] - 12
         h_state = sum(torch.outer(psi[0, h, p], values[0, h, p]) for p in gone)
@@ -63,7 +64,7 @@ def test_state_is_the_sum_over_evicted_tokens(policy):
 def test_log_space_decode_equals_the_plain_formula():
     method = LESS(kernels=tiny_kernels(1))
     gen = torch.Generator().manual_seed(1)
-    layer = CompressedLayer(method, budget=None)
+    layer = CompressedLayer(method.traits.state_fill, budget=None)
     layer.update(torch.randn(B, HKV, 10, D, generator=gen), torch.randn(B, HKV, 10, D, generator=gen))
     layer.aux = {"H": torch.randn(B, HKV, R, D, generator=gen), "z": torch.rand(B, HKV, R, generator=gen) * 5}
     query = torch.randn(B, HQ, 1, D, generator=gen)
@@ -84,7 +85,7 @@ def test_decode_is_finite_for_extreme_logits_and_an_empty_state(logit, empty_sta
     yet (H = z = 0) or a live state: finite, and equal to the plain formula in float64."""
     method = LESS(kernels=tiny_kernels(1))
     gen = torch.Generator().manual_seed(2)
-    layer = CompressedLayer(method, budget=None)
+    layer = CompressedLayer(method.traits.state_fill, budget=None)
     direction = torch.ones(B, HKV, 10, D)
     layer.update(
         direction + 0.01 * torch.randn(B, HKV, 10, D, generator=gen),

@@ -56,7 +56,7 @@ def test_student_row_equals_inference_with_the_same_held_set(t):
         one = LESS(kernels=[_head_kernels(kernels, h)])
         held = keep[0, h, t, : t + 1].nonzero().flatten()
         gone = (~keep[0, h, t, : t + 1]).nonzero().flatten()
-        layer = CompressedLayer(one, budget=None)
+        layer = CompressedLayer(one.traits.state_fill, budget=None)
         layer.update(k[:, h : h + 1, held], v[:, h : h + 1, held])
         psi = one.kernels[0].psi(k[:, h : h + 1, gone])
         layer.aux = {"H": torch.einsum("bhnr,bhnd->bhrd", psi, v[:, h : h + 1, gone]), "z": psi.sum(2)}
@@ -83,7 +83,7 @@ def _head_kernels(kernels, h):
 def test_training_beats_the_sparse_policy_on_held_out_text(tmp_path, data_dir, monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    from methods.less.train import run_train_less
+    from runners.train_less import run_train_less
     from tests.conftest import REPO
 
     for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):  # wandb's files in tmp_path

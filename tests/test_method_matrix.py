@@ -75,19 +75,44 @@ def test_budget_and_memory_at_every_step(tiny_model, name, kwargs, budget):
         steps.append(cache.n_slots)
         for layer in cache.layers:  # the layer's own budget (layer allocators), mean over its heads
             allowed = PROMPT + len(steps) - 1
-            if method.budget_applies:
-                allowed = layer.budget + (0 if method.budget_holds_in_decode else len(steps) - 1)
-            assert layer.head_slots().float().mean() <= allowed
+            if method.traits.budget_applies:
+                allowed = layer.budget + (0 if method.traits.holds_in_decode else len(steps) - 1)
+            assert layer.store.head_slots().float().mean() <= allowed
         state = sum(t.nbytes for layer in cache.layers for t in layer.aux.values())  # LESS's H, z
-        held = sum(int(layer.head_slots().sum()) for layer in cache.layers)  # over every head
+        held = sum(int(layer.store.head_slots().sum()) for layer in cache.layers)  # over every head
         assert cache.kv_bytes() == held * BYTES_PER_SLOT // 2 + state
 
     res = greedy_generate(
-        tiny_model, prompt(0), method, budget if method.compresses else None, NEW, set(), check
+        tiny_model, prompt(0), method, budget if method.traits.compresses else None, NEW, set(), check
     )
     assert len(steps) == NEW
-    if method.compresses:
+    if method.traits.compresses:
         assert res.kv_bytes < res.fullkv_bytes  # memory was really released
+
+
+PROMPT_ONLY = [
+    pytest.param(name, kwargs, id=name)
+    for name, (kwargs, _) in SETTINGS.items()
+    if METHOD_REGISTRY[name](**kwargs).traits.holds_in_decode
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), PROMPT_ONLY)
+def test_prompt_only_rule_compresses_the_prompt_once_and_keeps_every_decoded_token(tiny_model, name, kwargs):
+    """``decode_budget=false`` on every method with a decode-time rule: the prompt is compressed to
+    the budget (the layer's own budget for layer allocators), then every decoded token is kept."""
+    method = METHOD_REGISTRY[name](**kwargs, decode_budget=False)
+    assert method.traits.prompt_only and not method.traits.holds_in_decode
+    held: list[list[float]] = []
+
+    def check(cache) -> None:
+        held.append([float(layer.store.head_slots().float().mean()) for layer in cache.layers])
+        for layer in cache.layers:
+            assert held[0][cache.layers.index(layer)] <= layer.budget
+
+    greedy_generate(tiny_model, prompt(0), method, 10, NEW, set(), check)
+    for step, slots in enumerate(held):
+        assert slots == [s + step for s in held[0]], f"step {step}: a decoded token was evicted"
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +124,9 @@ def fullkv_tokens(tiny_model) -> list[int]:
 @pytest.mark.parametrize(("name", "kwargs", "budget"), CASES)
 def test_covering_budget_gives_fullkv_output(tiny_model, fullkv_tokens, name, kwargs, budget):
     method = METHOD_REGISTRY[name](**kwargs)
-    if not method.budget_applies:
+    if not method.traits.budget_applies:
         pytest.skip("the budget does not drive it (DuoAttention: tests/test_allocators.py, sparsity 0)")
-    covering = PROMPT + NEW if method.budget_holds_in_decode else PROMPT
+    covering = PROMPT + NEW if method.traits.holds_in_decode else PROMPT
     ratios = kwargs.get("ratios")
     if ratios:  # every layer's share must cover the prompt
         covering = -(-covering * sum(ratios) // (len(ratios) * min(ratios)))
@@ -151,27 +176,30 @@ def test_allocated_memory_never_exceeds_the_bound_plus_one_slot(tiny_model, pres
     frees what it evicted), for every method and preset, at every step; ragged heads their own slots
     plus what each may still receive; a budget far above the prompt allocates nothing it cannot use."""
     method = build_preset(preset)
-    budget = budget if method.budget_applies else None
+    budget = budget if method.traits.budget_applies else None
     seen = PROMPT + NEW - 1  # tokens ever appended
 
     def check(cache) -> None:
         for layer in cache.layers:
-            to_come = seen - layer.seen_tokens
-            if layer.ragged is not None:  # the heads' own slots and what each may still receive
-                r = layer.ragged
+            to_come = seen - layer.get_seq_length()
+            if layer.store.kind == "ragged":  # the heads' own slots and what each may still receive
+                r = layer.store
                 room = torch.where(r.grows, r.lengths + to_come, r.bounds + 1).sum()
                 index = 2 * r.segment.nbytes + 3 * r.offsets.nbytes
-                assert layer.allocated_bytes() <= room * sum(t[:1].nbytes for t in r.buffers.values()) + index
+                assert (
+                    layer.store.allocated_bytes()
+                    <= room * sum(t[:1].nbytes for t in r.buffers.values()) + index
+                )
                 continue
             bound = layer.plan.bound
             # an unbounded layer: what it holds plus the tokens still to come (no more)
-            slots = min(seen, layer.n_slots + to_come) if bound is None else min(bound + 1, seen)
+            slots = min(seen, layer.store.n_slots + to_come) if bound is None else min(bound + 1, seen)
             aux = sum(t.untyped_storage().nbytes() for t in layer.aux.values())
-            assert layer.allocated_bytes() <= slots * slot_bytes(layer) + aux, (
-                layer.layer_idx,
-                layer.n_slots,
+            assert layer.store.allocated_bytes() <= slots * slot_bytes(layer) + aux, (
+                layer.spec.layer_idx,
+                layer.store.n_slots,
             )
             if bound is not None:
-                assert layer.n_slots <= bound
+                assert layer.store.n_slots <= bound
 
     greedy_generate(tiny_model, prompt(5), method, budget, NEW, set(), check)

@@ -25,8 +25,8 @@ def held(run: ModelRun) -> list[tuple[int, list[int]]]:
     """Per layer: the slot count and the sorted token positions the cache holds."""
     out = []
     for layer in run.cache.layers:
-        pos = layer.ragged.buffers["positions"][layer.ragged.valid()] if layer.ragged else layer.positions
-        out.append((layer.n_slots, sorted(pos.flatten().tolist())))
+        pos = layer.store.positions  # -1 on the padding of ragged heads
+        out.append((layer.store.n_slots, sorted(p for p in pos.flatten().tolist() if p >= 0)))
     return out
 
 
@@ -37,7 +37,7 @@ def test_fullkv_chunk_after_prefill_equals_one_prefill(tiny_model):
     run = ModelRun(tiny_model, FullKV(), None, prompt.shape[1])
     run.prefill(prompt[:, :CONTEXT])
     torch.testing.assert_close(run.append(prompt[:, CONTEXT:]), whole, atol=1e-4, rtol=1e-4)
-    assert run.cache.layers[0].seen_tokens == prompt.shape[1]
+    assert run.cache.layers[0].get_seq_length() == prompt.shape[1]
     tokens = greedy_generate(
         tiny_model, prompt, FullKV(), None, 12, eos_token_ids(tiny_model), question_start=CONTEXT
     ).tokens
@@ -60,8 +60,8 @@ def test_chunk_equals_the_same_tokens_as_decode_steps(tiny_model, preset):
     torch.testing.assert_close(logits, last, atol=1e-4, rtol=1e-4)
     assert held(chunked) == held(stepped)
     layer = chunked.cache.layers[0]
-    if layer.method.budget_holds_in_decode:
-        assert layer.n_slots <= layer.plan.bound
+    if chunked.cache.rules[0].traits.holds_in_decode:
+        assert layer.store.n_slots <= layer.plan.bound
     else:  # the prompt-only methods keep every question token
         assert set(range(CONTEXT, CONTEXT + QUESTION)) <= set(held(chunked)[0][1])
         assert min(n for n, _ in held(chunked)) < CONTEXT  # and the context was compressed
@@ -77,7 +77,7 @@ def test_decode_budget_false_compresses_the_context_only(tiny_model, preset):
     method = dataclasses.replace(build_preset(preset), decode_budget=False)
     run = ModelRun(tiny_model, method, BUDGET, prompt.shape[1])
     run.prefill(prompt[:, :CONTEXT])
-    kept = [layer.n_slots for layer in run.cache.layers]
+    kept = [layer.store.n_slots for layer in run.cache.layers]
     run.append(prompt[:, CONTEXT:])
     assert all(k <= BUDGET for k in kept)
     assert [n for n, _ in held(run)] == [k + QUESTION for k in kept]

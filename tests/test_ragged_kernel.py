@@ -9,8 +9,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from kernels import set_backend
-from kernels.ragged_decode import ragged_decode_attention, ragged_decode_attention_torch
+from kernels import proof, set_backend
+from kernels.ragged_decode import packed_case, ragged_decode_attention, ragged_decode_attention_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -24,29 +24,17 @@ def _restore_backend():
 
 
 def make(lengths, group, head_dim, dtype=torch.float32, tail=3, bias=True, seed=0):
-    """Packed ragged inputs: segment ``s`` holds ``lengths[s]`` valid slots then ``tail`` invalid
-    ones (filled with large values that must not count); keys are a strided view of a wider buffer.
+    """Packed ragged inputs (``kernels.ragged_decode.packed_case``: ``tail`` invalid slots per
+    segment filled with large values that must not count; keys a strided view of a wider buffer) on
+    ``DEVICE``, query, keys and values in ``dtype``.
 
     Returns ``(query [segments, group, head_dim], keys, values [slots, head_dim], offsets, lengths,
     segment, valid [slots], log_weight [slots] or None)``.
     """
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor(lengths)
-    capacity = lengths + tail
-    offsets = torch.cumsum(capacity, 0) - capacity
-    n = int(capacity.sum())
-    segment = torch.repeat_interleave(torch.arange(len(lengths)), capacity)
-    valid = torch.arange(n) - offsets[segment] < lengths[segment]
-    query = torch.randn(len(lengths), group, head_dim, generator=g)
-    keys = torch.randn(n, head_dim + 5, generator=g)[:, :head_dim]
-    values = torch.randn(n, head_dim, generator=g)
-    keys[~valid], values[~valid] = 1e4, 1e4
-    log_weight = (torch.rand(n, generator=g) * 2).log() if bias else None
-    to = dict(device=DEVICE)
+    case = packed_case(lengths, group, head_dim, tail, torch.Generator().manual_seed(seed))
+    query, keys, values, *index, log_weight = (t.to(DEVICE) for t in case)
     return (
-        query.to(**to, dtype=dtype), keys.to(**to, dtype=dtype), values.to(**to, dtype=dtype),
-        offsets.to(**to), lengths.to(**to), segment.to(**to), valid.to(**to),
-        None if log_weight is None else log_weight.to(**to),
+        *(t.to(dtype) for t in (query, keys, values)), *index, log_weight if bias else None,
     )  # fmt: skip
 
 
@@ -110,15 +98,16 @@ def test_dispatch_takes_the_kernel_unless_soft_capped(monkeypatch):
     monkeypatch.setattr(
         triton_ragged, "triton_ragged_decode_attention", lambda *a: calls.append(1) or kernel(*a)
     )
+    monkeypatch.setattr(proof, "VERDICTS", {})  # the kernel is proven once (one call)
     inputs = make([3, 1, 4], 2, 16)
     set_backend("triton")
     out, _ = ragged_decode_attention(*inputs, 0.25)
     capped, _ = ragged_decode_attention(*inputs, 0.25, softcap=30.0)
-    assert len(calls) == 1
+    assert len(calls) == 2
     assert torch.equal(capped, ragged_decode_attention_torch(*inputs, 0.25, softcap=30.0)[0])
     set_backend("torch")
     torch.testing.assert_close(ragged_decode_attention(*inputs, 0.25)[0], out, atol=1e-5, rtol=1e-5)
-    assert len(calls) == 1
+    assert len(calls) == 2
 
 
 class _Allocations(TorchDispatchMode):

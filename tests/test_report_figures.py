@@ -132,7 +132,7 @@ def test_memory_without_curves_draws_one_point_per_run(tmp_path):
 def test_figures_write_png_pdf_and_csv(store, tmp_path):
     (plot,) = budget.build(store, Filters(task="xsum"))
     files = plot.save(tmp_path / "out")
-    assert sorted(p.suffix for p in files) == [".csv", ".pdf", ".png"]
+    assert sorted(p.suffix for p in files) == [".csv", ".md", ".pdf", ".png"]  # .md: paired differences
     assert (tmp_path / "out" / "budget_xsum_rouge1.csv").read_text().startswith("model,task,method")
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from reports import budget, memory, niah, pareto, ruler
+from reports import budget, memory, niah, pareto, ruler, ruler_table
 from reports.__main__ import main as reports_main
 from reports.compare import main as compare_main
 from reports.efficiency import main as efficiency_main
@@ -129,7 +129,7 @@ def test_ruler_row_is_the_newest_run(runs):
     (row,) = board[(board["method"] == "snapkv") & (board["compression_ratio"] == 0.5)].itertuples()
     assert (row.runs, row.run_ids) == (1, runs["new"]["ruler"]["run_id"])
     assert row.avg == pytest.approx(runs["new"]["ruler"]["metrics"]["avg"])
-    assert _named(ruler.markdown(board, "ratio", found.pairing), runs, "ruler")
+    assert _named(ruler_table.markdown(board, "ratio", found.pairing), runs, "ruler")
 
 
 def test_runs_lists_both_runs_by_full_id_and_names_the_shown_one(runs, capsys):

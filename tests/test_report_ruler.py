@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from reports import ruler, ruler_figure
+from reports import ruler, ruler_figure, ruler_table
 from reports.__main__ import main
 from reports.runs import Filters
 from reports.store import ResultStore
@@ -62,7 +62,7 @@ def test_label_switch_names_rows_by_ratio_or_kept_fraction(tmp_path):
     store = ResultStore(tmp_path)
     ruler_runs(store, ratios=(0.25,))
     board, _ = _board(store)
-    by_ratio, by_budget = ruler.markdown(board, "ratio"), ruler.markdown(board, "budget")
+    by_ratio, by_budget = ruler_table.markdown(board, "ratio"), ruler_table.markdown(board, "budget")
     assert "compression ratio" in by_ratio and "kept fraction" not in by_ratio
     assert "budget (kept fraction)" in by_budget and "compression ratio" not in by_budget
     ratio_row = next(line for line in by_ratio.splitlines() if line.startswith("| SnapKV"))
@@ -109,7 +109,7 @@ def test_runs_on_other_samples_are_not_paired(tmp_path):
     assert "TOVA" not in set(board["label"]) and set(board["run_ids"]).isdisjoint({tova["run_id"]})
     assert fullkv["run_id"] not in " ".join(board["run_ids"])  # its FullKV ran on the shifted ids too
     assert {u.run_id for u in found.pairing.unpaired} == {fullkv["run_id"], tova["run_id"]}
-    text = ruler.markdown(board, "ratio", found.pairing)
+    text = ruler_table.markdown(board, "ratio", found.pairing)
     assert "## Not compared" in text and f"TOVA (run {tova['run_id'][:8]})" in text
 
 

@@ -22,19 +22,31 @@ def spied(cls: type, records: dict) -> type:
 
     class Spy(cls):
         def prefill(self, layer, query, scaling):
-            seen = [layer.positions.clone(), layer.keys.clone(), layer.values.clone(), query.clone(), scaling]
-            records.setdefault(layer.layer_idx, []).append(["prefill", *seen])
+            seen = [
+                layer.store.positions.clone(),
+                layer.keys.clone(),
+                layer.values.clone(),
+                query.clone(),
+                scaling,
+            ]
+            records.setdefault(layer.spec.layer_idx, []).append(["prefill", *seen])
             super().prefill(layer, query, scaling)
-            records[layer.layer_idx][-1].append(layer.positions.clone())
+            records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
         def decode_attention(self, layer, query, scaling):
-            seen = [layer.positions.clone(), layer.keys.clone(), layer.values.clone(), query.clone(), scaling]
-            records[layer.layer_idx].append(["step", *seen])
+            seen = [
+                layer.store.positions.clone(),
+                layer.keys.clone(),
+                layer.values.clone(),
+                query.clone(),
+                scaling,
+            ]
+            records[layer.spec.layer_idx].append(["step", *seen])
             return super().decode_attention(layer, query, scaling)
 
         def decode_step(self, layer, probs):
             super().decode_step(layer, probs)
-            records[layer.layer_idx][-1].append(layer.positions.clone())
+            records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
     return Spy
 
@@ -45,7 +57,7 @@ def run(model, method_cls, kwargs: dict, budget: int):
     method = spied(method_cls, records)(**kwargs)
 
     def check(cache) -> None:
-        assert all(layer.n_slots <= layer.plan.bound for layer in cache.layers)
+        assert all(layer.store.n_slots <= layer.plan.bound for layer in cache.layers)
 
     greedy_generate(model, prompt(4), method, budget, NEW, set(), check)
     assert all(len(events) == NEW for events in records.values())  # the last token is never fed back
@@ -120,14 +132,15 @@ def value_norm(weight: torch.Tensor, h: int, group: int, v: torch.Tensor) -> flo
     return sum((v @ weight[:, g * d : (g + 1) * d].T).abs().sum().item() for g in heads) / group
 
 
-@pytest.mark.parametrize(("ratio", "budget"), [(0.5, 9), (0.5, 30), (0.0, 30)])
-def test_criticalkv_keeps_the_papers_tokens(tiny_model, ratio, budget):
+@pytest.mark.parametrize(("ratio", "budget", "eps"), [(0.5, 9, 1e-4), (0.5, 30, 1e-4), (0.0, 30, 0.05)])
+def test_criticalkv_keeps_the_papers_tokens(tiny_model, ratio, budget, eps):
     """Stage 1: SnapKV's votes (window protected, as kvpress's highest score); stage 2:
-    ``(votes + eps) * mean_g ||v W_o^g||_1`` with the layer's ``o_proj`` slice of each query head."""
-    kwargs = {"scorer": SnapKV(**SCORER), "first_stage_ratio": ratio}
+    ``(votes / w + eps) * mean_g ||v W_o^g||_1`` with the layer's ``o_proj`` slice of each query head:
+    the votes on kvpress's scale (the mean over the window of ``w`` queries) before epsilon is added
+    (an epsilon large against the votes shows the scale)."""
+    kwargs = {"scorer": SnapKV(**SCORER), "first_stage_ratio": ratio, "epsilon": eps}
     scorer = SnapKV(**SCORER)
     w = scorer.window(budget)
-    eps = 1e-4
     records = run(tiny_model, METHOD_REGISTRY["criticalkv"], kwargs, budget)
     for layer_idx, events in records.items():
         weight = tiny_model.model.layers[layer_idx].self_attn.o_proj.weight.detach()
@@ -165,7 +178,8 @@ def test_criticalkv_keeps_the_papers_tokens(tiny_model, ratio, budget):
                     first = max(0, int(ratio * bound) - w)
                     stage1 = sorted(rest, key=lambda p: votes[h][p])[len(rest) - first :] if first else []
                     stage2 = sorted(
-                        (p for p in rest if p not in stage1), key=lambda p: (votes[h][p] + eps) * norms[h][p]
+                        (p for p in rest if p not in stage1),
+                        key=lambda p: (votes[h][p] / w + eps) * norms[h][p],
                     )
                     kept = recent + stage1 + stage2[len(stage2) - (bound - w - first) :]
                     held[h] = [p for p in held[h] if p in kept]

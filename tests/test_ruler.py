@@ -164,27 +164,27 @@ def test_prompt_templates(generated):
         "I will quiz you about the number afterwards.\n"
     )
     assert (
-        s.meta["question"] == f"\nWhat is the special magic number for {key} mentioned in the provided text?"
+        s.meta["question"] == f"\nWhat is the special magic number for {key} mentioned in the provided text? "
     )
-    assert s.meta["answer_prefix"] == f" The special magic number for {key} mentioned in the provided text is"
+    assert s.meta["answer_prefix"] == f"The special magic number for {key} mentioned in the provided text is"
     s = by_task["niah_multivalue"][0]
     assert split(s)[0].startswith("Some special magic numbers are hidden")
     assert s.meta["answer_prefix"].endswith("mentioned in the provided text are")
     s = by_task["cwe"][0]
-    assert s.meta["question"] == "\nQuestion: What are the 10 most common words in the above list?"
-    assert s.meta["answer_prefix"] == " Answer: The top 10 words that appear most often in the list are:"
+    assert s.meta["question"] == "\nQuestion: What are the 10 most common words in the above list? "
+    assert s.meta["answer_prefix"] == "Answer: The top 10 words that appear most often in the list are:"
     s = by_task["fwe"][0]
     assert split(s)[0].startswith("Read the following coded text and track the frequency of each coded word.")
     assert (
         s.meta["answer_prefix"]
-        == " Answer: According to the coded text above, the three most frequently appeared words are:"
+        == "Answer: According to the coded text above, the three most frequently appeared words are:"
     )
     s = by_task["qa_1"][0]
     assert split(s)[0].startswith("Answer the question based on the given documents. Only give me the answer")
     assert s.meta["question"].endswith(
         "\n\nQuestion: " + re.search(r"Question: (.*)$", s.meta["question"]).group(1)
     )
-    assert s.meta["answer_prefix"] == " Answer:"
+    assert s.meta["answer_prefix"] == "Answer:"
     for name, samples in by_task.items():
         for s in samples:
             assert s.prompt_text == "".join(split(s))
@@ -268,7 +268,9 @@ def test_qa_gold_documents(generated):
             )
             if name == "qa_2":
                 record = hotpot[s.meta["index"]]
-                assert s.meta["question"].endswith(record["question"]) and s.references == [record["answer"]]
+                assert s.meta["question"].endswith(record["question"] + " ") and s.references == [
+                    record["answer"]
+                ]
                 assert {f"{t}\n{''.join(p)}" for t, p in record["context"]} <= set(docs)
     assert task.protocol()["qa_pools"]["qa_2"] | {"file": None} == {
         "questions": 100,
@@ -294,7 +296,11 @@ def test_chat_template_and_raw_prompts(generated, tokenizer, ruler_dir):
     assert text.endswith(s.meta["question"] + "<|im_end|>\n<|im_start|>assistant\n" + s.meta["answer_prefix"])
     raw = Ruler(data_dir=ruler_dir, tasks=["niah_single_1"], lengths=[1024], limit=1, chat_template="none")
     sample = raw.load(tokenizer)[0]
-    assert raw.encode(tokenizer, sample)[0].tolist() == tokenizer(sample.prompt_text)["input_ids"]
+    context, question, prefix = split(sample)  # kvpress's two pieces, the first with BOS
+    pieces = (
+        tokenizer(context)["input_ids"] + tokenizer(question + prefix, add_special_tokens=False)["input_ids"]
+    )
+    assert raw.encode(tokenizer, sample)[0].tolist() == pieces
     protocol = task.protocol()
     assert (
         protocol["haystack"]["niah_single_2"] == "essay"

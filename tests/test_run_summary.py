@@ -48,3 +48,32 @@ def test_a_quality_record_shows_its_sample_count():
     record = {k: v for k, v in RECORD.items() if k != "shape"} | {"status": "ok", "error": None}
     text = render(record, 100)
     assert "2 samples | status ok" in text and "error" not in text
+
+
+def rows(text: str) -> dict[str, str]:
+    """``label -> value`` of the rendered table's one-line rows."""
+    cells = [[c.strip() for c in re.split(r"[│┃]", line)[1:-1]] for line in text.splitlines()]
+    return {c[0]: c[1] for c in cells if len(c) == 2 and c[0]}
+
+
+QUALITY = {  # a quality run's figures: no latency or p90 (the efficiency runner's)
+    "decode_tokens_per_s": 3.2, "budget_slots_mean": 31.1, "peak_rss_bytes": 300 * 2**20,
+    "peak_rss_process_bytes": 400 * 2**20, "peak_device_bytes": None, "peak_device_process_bytes": None,
+}  # fmt: skip
+
+
+def test_a_cpu_run_shows_only_its_figures_and_its_rss_as_peak_memory():
+    record = RECORD | {"status": "ok", "error": None, "device": {"type": "cpu"}, "efficiency": QUALITY,
+                       "wall_seconds": 389.9}  # fmt: skip
+    shown = rows(render(record, 100))
+    assert shown["peak memory MiB (VRAM or RSS)"] == shown["peak RSS MiB (run)"] == "300"
+    assert not any("VRAM MiB (" in label or "latency" in label for label in shown), shown
+    assert "-" not in shown.values(), shown
+
+
+def test_a_cuda_run_shows_its_vram():
+    vram = {"peak_device_bytes": 100 * 2**20, "peak_device_process_bytes": 200 * 2**20}
+    record = RECORD | {"device": {"type": "cuda"}, "efficiency": QUALITY | vram}
+    shown = rows(render(record, 100))
+    assert shown["peak memory MiB (VRAM or RSS)"] == shown["peak VRAM MiB (run)"] == "100"
+    assert shown["peak VRAM MiB (process, with loading)"] == "200"

@@ -25,21 +25,27 @@ def spied(cls: type, records: dict) -> type:
 
     class Spy(cls):
         def prefill(self, layer, query, scaling):
-            records.setdefault(layer.layer_idx, []).append(
-                ["prefill", layer.positions.clone(), layer.keys.clone(), query[:, :, -1].clone(), scaling]
+            records.setdefault(layer.spec.layer_idx, []).append(
+                [
+                    "prefill",
+                    layer.store.positions.clone(),
+                    layer.keys.clone(),
+                    query[:, :, -1].clone(),
+                    scaling,
+                ]
             )
             super().prefill(layer, query, scaling)
-            records[layer.layer_idx][-1].append(layer.positions.clone())
+            records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
         def decode_attention(self, layer, query, scaling):
-            records[layer.layer_idx].append(
-                ["step", layer.positions.clone(), layer.keys.clone(), query[:, :, -1].clone(), scaling]
+            records[layer.spec.layer_idx].append(
+                ["step", layer.store.positions.clone(), layer.keys.clone(), query[:, :, -1].clone(), scaling]
             )
             return super().decode_attention(layer, query, scaling)
 
         def decode_step(self, layer, probs):
             super().decode_step(layer, probs)
-            records[layer.layer_idx][-1].append(layer.positions.clone())
+            records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
     return Spy
 
@@ -129,3 +135,35 @@ def test_random_scores_are_uniform_and_seeded():
     assert not torch.equal(u[0, 0], u[0, 1])  # heads differ
     assert not torch.equal(u, hashed_uniform(pos, 1, 0)) and not torch.equal(u, hashed_uniform(pos, 0, 1))
     assert torch.equal(u, hashed_uniform(pos, 0, 0))
+
+
+@pytest.mark.parametrize("budget", [80, 120])
+def test_snapkv_avg_preset_keeps_kvpress_snapkv_tokens(budget):
+    """``method=snapkv_avg`` against kvpress's ``SnapKVPress.score`` written from its code (window 64,
+    kernel 5): per query head the window's mean attention over the prefix, ``avg_pool1d`` with
+    PyTorch's default padding (zero padding counted at the edges), the group mean, the window kept."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from methods.seam.layer import CompressedLayer
+    from methods.seam.step import prefill_step
+    from tests.conftest import REPO
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        method = instantiate(compose("config", overrides=["method=snapkv_avg"]).method)
+    gen = torch.Generator().manual_seed(5)
+    n, w, k, hkv, group, d = 200, 64, 5, 2, 3, 8
+    assert (method.window_size, method.kernel_size, method.pooling) == (w, k, "avg")
+    keys, query = torch.randn(1, hkv, n, d, generator=gen), torch.randn(1, hkv * group, n, d, generator=gen)
+    layer = CompressedLayer(method.traits.state_fill, budget)
+    layer.update(keys, torch.randn(1, hkv, n, d, generator=gen))
+    prefill_step(method, layer, query, None, None, d**-0.5)
+    for h in range(hkv):
+        q = query[0, h * group : (h + 1) * group, -w:]  # [group, w, d]
+        logits = q @ keys[0, h].T * d**-0.5
+        future = torch.arange(n)[None, :] > torch.arange(n - w, n)[:, None]
+        attn = torch.softmax(logits.masked_fill(future, -torch.inf), -1)[..., : n - w]
+        scores = torch.nn.functional.avg_pool1d(attn.mean(1)[:, None], k, stride=1, padding=k // 2)
+        top = scores[:, 0].mean(0).topk(budget - w).indices
+        want = sorted(top.tolist() + list(range(n - w, n)))
+        assert sorted(layer.store.positions[0, h].tolist()) == want, h

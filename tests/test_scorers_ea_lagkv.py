@@ -27,14 +27,14 @@ def spied(cls: type, records: dict) -> type:
     action (the prompt's queries, or the step's query) and the positions after it."""
 
     def record(layer, kind, query):
-        entry = [kind, layer.positions.clone(), layer.keys.clone(), layer.values.clone(), query.clone()]
-        records.setdefault(layer.layer_idx, []).append([*entry, layer.spec.rotary])
+        entry = [kind, layer.store.positions.clone(), layer.keys.clone(), layer.values.clone(), query.clone()]
+        records.setdefault(layer.spec.layer_idx, []).append([*entry, layer.spec.rotary])
 
     class Spy(cls):
         def prefill(self, layer, query, scaling):
             record(layer, "prefill", query)
             super().prefill(layer, query, scaling)
-            records[layer.layer_idx][-1].append(layer.positions.clone())
+            records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
         def decode_attention(self, layer, query, scaling):
             record(layer, "step", query)
@@ -42,7 +42,7 @@ def spied(cls: type, records: dict) -> type:
 
         def decode_step(self, layer, probs):
             super().decode_step(layer, probs)
-            records[layer.layer_idx][-1].append(layer.positions.clone())
+            records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
     return Spy
 
@@ -203,7 +203,7 @@ def test_lagkv_scores_whole_partitions_at_prefill_and_the_completed_one_in_decod
         200,
         NEW,
         set(),
-        lambda c: cache_scores.append(c.layers[0].state["scores"].clone()),
+        lambda c: cache_scores.append(c.layers[0].store.state["scores"].clone()),
     )
     # prompt 64 = 2 sinks + 7 partitions of 8 + 6: partitions 0..5 scored, 6 and the remainder not
     positions = torch.arange(64 + NEW - 1)

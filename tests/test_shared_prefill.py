@@ -47,8 +47,8 @@ def test_shared_prefill_equals_each_settings_own_run(tiny_model, start, batch):
 
 def test_equal_prompt_scores_of_a_grid_are_computed_once(tiny_model, monkeypatch):
     """H2O at three budgets scores the prompt with the same causal column sums: computed once per
-    layer (``methods.seam.score_memo``), and each setting's run is still its own run's."""
-    import methods.seam.scoring as scoring
+    layer (``methods.score_memo``), and each setting's run is still its own run's."""
+    import methods.scoring as scoring
 
     computed = []
     real = scoring.remember

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from methods import H2O, CompressedLayer, SlotStore, SnapKV, StreamingLLM
-from methods.seam.dispatch import decode_attention
+from methods.seam.step import prefill_step
 from methods.seam.store import gather_slots
 from runners.generate import greedy_generate
 
@@ -92,26 +92,25 @@ def test_a_full_layer_decodes_in_place():
     """Once an H2O layer holds its budget, each decode step appends into and evicts from the same
     buffers: no allocation, the same shapes at every step."""
     method, budget = H2O(), 8
-    layer = CompressedLayer(method, budget, max_tokens=40)
+    layer = CompressedLayer(method.traits.state_fill, budget, max_tokens=40)
     gen = torch.Generator().manual_seed(1)
     layer.update(torch.randn(1, 2, 16, 4, generator=gen), torch.randn(1, 2, 16, 4, generator=gen))
-    method.prefill(layer, torch.randn(1, 2, 16, 4, generator=gen), 0.5)
-    layer.prefilled = True
+    prefill_step(method, layer, torch.randn(1, 2, 16, 4, generator=gen), None, None, 0.5)
     ptrs = {name: buf.data_ptr() for name, buf in layer.store.buffers.items()}
     for _ in range(20):
         layer.update(torch.randn(1, 2, 1, 4, generator=gen), torch.randn(1, 2, 1, 4, generator=gen))
         assert layer.keys.shape == (1, 2, budget + 1, 4)
         method.decode_step(layer, torch.softmax(torch.randn(1, 2, budget + 1, generator=gen), -1))
-        assert layer.n_slots == budget
+        assert layer.store.n_slots == budget
     assert {name: buf.data_ptr() for name, buf in layer.store.buffers.items()} == ptrs
     assert layer.store.capacity == budget + 1
 
 
 def test_the_layer_views_are_read_only():
-    layer = CompressedLayer(H2O(), 4)
+    layer = CompressedLayer(H2O().traits.state_fill, 4)
     layer.update(torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4))
     with pytest.raises(TypeError):
-        layer.state["scores"] = torch.zeros(1, 1, 6)
+        layer.store.state["scores"] = torch.zeros(1, 1, 6)
     with pytest.raises(AttributeError):
         layer.keys = torch.zeros(1, 1, 6, 4)
 
@@ -121,7 +120,9 @@ def test_each_layer_is_planned_once_per_sample_and_sized_from_its_plan(tiny_mode
     (no call back into the method while sizing) and decode steps evict down to it."""
     calls = []
     plan = H2O.plan
-    monkeypatch.setattr(H2O, "plan", lambda self, layer: calls.append(layer.layer_idx) or plan(self, layer))
+    monkeypatch.setattr(
+        H2O, "plan", lambda self, layer: calls.append(layer.spec.layer_idx) or plan(self, layer)
+    )
     ids = torch.randint(3, 128, (1, 30), generator=torch.Generator().manual_seed(0))
     method, budget = H2O(state_rank=2), 12
     capacities = set()
@@ -131,12 +132,13 @@ def test_each_layer_is_planned_once_per_sample_and_sized_from_its_plan(tiny_mode
 
     res = greedy_generate(tiny_model, ids, method, budget, 6, set(), check)
     assert sorted(calls) == [0, 1] and len(res.tokens) == 6 and capacities == {1}
-    layer = CompressedLayer(method, budget)
+    layer = CompressedLayer(method.traits.state_fill, budget)
     layer.update(torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16))
-    bound = layer.plan.bound
-    assert bound > budget and layer.plan.recent == method.split(bound)[1]  # Baseline+ extra slots
-    method.prefill(layer, torch.randn(1, 6, 30, 16), 0.25)
-    assert layer.n_slots == bound and layer.store.capacity == bound + 1
+    planned = method.plan(layer)
+    bound = planned.bound
+    assert bound > budget and planned.recent == method.split(bound)[1]  # Baseline+ extra slots
+    prefill_step(method, layer, torch.randn(1, 6, 30, 16), None, None, 0.25)
+    assert layer.store.n_slots == bound and layer.store.capacity == bound + 1
 
 
 def test_the_dispatch_follows_what_the_method_declares():
@@ -147,16 +149,17 @@ def test_the_dispatch_follows_what_the_method_declares():
     query = torch.randn(1, 4, 1, 8, generator=gen)
     outs = []
     for method in (StreamingLLM(), H2O(), SnapKV(decode_budget=True)):
-        layer = CompressedLayer(method, 20)
+        layer = CompressedLayer(method.traits.state_fill, 20)
         layer.update(keys, values)
-        if "scores" in layer.store:
+        layer.plan = method.plan(layer)
+        if "scores" in method.traits.state_fill:
             layer.store.write("scores", torch.ones(1, 2, 9))
-        out, probs = decode_attention(layer, query, 0.5)
+        out, probs = method.decode_attention(layer, query, 0.5)
         outs.append(out)
         if isinstance(method, StreamingLLM):
             assert probs is None
         elif isinstance(method, H2O):
-            total = layer.state["scores"].sum(-1)  # 9 ones + this step's probabilities
+            total = layer.store.state["scores"].sum(-1)  # 9 ones + this step's probabilities
             assert probs is None and torch.allclose(total, torch.full((1, 2), 10.0))
         else:
             assert probs.shape == (1, 2, 9) and torch.allclose(probs.sum(-1), torch.ones(1, 2))

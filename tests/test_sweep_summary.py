@@ -22,7 +22,7 @@ def fabricate(tmp_path, jobs: list[list[str]]) -> list[str]:
             cfg = compose(config_name="config", overrides=overrides)
             (tmp_path / "sweep" / str(n) / ".hydra").mkdir(parents=True)
             OmegaConf.save(cfg, tmp_path / "sweep" / str(n) / ".hydra" / "config.yaml")
-            ids.append(run_id(run_config(cfg, instantiate(cfg.method).budget_applies)))
+            ids.append(run_id(run_config(cfg, instantiate(cfg.method).traits.budget_applies)))
     return ids
 
 

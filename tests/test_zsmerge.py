@@ -13,6 +13,7 @@ import torch
 
 from kernels import decode_attention
 from methods import CompressedLayer, ZSMerge
+from methods.seam.step import prefill_step
 
 B, H, HQ, D = 2, 2, 6, 8
 
@@ -23,17 +24,18 @@ def drive(method: ZSMerge, budget: int | None, prompt: int, steps: int, seed: in
     total = prompt + steps
     keys = torch.randn(B, H, total, D, generator=gen, dtype=torch.float64)
     values = torch.eye(total, dtype=torch.float64).expand(B, H, total, total).clone()
-    layer = CompressedLayer(method, budget)
+    layer = CompressedLayer(method.traits.state_fill, budget)
     layer.update(keys[:, :, :prompt], values[:, :, :prompt])
     scale = D**-0.5
-    method.prefill(layer, torch.randn(B, HQ, prompt, D, generator=gen, dtype=torch.float64), scale)
-    layer.prefilled = True
+    prefill_step(
+        method, layer, torch.randn(B, HQ, prompt, D, generator=gen, dtype=torch.float64), None, None, scale
+    )
     if check:
         check(layer)
     for t in range(prompt, total):
         layer.update(keys[:, :, t : t + 1], values[:, :, t : t + 1])
         q = torch.randn(B, HQ, 1, D, generator=gen, dtype=torch.float64)
-        _, probs = decode_attention(q, layer.keys, layer.values, layer.log_weight, scale)
+        _, probs = decode_attention(q, layer.keys, layer.values, layer.store.log_weight, scale)
         method.decode_step(layer, probs)
         if check:
             check(layer)
@@ -75,23 +77,23 @@ def test_invariants_at_every_step(order, budget, prompt, residual):
     b_p, _, b_r = method.split(budget)
 
     def check(layer: CompressedLayer) -> None:
-        n = layer.n_slots
+        n = layer.store.n_slots
         assert n <= budget
         assert layer.scalars["residual"] <= b_r
         bytes_per_slot = B * H * (D + layer.values.shape[-1]) * 8
-        assert layer.kv_bytes() == n * bytes_per_slot  # storage holds exactly the kept slots
-        newest = layer.seen_tokens - 1
+        assert layer.store.kv_bytes() == n * bytes_per_slot  # storage holds exactly the kept slots
+        newest = layer.get_seq_length() - 1
         for b in range(B):
             for h in range(H):
-                present = set(layer.positions[b, h].tolist())
+                present = set(layer.store.positions[b, h].tolist())
                 assert set(range(newest - b_p + 1, newest + 1)) <= present
 
     layer, _ = drive(method, budget, prompt, steps=25, check=check)
-    assert layer.n_slots == budget
-    fusion = layer.state["fusion"]
+    assert layer.store.n_slots == budget
+    fusion = layer.store.state["fusion"]
     if b_r:
         # Every token ever seen is still represented: fusion counts add up to the tokens seen.
-        torch.testing.assert_close(fusion.sum(-1), torch.full((B, H), float(layer.seen_tokens)))
+        torch.testing.assert_close(fusion.sum(-1), torch.full((B, H), float(layer.get_seq_length())))
     else:
         assert torch.all(fusion == 1)
 
@@ -104,17 +106,17 @@ def test_merged_slots_are_means_of_their_originals(order):
     for b in range(B):
         for h in range(H):
             seen: list[int] = []
-            for slot in range(layer.n_slots):
+            for slot in range(layer.store.n_slots):
                 ids = members(layer, b, h, slot)
                 seen += ids
-                w = layer.state["fusion"][b, h, slot].item()
+                w = layer.store.state["fusion"][b, h, slot].item()
                 assert len(ids) == w
                 torch.testing.assert_close(
                     layer.values[b, h, slot, ids], torch.full((len(ids),), 1 / w, dtype=torch.float64)
                 )
                 torch.testing.assert_close(layer.keys[b, h, slot], keys[b, h, ids].mean(0))
-                assert layer.log_weight[b, h, slot].item() == pytest.approx(method.alpha * math.log(w))
-            assert sorted(seen) == list(range(layer.seen_tokens))
+                assert layer.store.log_weight[b, h, slot].item() == pytest.approx(method.alpha * math.log(w))
+            assert sorted(seen) == list(range(layer.get_seq_length()))
 
 
 def naive_window_scores(query, keys, window, lam, kernel):
@@ -140,16 +142,16 @@ def test_prefill_keeps_proximity_plus_top_context_and_groups_the_rest():
     keys = torch.randn(B, H, prompt, D, generator=gen, dtype=torch.float64)
     values = torch.eye(prompt, dtype=torch.float64).expand(B, H, prompt, prompt).clone()
     query = torch.randn(B, HQ, prompt, D, generator=gen, dtype=torch.float64)
-    layer = CompressedLayer(method, budget)
+    layer = CompressedLayer(method.traits.state_fill, budget)
     layer.update(keys, values)
-    method.prefill(layer, query, D**-0.5)
+    prefill_step(method, layer, query, None, None, D**-0.5)
     g = HQ // H
     for b in range(B):
         for h in range(H):
             s = naive_window_scores(query[b, h * g : (h + 1) * g], keys[b, h], 8, method.lam, 5)
             older = prompt - b_p
             top = set(torch.topk(s[:older], b_c).indices.tolist())
-            kept = [p for p in layer.positions[b, h].tolist() if p >= 0]
+            kept = [p for p in layer.store.positions[b, h].tolist() if p >= 0]
             assert set(kept) == top | set(range(older, prompt))
             leftover = sorted(set(range(older)) - top)
             groups = [members(layer, b, h, slot) for slot in range(b_r)]
@@ -169,10 +171,10 @@ def test_decode_step_updates_scores_by_eq5_and_evicts_the_lowest(order):
     v = torch.zeros(B, H, 1, layer.values.shape[-1], dtype=torch.float64)
     layer.update(k, v)
     q = torch.randn(B, HQ, 1, D, generator=gen, dtype=torch.float64)
-    _, probs = decode_attention(q, layer.keys, layer.values, layer.log_weight, D**-0.5)
-    positions = layer.positions.clone()
-    expected = method.lam * layer.state["scores"] + probs  # Eq. 5
-    leaving = layer.seen_tokens - 1 - b_p
+    _, probs = decode_attention(q, layer.keys, layer.values, layer.store.log_weight, D**-0.5)
+    positions = layer.store.positions.clone()
+    expected = method.lam * layer.store.state["scores"] + probs  # Eq. 5
+    leaving = layer.get_seq_length() - 1 - b_p
     method.decode_step(layer, probs)
     for b in range(B):
         for h in range(H):
@@ -180,34 +182,33 @@ def test_decode_step_updates_scores_by_eq5_and_evicts_the_lowest(order):
             score_of = {p: expected[b, h, slot].item() for slot, p in enumerate(before) if p >= 0}
             cand = {p: s for p, s in score_of.items() if (p <= leaving if order == "paper" else p < leaving)}
             victim = min(cand, key=cand.get)
-            after = layer.positions[b, h].tolist()
+            after = layer.store.positions[b, h].tolist()
             assert set(before) - {-1} - set(after) == {victim}
             for slot, p in enumerate(after):
                 if p >= 0:
-                    assert layer.state["scores"][b, h, slot].item() == pytest.approx(score_of[p])
+                    assert layer.store.state["scores"][b, h, slot].item() == pytest.approx(score_of[p])
 
 
 def test_code_order_spares_the_token_leaving_the_window_and_paper_order_does_not():
     budget, prompt = 10, 10
     for order, spared in (("code", True), ("paper", False)):
         method = ZSMerge(order=order, residual_ratio=0, lam=1.0)
-        layer = CompressedLayer(method, budget)
+        layer = CompressedLayer(method.traits.state_fill, budget)
         layer.update(torch.randn(1, 1, prompt, D), torch.randn(1, 1, prompt, D))
-        method.prefill(layer, torch.randn(1, 1, prompt, D), D**-0.5)
-        layer.prefilled = True
+        prefill_step(method, layer, torch.randn(1, 1, prompt, D), None, None, D**-0.5)
         b_p, _, _ = method.split(budget)
         leaving = prompt - b_p  # leaves the proximity window when token `prompt` arrives
-        layer.state["scores"].fill_(1.0)
-        layer.state["scores"][..., leaving] = 0.0  # the lowest score
+        layer.store.state["scores"].fill_(1.0)
+        layer.store.state["scores"][..., leaving] = 0.0  # the lowest score
         layer.update(torch.randn(1, 1, 1, D), torch.randn(1, 1, 1, D))
         method.decode_step(layer, torch.zeros(1, 1, prompt + 1))
-        assert (leaving in layer.positions[0, 0].tolist()) is spared
+        assert (leaving in layer.store.positions[0, 0].tolist()) is spared
 
 
 def test_alpha_zero_has_no_compensation():
     layer, _ = drive(ZSMerge(alpha=0.0, residual_ratio=2), budget=12, prompt=30, steps=10)
-    assert torch.all(layer.state["fusion"][..., :2] > 1)
-    assert torch.all(layer.log_weight == 0)
+    assert torch.all(layer.store.state["fusion"][..., :2] > 1)
+    assert torch.all(layer.store.log_weight == 0)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
@@ -237,11 +238,11 @@ def test_all_query_initialisation_is_the_decayed_sum_over_every_prompt_query():
     gen = torch.Generator().manual_seed(11)
     keys = torch.randn(1, 1, prompt, D, generator=gen, dtype=torch.float64)
     query = torch.randn(1, 1, prompt, D, generator=gen, dtype=torch.float64)
-    layer = CompressedLayer(method, None)
+    layer = CompressedLayer(method.traits.state_fill, None)
     layer.update(keys, keys)
-    method.prefill(layer, query, D**-0.5)
+    prefill_step(method, layer, query, None, None, D**-0.5)
     expected = torch.zeros(prompt, dtype=torch.float64)
     for i in range(prompt):
         logits = (keys[0, 0, : i + 1] @ query[0, 0, i]) * D**-0.5
         expected[: i + 1] += 0.9 ** (prompt - 1 - i) * torch.softmax(logits, 0)
-    torch.testing.assert_close(layer.state["scores"][0, 0].double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(layer.store.state["scores"][0, 0].double(), expected, rtol=1e-5, atol=1e-6)

@@ -1,12 +1,12 @@
-"""KeepKV's attention-score estimators (Tian et al., Sec. 3.4; docs/methods.md s. 9), as small
+"""KeepKV's attention-score estimators (Tian et al., Sec. 3.4; docs/methods.md, "KeepKV"), as small
 objects: how ``s_hat`` is initialised at prefill, updated at each decode step, ranked, read for
 ZIP-merging, and carried through a merge. All in the log domain (float32, no overflow).
 
 - :class:`EMAEstimator`: Eq. 8, the bias-corrected EMA ``s_hat = S / (1 - alpha^n)`` of the
-  unnormalised scores ``s = exp(logit)``, kept as ``ln S`` in ``layer.state["log_ema"]``
+  unnormalised scores ``s = exp(logit)``, kept as ``ln S`` in ``layer.store.state["log_ema"]``
   ``[batch, kv_heads, slots]``.
 - :class:`WindowMeanEstimator`: the official code's mean of ``exp(logit)`` over the last ``w``
-  queries, kept as the rows ``layer.state["rows"]`` ``[batch, kv_heads, slots, w]`` (oldest first),
+  queries, kept as the rows ``layer.store.state["rows"]`` ``[batch, kv_heads, slots, w]`` (oldest first),
   ranked with weights 1.0 -> ``distance_weight`` (newest).
 """
 
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from methods.keepkv.zip_merge import group_logsumexp
-from methods.seam.layer import CompressedLayer, gather_slots
+from methods.seam.layer import CompressedLayer
+from methods.seam.store import gather_slots
 
 NEG_INF = float("-inf")
 
@@ -58,7 +59,7 @@ class EMAEstimator:
 
     def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """``S <- alpha S + (1 - alpha) s`` with this step's ``ln s`` ``[batch, kv_heads, slots]``."""
-        old = layer.state[self.state] + layer.scalars["ema_log_alpha"]
+        old = layer.store.state[self.state] + layer.scalars["ema_log_alpha"]
         layer.store.write(self.state, torch.logaddexp(old, layer.scalars["ema_log_1m_alpha"] + log_s))
         layer.scalars["ema_terms"] += 1
         self._correct(layer)
@@ -77,12 +78,12 @@ class EMAEstimator:
 
     def select(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""
-        return layer.log_weight + layer.state[self.state]
+        return layer.store.log_weight + layer.store.state[self.state]
 
     def merge_score(self, layer: CompressedLayer, slots: torch.Tensor | None = None) -> torch.Tensor:
         """``ln s_hat`` (ZIP-merging's scores) of every slot ``[batch, kv_heads, slots]``, or of the
         slots ``slots`` ``[batch, kv_heads, k]`` only."""
-        state = layer.state[self.state]
+        state = layer.store.state[self.state]
         return (state if slots is None else state.gather(2, slots)) + self.correction(layer)
 
     def merged(
@@ -111,19 +112,19 @@ class WindowMeanEstimator:
 
     def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """Drop the oldest row, append this step's ``ln s`` ``[batch, kv_heads, slots]``."""
-        rows = layer.state[self.state]
+        rows = layer.store.state[self.state]
         layer.store.write(self.state, torch.cat([rows[..., 1:], log_s.unsqueeze(-1)], dim=-1))
 
     def select(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * weighted window sum)``: ``[batch, kv_heads, slots]``."""
-        rows = layer.state[self.state]
+        rows = layer.store.state[self.state]
         weights = torch.linspace(1.0, self.distance_weight, rows.shape[-1], device=rows.device)
-        return layer.log_weight + torch.logsumexp(rows + weights.log(), dim=-1)
+        return layer.store.log_weight + torch.logsumexp(rows + weights.log(), dim=-1)
 
     def merge_score(self, layer: CompressedLayer, slots: torch.Tensor | None = None) -> torch.Tensor:
         """``ln`` of the mean over the finite rows: ``[batch, kv_heads, slots]``, or of the slots
         ``slots`` ``[batch, kv_heads, k]`` only."""
-        rows = layer.state[self.state]
+        rows = layer.store.state[self.state]
         rows = rows if slots is None else gather_slots(rows, slots)
         count = torch.isfinite(rows).sum(dim=-1).clamp(min=1)
         return torch.logsumexp(rows, dim=-1) - count.log()
@@ -139,7 +140,7 @@ class WindowMeanEstimator:
     ) -> torch.Tensor:
         """Vote-weighted average of the rows within each merge group (official code), in the log
         domain; ``slots`` ``[batch, kv_heads, k]`` restricts the rows to the merged ones."""
-        rows = layer.state[self.state]
+        rows = layer.store.state[self.state]
         rows = rows if slots is None else gather_slots(rows, slots)
         weighted = log_votes.unsqueeze(-1) + rows  # dropped members have ln p = -inf
         log_p = group_logsumexp(log_votes, target, groups)

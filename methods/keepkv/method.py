@@ -1,4 +1,4 @@
-"""KeepKV: Electoral Votes + ZIP-Merging (Tian et al.; docs/methods.md s. 9).
+"""KeepKV: Electoral Votes + ZIP-Merging (Tian et al.; docs/methods.md, "KeepKV").
 
 Per layer and KV head (GQA: scores are the group mean of ``exp(logit)``):
 
@@ -21,7 +21,7 @@ Per layer and KV head (GQA: scores are the group mean of ``exp(logit)``):
   retained token when they pick the same partner (``methods.keepkv.zip_merge``); at decode one token is
   evicted per step. ``merge="convex"`` is the official code's key/value convex average.
 
-The selection is a score-then-evict rule (``methods.seam.evict``: sinks and recent window protected,
+The selection is a score-then-evict rule (``methods.evict``: sinks and recent window protected,
 ranked by ``p * s_hat``); :meth:`KeepKV.merge_evicted` is the one merge path of prefill and decode.
 """
 
@@ -29,17 +29,20 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import ClassVar
 
 import torch
 
+from methods.evict import ScoreEvict
 from methods.keepkv.estimators import EMAEstimator, WindowMeanEstimator
 from methods.keepkv.zip_merge import merge_groups, small_logsumexp
-from methods.seam.evict import ScoreEvict
-from methods.seam.layer import CompressedLayer, gather_slots
+from methods.scoring import complement, window_logits
+from methods.seam.contract import Traits
+from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.scoring import complement, window_logits
+from methods.seam.store import gather_slots
 
 NEG_INF = float("-inf")
 #: ``estimator`` name -> its score-estimator object (``methods.keepkv.estimators``).
@@ -94,9 +97,9 @@ class KeepKV(ScoreEvict):
     """
 
     name: ClassVar[str] = "keepkv"
-    decode_input: ClassVar[str] = "logits"
-    uses_log_weight: ClassVar[bool] = True
-    counters: ClassVar[tuple[str, ...]] = ("merges", "evictions", "zip_fallbacks")
+    TRAITS: ClassVar[Traits] = Traits(
+        decode_input="logits", counters=("merges", "evictions", "zip_fallbacks")
+    )
 
     threshold: float = 0.8
     n_sink: int = 4
@@ -138,24 +141,28 @@ class KeepKV(ScoreEvict):
             )
         self.scores = ESTIMATORS[self.estimator](self)
 
-    @property
-    def state_fill(self) -> dict[str, float]:  # type: ignore[override]
-        """The estimator's state (``log_ema`` or ``rows``), empty until prefill: ``-inf``."""
-        return {self.scores.state: NEG_INF}
+    @cached_property
+    def traits(self) -> Traits:
+        """The declared traits with the estimator's state (``log_ema`` or ``rows``), empty until
+        prefill: ``-inf``."""
+        return self.with_decode_budget(replace(self.TRAITS, state_fill={self.scores.state: NEG_INF}))
 
     # ------------------------------------------------------------------ budgets
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """This layer's slots (cosine schedule included) and recent window, both in tokens; the
         attention sinks (at most the budget left by the recent window) protected besides."""
-        budget = layer.budget
+        budget = layer.budget if self.traits.compresses else None
         if budget is None:
             return LayerPlan()
         recent = math.ceil(self.recent_share * budget) if self.window is None else self.window
         recent = max(1, min(recent, budget - 1)) if budget > 1 else budget
-        if self.layer_budgets == "cosine" and layer.num_layers > 1:
-            heavy = (budget - recent) * cosine_share(layer.layer_idx, layer.num_layers, self.decay_ratio)
+        if self.layer_budgets == "cosine" and layer.spec.num_layers > 1:
+            heavy = (budget - recent) * cosine_share(
+                layer.spec.layer_idx, layer.spec.num_layers, self.decay_ratio
+            )
             budget = recent + max(1, round(heavy))
-        return LayerPlan(bound=budget, keep=budget, first=min(self.n_sink, budget - recent), recent=recent)
+        bound = None if self.traits.prompt_only else budget
+        return LayerPlan(bound=bound, keep=budget, first=min(self.n_sink, budget - recent), recent=recent)
 
     def ranking(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * s_hat)`` (the estimator's selection score)."""
@@ -164,12 +171,15 @@ class KeepKV(ScoreEvict):
     # ------------------------------------------------------------------ hooks
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise votes and score estimates from the last ``w`` prompt queries; compress."""
-        length = layer.n_slots
+        length = layer.store.n_slots
         window = max(1, min(layer.plan.recent, length))
         b, h = layer.keys.shape[:2]
-        for name in (*self.counters, "dropped_votes"):  # per head, on the device: no sum, no sync per step
-            layer.scalars[name] = torch.zeros((b, h, 1), device=layer.device)
-        logits = window_logits(query, layer.keys, window, scaling, layer.softcap)  # [b, h, g, w, L]
+        for name in (
+            *self.traits.counters,
+            "dropped_votes",
+        ):  # per head, on the device: no sum, no sync per step
+            layer.scalars[name] = torch.zeros((b, h, 1), device=layer.keys.device)
+        logits = window_logits(query, layer.keys, window, scaling, layer.spec.softcap)  # [b, h, g, w, L]
         log_s = torch.logsumexp(logits, dim=2) - math.log(logits.shape[2])  # group mean of exp(logit)
         self.scores.init(layer, log_s)
         keep = self.prefill_keep(layer, query, scaling)
@@ -239,7 +249,7 @@ class KeepKV(ScoreEvict):
         ValueError
             For ``in_place`` with more than one evicted slot per head.
         """
-        n, k = layer.n_slots, evicted.shape[-1]
+        n, k = layer.store.n_slots, evicted.shape[-1]
         b, h = evicted.shape[:2]
         in_place = k == 1 if in_place is None else in_place
         if in_place and k != 1:
@@ -247,7 +257,7 @@ class KeepKV(ScoreEvict):
         retained = None if in_place else complement(evicted, n)
         best, partner = self.partners(layer, evicted, retained)
         merge = best > self.threshold
-        log_weight = layer.log_weight
+        log_weight = layer.store.log_weight
         not_merged = ~merge
         if in_place:  # members: the partner, then the victim (its votes dropped unless merged); one group
             members = torch.cat([partner, evicted], dim=-1)

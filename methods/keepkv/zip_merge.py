@@ -126,7 +126,7 @@ def merge_groups(
         True: Eq. 7 key scaling; False: convex weighted average of the keys (official code).
     guard, max_factor : float
         ZIP falls back to the convex key when ``|sum_i lam_i ln s_i| < guard`` or the factor is
-        outside ``(0, max_factor]`` (docs/methods.md section 9, decision 1).
+        outside ``(0, max_factor]`` (docs/methods.md, "KeepKV").
     merged : torch.Tensor | None
         ``[batch, kv_heads, groups]`` bool: which groups have more than one member, when the caller
         knows (a decode step's pair: whether the victim merges); None: counted from ``log_votes``.

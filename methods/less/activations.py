@@ -2,7 +2,7 @@
 
 A full-attention forward of the frozen model records, per decoder layer, the post-RoPE queries,
 keys and values the attention function receives and the attention block's output after
-``o_proj`` (docs/methods.md section 6, "Teacher activations"). Nothing is stored beyond one batch.
+``o_proj`` (docs/methods.md, "LESS"). Nothing is stored beyond one batch.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Layout: ``<checkpoints_dir>/less/<model>__<policy>__<budget><unit>/`` holding ``kernels.safetensors``
 (tensors named ``layer.<i>.<param>``) and ``meta.json`` (geometry, training data, steps,
 validation loss per layer). Kernels are tied to the policy and budget they were trained with
-(docs/methods.md section 6).
+(docs/methods.md, "LESS").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """LESS kernels: the learned feature maps of one decoder layer (Dong et al., ICML 2024, Sec. 4;
-docs/methods.md section 6, from hdong920/LESS src/train_kernels.py).
+docs/methods.md, "LESS"; from hdong920/LESS src/train_kernels.py).
 
 ``phi(q) = |GELU(GELU(q W1q) W2q)|`` per query head and
 ``psi(k) = |u + (u W3) * D2|`` with ``u = |D| * GELU(GELU(k W1k) W2k)`` per KV head, both on

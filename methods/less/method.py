@@ -1,5 +1,5 @@
 """LESS: a sparse eviction policy plus a learned constant-size state for what it evicts (Dong et
-al., ICML 2024, "Get More with LESS"; docs/methods.md section 6, hdong920/LESS).
+al., ICML 2024, "Get More with LESS"; docs/methods.md, "LESS"; hdong920/LESS).
 
 Per KV head the cache keeps what the sparse policy keeps (H2O by default, or "Lambda-mask":
 the first ``heavy`` tokens + recent) and a state ``H`` ``[R, head_dim]``, ``z`` ``[R]`` (float32).
@@ -17,20 +17,21 @@ query head, ``psi``, ``H``, ``z`` per KV head, H2O scores the group mean.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
+from methods.evict import ScoreEvict
 from methods.h2o import H2O
 from methods.less.checkpoints import kernel_set_dir, load_kernel_set
 from methods.less.kernels import LessKernels
-from methods.seam.contract import CompressionMethod
-from methods.seam.evict import ScoreEvict
+from methods.scoring import complement, softcap_logits
+from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.scoring import complement, softcap_logits
 
 RANDOM = "random"  # checkpoint value: untrained kernels (efficiency runs only)
 
@@ -41,8 +42,7 @@ class LambdaMask(H2O):
     nothing scored (a score-then-evict rule ranked by position)."""
 
     name: ClassVar[str] = "lambda"
-    decode_input: ClassVar[str] = "none"
-    state_fill: ClassVar[dict[str, float]] = {}
+    TRAITS: ClassVar[Traits] = replace(H2O.TRAITS, decode_input="none", score_decay=None, state_fill={})
 
     def protected(self, bound: int) -> tuple[int, int]:
         """The first ``heavy`` and the last ``recent`` tokens: they fill the budget."""
@@ -59,8 +59,15 @@ class LambdaMask(H2O):
 
 #: ``policy`` name -> the sparse policy LESS composes, built from LESS's own fields.
 POLICIES = {
-    "h2o": lambda m: H2O(heavy_ratio=m.heavy_ratio, recent_ratio=m.recent_ratio, chunk_size=m.chunk_size),
-    "lambda": lambda m: LambdaMask(heavy_ratio=m.heavy_ratio, recent_ratio=m.recent_ratio),
+    "h2o": lambda m: H2O(
+        heavy_ratio=m.heavy_ratio,
+        recent_ratio=m.recent_ratio,
+        chunk_size=m.chunk_size,
+        decode_budget=m.decode_budget,
+    ),
+    "lambda": lambda m: LambdaMask(
+        heavy_ratio=m.heavy_ratio, recent_ratio=m.recent_ratio, decode_budget=m.decode_budget
+    ),
 }
 
 
@@ -95,7 +102,7 @@ class LESS(CompressionMethod):
     """
 
     name: ClassVar[str] = "less"
-    uses_log_weight: ClassVar[bool] = False
+    TRAITS: ClassVar[Traits] = Traits(uses_log_weight=False)
 
     policy: str = "h2o"
     rank: int = 8
@@ -114,10 +121,10 @@ class LESS(CompressionMethod):
             raise ValueError(f"rank must be >= 1, got {self.rank}")
         self.sparse = POLICIES[self.policy](self)  # checks the shares (H2O.__post_init__)
 
-    @property
-    def state_fill(self) -> dict[str, float]:  # type: ignore[override]
-        """The policy's per-slot state (H2O: ``scores``)."""
-        return self.sparse.state_fill
+    @cached_property
+    def traits(self) -> Traits:
+        """The declared traits with the policy's per-slot state (H2O: ``scores``)."""
+        return self.with_decode_budget(replace(self.TRAITS, state_fill=self.sparse.traits.state_fill))
 
     def split(self, budget: int) -> tuple[int, int]:
         """The policy's ``(heavy, recent)`` split (``H2O.split``)."""
@@ -156,9 +163,9 @@ class LESS(CompressionMethod):
 
     # ------------------------------------------------------------------ state
     def _kernels(self, layer: CompressedLayer) -> LessKernels:
-        if len(self.kernels) <= layer.layer_idx:
-            raise RuntimeError(f"LESS has no kernels for layer {layer.layer_idx}: assign method.kernels")
-        return self.kernels[layer.layer_idx]
+        if len(self.kernels) <= layer.spec.layer_idx:
+            raise RuntimeError(f"LESS has no kernels for layer {layer.spec.layer_idx}: assign method.kernels")
+        return self.kernels[layer.spec.layer_idx]
 
     def absorb(self, layer: CompressedLayer, slots: torch.Tensor) -> None:
         """Add ``psi(k) v^T`` and ``psi(k)`` of the slots ``[batch, kv_heads, n]`` to ``H`` and ``z``."""
@@ -173,15 +180,17 @@ class LESS(CompressionMethod):
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Empty state, then the policy's selection; what it evicts goes into the state first."""
         b, h, n, _ = layer.keys.shape
-        while self.checkpoint == RANDOM and len(self.kernels) <= layer.layer_idx:  # sliding layers skip LESS
+        while (
+            self.checkpoint == RANDOM and len(self.kernels) <= layer.spec.layer_idx
+        ):  # sliding layers skip LESS
             self.kernels.append(
                 LessKernels(query.shape[1], h, layer.keys.shape[-1], self.rank).to(query.device)
             )
         layer.aux = {
             "H": torch.zeros(
-                (b, h, self.rank, layer.values.shape[-1]), dtype=torch.float32, device=layer.device
+                (b, h, self.rank, layer.values.shape[-1]), dtype=torch.float32, device=layer.keys.device
             ),
-            "z": torch.zeros((b, h, self.rank), dtype=torch.float32, device=layer.device),
+            "z": torch.zeros((b, h, self.rank), dtype=torch.float32, device=layer.keys.device),
         }
         index = self.sparse.prefill_keep(layer, query, scaling)
         if index is not None:
@@ -203,7 +212,7 @@ class LESS(CompressionMethod):
         hkv, values = layer.keys.shape[1], layer.values
         q = query.reshape(b, hkv, hq // hkv, d).float()
         logits = softcap_logits(
-            torch.einsum("bhgd,bhsd->bhgs", q, layer.keys.float()) * scaling, layer.softcap
+            torch.einsum("bhgd,bhsd->bhgs", q, layer.keys.float()) * scaling, layer.spec.softcap
         )
         lse_sparse = torch.logsumexp(logits, dim=-1)
         probs = torch.softmax(logits, dim=-1)

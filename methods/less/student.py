@@ -1,4 +1,4 @@
-"""LESS training objective (Dong et al., ICML 2024, Sec. 4.2; docs/methods.md section 6, from
+"""LESS training objective (Dong et al., ICML 2024, Sec. 4.2; docs/methods.md, "LESS"; from
 hdong920/LESS src/train_kernels.py): the sparse policy's attention plus the low-rank term,
 evaluated in parallel over a whole training window so one layer's kernels can be fitted to
 that layer's full-attention output.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from methods.less.kernels import LessKernels
-from methods.seam.scoring import group_queries, lowest_score, window_logits
+from methods.scoring import group_queries, lowest_score, window_logits
 
 
 def h2o_keep_mask(

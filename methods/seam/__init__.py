@@ -1,21 +1,22 @@
-"""The cache seam: everything a method stands on, and nothing method-specific.
+"""The cache seam: what every method shares, and nothing method-specific.
 
-- ``contract``: :class:`CompressionMethod`, the rules every method states;
-  ``evict``: :class:`ScoreEvict`, the score-then-evict base most methods subclass.
-- ``cache``, ``layer``, ``store``: the ``transformers.Cache`` of compressed layers, one
-  :class:`CompressedLayer` per decoder layer over a fixed-capacity :class:`SlotStore`.
-- ``attention`` (the ``"kvbench"`` attention registered with transformers), ``step`` (the step
-  order: append, attend, update scores, evict/merge), ``architecture`` (what a model's config says
-  of each layer), ``rope`` (a layer's rotary embedding), ``sliding`` (the sliding-window rule).
-- ``budget`` (a run's budget in slots per sample), ``scoring`` (shared rankings and selections).
+- ``contract``: :class:`CompressionMethod` and the :class:`Traits` a method declares once.
+- ``cache``, ``layer``: the ``transformers.Cache`` of compressed layers, one :class:`CompressedLayer`
+  per decoder layer over a storage object; ``storage`` (the interface :class:`SlotStorage`), ``store``
+  (uniform heads, :class:`SlotStore`) and ``ragged`` (heads of their own lengths).
+- ``attention`` (the ``"kvbench"`` attention registered with transformers), ``step`` (the step order:
+  append, attend, update scores, evict/merge), ``rows`` (several caches' decode steps in one forward),
+  ``sliding`` (the sliding-window rule), ``architecture`` and ``rope`` (what a model's config says of
+  each layer), ``budget`` (a run's budget in slots per sample), ``plan`` (a layer's budget arithmetic).
 
-docs/extending.md lists the names a method author uses.
+The method bases (``methods.evict``, ``methods.wrap``) and shared scoring (``methods.scoring``) live
+beside the methods. docs/extending.md lists the names a method author uses.
 """
 
-from methods.seam.contract import CompressionMethod
-from methods.seam.evict import ScoreEvict
+from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
+from methods.seam.storage import SlotStorage
 from methods.seam.store import SlotStore
 
-__all__ = ["CompressedLayer", "CompressionMethod", "LayerPlan", "ScoreEvict", "SlotStore"]
+__all__ = ["CompressedLayer", "CompressionMethod", "LayerPlan", "SlotStorage", "SlotStore", "Traits"]

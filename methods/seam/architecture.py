@@ -47,6 +47,8 @@ class LayerSpec:
         The attention's output projection ``o_proj.weight`` ``[hidden, q_heads * head_dim]`` (the
         model's own parameter, detached: no copy), for methods that weigh values by what the layer
         outputs (CriticalKV); None when the attention module has no ``o_proj``.
+    layer_idx, num_layers : int
+        This layer's index and the model's number of decoder layers (per-layer budget schedules).
     """
 
     layer_type: str = FULL
@@ -54,6 +56,8 @@ class LayerSpec:
     softcap: float | None = None
     rotary: LayerRotary | None = None
     out_proj: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    layer_idx: int = 0
+    num_layers: int = 1
 
 
 def text_config(config):

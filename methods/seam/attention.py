@@ -10,8 +10,8 @@ them, and this function owns causality. The :class:`~methods.seam.cache.Compress
   rule (the method, or ``methods.seam.sliding`` on a sliding layer) scores and compresses the layer.
 - Chunk (several tokens on a prefilled layer: a question appended after the context was compressed):
   one decode step per token (``methods.seam.step.chunk_step``).
-- Rows: a :class:`~methods.seam.rows.RowsCache` batches the decode steps of several prompts'
-  caches; each row takes its own decode step on its own layer.
+- Rows: a cache that batches the decode steps of several prompts' caches (``runners.rows``) attends
+  each layer its own way (``attend(layer_idx, ...)``, the one call this function makes).
 - Decode step: explicit attention over the slots with the ``log_weight`` bias
   (``kernels.decode_attention``), whose probabilities the method uses to update its scores
   before evicting/merging (ZSMerge Algorithm 1 order). Methods that need no probabilities get
@@ -24,8 +24,7 @@ import torch
 from transformers import AttentionInterface
 
 from methods.seam.cache import CompressedCache
-from methods.seam.rows import RowsCache, RowsLayer
-from methods.seam.step import chunk_step, decode_step, prefill_attention, prefill_step
+from methods.seam.step import prefill_attention
 
 __all__ = ["ATTN_IMPLEMENTATION", "kvbench_attention", "prefill_attention"]
 
@@ -42,7 +41,7 @@ def kvbench_attention(
     dropout: float = 0.0,
     softcap: float | None = None,
     sliding_window: int | None = None,
-    kvbench_cache: CompressedCache | RowsCache | None = None,
+    kvbench_cache: CompressedCache | None = None,
     kvbench_observer=None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
@@ -55,8 +54,8 @@ def kvbench_attention(
     query : torch.Tensor
         ``[batch, q_heads, q_len, head_dim]`` post-RoPE.
     key, value : torch.Tensor
-        ``[batch, kv_heads, slots, head_dim]``: the layer's slots after appending this call's tokens
-        (a chunk on a prefilled layer, or a ragged layer: this call's tokens only).
+        ``[batch, kv_heads, q_len, head_dim]``: this call's tokens (``CompressedLayer.update``
+        returns them; the attention reads the layer's store).
     attention_mask : torch.Tensor | None
         Must be None (padding is not supported by this function yet).
     scaling : float | None
@@ -64,9 +63,9 @@ def kvbench_attention(
     softcap, sliding_window : float | None, int | None
         What the model's attention module passes; they must agree with the layer's
         :class:`~methods.seam.architecture.LayerSpec`, which the cache read from the config.
-    kvbench_cache : CompressedCache | RowsCache
-        The cache the model was called with (a :class:`~methods.seam.rows.RowsCache`: one prefilled
-        cache per batch row, decode steps only).
+    kvbench_cache : CompressedCache
+        The cache the model was called with (or a ``runners.rows.RowsCache``: one prefilled cache per
+        batch row, decode steps only); its ``attend`` runs the layer's step.
     kvbench_observer : callable, optional
         Called as ``observer(layer_idx, query, new_keys, new_values, out, scale)`` after each layer's
         attention, with this call's keys/values ``[batch, kv_heads, q_len, head_dim]`` and the output
@@ -90,28 +89,20 @@ def kvbench_attention(
     if attention_mask is not None:
         raise ValueError("the 'kvbench' attention takes no attention mask (it owns causality)")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    _check_layer(kvbench_cache.layers[module.layer_idx], softcap, sliding_window)
-    layer = kvbench_cache.layers[module.layer_idx]
-    if isinstance(layer, RowsLayer):  # several caches, one per batch row: each row its own step
-        out = layer.decode(query, scale)
-    elif not layer.prefilled:
-        out = prefill_step(layer, query, key, value, scale)
-    elif query.shape[2] == 1:
-        out = decode_step(layer, query, scale)
-    else:  # a chunk after the compressed prompt (the question of a query-agnostic run)
-        out = chunk_step(layer, query, key, value, scale)
+    idx = module.layer_idx
+    _check_layer(idx, kvbench_cache.layers[idx].spec, softcap, sliding_window)
+    out = kvbench_cache.attend(idx, query, key, value, scale)
     if kvbench_observer is not None:
         q_len = query.shape[2]
         kvbench_observer(module.layer_idx, query, key[:, :, -q_len:], value[:, :, -q_len:], out, scale)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _check_layer(layer, softcap: float | None, sliding_window: int | None) -> None:
-    if (softcap or None) != layer.softcap or (sliding_window or None) != layer.spec.window:
+def _check_layer(idx: int, spec, softcap: float | None, sliding_window: int | None) -> None:
+    if (softcap or None) != spec.softcap or (sliding_window or None) != spec.window:
         raise RuntimeError(
-            f"layer {layer.layer_idx}: the model attends with softcap={softcap}, "
-            f"sliding_window={sliding_window}, but its config gave softcap={layer.softcap}, "
-            f"window={layer.spec.window}"
+            f"layer {idx}: the model attends with softcap={softcap}, sliding_window={sliding_window}, "
+            f"but its config gave softcap={spec.softcap}, window={spec.window}"
         )
 
 

@@ -1,25 +1,32 @@
 """The compressed KV cache: a ``transformers.Cache`` whose layers hold only the kept slots.
 
 Every method stores its state in :class:`~methods.seam.layer.CompressedLayer` objects, one per decoder
-layer (slot storage and physical eviction: ``methods.seam.layer``). The cache is handed to the
-registered attention function (``methods.seam.attention``) on every forward call; that function runs
-attention over the slots and lets the method compress the layer right after it (docs/design.md,
-"The cache seam"; ZSMerge Algorithm 1 order: append, attend, update scores, evict/merge).
+layer (slot storage and physical eviction: ``methods.seam.layer``), and each layer follows one rule
+(``cache.rules``: the method, or the sliding-window rule on a sliding layer). The cache is handed to
+the registered attention function (``methods.seam.attention``) on every forward call; that function
+runs attention over the slots and lets the rule compress the layer right after it (docs/design.md,
+"The cache seam"; ZSMerge Algorithm 1 order: append, attend, update scores, evict/merge). The byte
+counts of a run are the cache's sums over its layers' stores.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 import torch
 from transformers.cache_utils import Cache
 
 from methods.seam.architecture import LayerSpec, layer_specs
+from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.sliding import SlidingWindow, sliding_bound
+from methods.seam.step import layer_step
+from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 
-if TYPE_CHECKING:
-    from methods.seam.contract import CompressionMethod
+#: The storage kind a cache's layers start with when none is given (a one-element list so the runner
+#: can set it for the process: ``runners.build``).
+DEFAULT_STORAGE: list[StorageKind] = [SlotStore]
 
 
 class CompressedCache(Cache):
@@ -36,7 +43,7 @@ class CompressedCache(Cache):
     method : CompressionMethod
         The rules (scoring, eviction, merging) applied to every full-attention layer.
     budget : int | None
-        Slots per (layer, KV head), already resolved for this sample (``methods.seam.budget``);
+        Slots per (layer, KV head), already resolved for this sample (``runners.budget``);
         None disables compression.
     specs : list[LayerSpec] | int
         One :class:`~methods.seam.architecture.LayerSpec` per decoder layer
@@ -45,6 +52,14 @@ class CompressedCache(Cache):
     max_tokens : int | None
         Tokens the run will append at most (prompt + new tokens - 1), when known: caps every
         buffer (``CompressedLayer._capacity``).
+    storage : StorageKind | None
+        What makes each layer's first store; None: :data:`DEFAULT_STORAGE` (the run's choice, set
+        once by the runner: the uniform store, or a quantized kind).
+
+    Attributes
+    ----------
+    rules : list[CompressionMethod]
+        Each layer's rule: ``method``, or the sliding-window rule on a sliding layer.
     """
 
     def __init__(
@@ -53,16 +68,20 @@ class CompressedCache(Cache):
         budget: int | None,
         specs: list[LayerSpec] | int,
         max_tokens: int | None = None,
+        storage: StorageKind | None = None,
     ) -> None:
         if isinstance(specs, int):
             specs = [LayerSpec() for _ in range(specs)]
         window_rule = SlidingWindow()
-        layers = []
+        layers, self.rules = [], []
         for i, spec in enumerate(specs):
             rule, bound = (
                 (method, budget) if spec.window is None else (window_rule, sliding_bound(budget, spec.window))
             )
-            layers.append(CompressedLayer(rule, bound, spec, i, len(specs), max_tokens))
+            spec = replace(spec, layer_idx=i, num_layers=len(specs))
+            kind = storage or DEFAULT_STORAGE[0]
+            layers.append(CompressedLayer(rule.traits.state_fill, bound, spec, max_tokens, kind))
+            self.rules.append(rule)
         super().__init__(layers=layers)
         self.method = method
         self.budget = budget
@@ -85,44 +104,75 @@ class CompressedCache(Cache):
         """
         return cls(method, budget, layer_specs(model), max_tokens)
 
+    def attend(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        """The attention function's call on layer ``layer_idx`` (``methods.seam.step.layer_step`` under
+        the layer's rule): output ``[batch, q_heads, q_len, head_dim]``."""
+        return layer_step(self.rules[layer_idx], self.layers[layer_idx], query, key, value, scaling)
+
     @property
     def n_slots(self) -> list[int]:
         """Slots per layer (same for every head of a layer; ragged heads: the longest head's)."""
-        return [layer.n_slots for layer in self.layers]
+        return [layer.store.n_slots for layer in self.layers]
 
     def head_spread(self) -> list[tuple[int, float, int]]:
         """Per layer ``(min, mean, max)`` of the slots held by its KV heads (batch included)."""
         out = []
         for layer in self.layers:
-            slots = layer.head_slots().float()
+            slots = layer.store.head_slots().float()
             out.append((int(slots.min()), round(float(slots.mean()), 2), int(slots.max())))
         return out
 
+    def real_slots(self) -> list[float]:
+        """Per layer, the mean over heads of the slots that can be attended (``log_weight > -inf``:
+        KVMerger's padded heads and ragged heads' padding excluded)."""
+        return [
+            float(torch.isfinite(layer.store.log_weight).sum(-1).float().mean())
+            if layer.store.n_slots
+            else 0.0
+            for layer in self.layers
+        ]
+
     def kv_bytes(self) -> int:
-        """Bytes of keys and values over all layers (exact, from tensor storage)."""
-        return sum(layer.kv_bytes() for layer in self.layers)
+        """Bytes of keys and values over all layers, plus the ``aux`` state that stands in for evicted
+        tokens (exact, from the slot counts: ragged heads the sum over heads of their slots)."""
+        return sum(layer.store.kv_bytes() + _bytes(layer.aux.values()) for layer in self.layers)
 
     def state_bytes(self) -> int:
-        """Bytes of per-slot method state over all layers."""
-        return sum(layer.state_bytes() for layer in self.layers)
+        """Bytes of per-slot method state (bias, positions, scores, ...) over all layers."""
+        return sum(layer.store.state_bytes() for layer in self.layers)
 
     def allocated_bytes(self) -> int:
-        """Bytes of the storage behind all layers' slot tensors (buffer capacity included)."""
-        return sum(layer.allocated_bytes() for layer in self.layers)
+        """Bytes of the storage behind all layers' stores and ``aux`` (buffer capacity included): what
+        the cache really occupies."""
+        return sum(
+            layer.store.allocated_bytes() + sum(t.untyped_storage().nbytes() for t in layer.aux.values())
+            for layer in self.layers
+        )
 
     def counters(self) -> dict[str, int]:
-        """The method's event counters (``method.counters``, e.g. merges, fallbacks) summed over layers."""
-        names = self.method.counters
+        """The method's event counters (``Traits.counters``, e.g. merges) summed over layers."""
         return {
             name: int(sum(float(torch.as_tensor(layer.scalars.get(name, 0)).sum()) for layer in self.layers))
-            for name in names
+            for name in self.method.traits.counters
         }
 
     def bytes_per_token(self) -> int:
         """Key+value bytes one token occupies over all layers (batch included)."""
-        return sum(layer.token_bytes() for layer in self.layers)
+        return sum(layer.store.token_bytes() for layer in self.layers)
 
     def fullkv_bytes(self) -> int:
-        """Key+value bytes the model's own uncompressed cache would hold for the tokens seen so far
-        (sliding-window layers hold at most ``window - 1`` tokens)."""
-        return sum(layer.fullkv_tokens() * layer.token_bytes() for layer in self.layers)
+        """Key+value bytes the model's own uncompressed cache would hold for the tokens seen so far:
+        every token, or on a sliding layer the last ``window - 1`` (transformers'
+        ``DynamicSlidingWindowLayer``)."""
+        total = 0
+        for layer in self.layers:
+            seen, window = layer.get_seq_length(), layer.spec.window
+            total += (seen if window is None else min(seen, window - 1)) * layer.store.token_bytes()
+        return total
+
+
+def _bytes(tensors) -> int:
+    """Bytes of the elements of ``tensors``."""
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,24 +1,86 @@
-"""The method contract: a small dataclass that states its rules; the seam does the rest.
+"""The method contract: a small dataclass that declares its traits once and states its rules; the seam
+does the rest.
 
-A method never touches the model. Per layer and sample the seam calls :meth:`CompressionMethod.plan`
-once when the prompt arrives (the layer's :class:`~methods.seam.plan.LayerPlan`),
+A method never touches the model. Per layer and sample the seam asks :meth:`CompressionMethod.plan`
+once when the prompt arrives (the layer's :class:`~methods.seam.plan.LayerPlan`), calls
 :meth:`CompressionMethod.prefill` after the prompt's attention, and per decode step
-:meth:`CompressionMethod.decode_attention` (the seam's dispatch unless overridden) then
-:meth:`CompressionMethod.decode_step` with what the method declared it needs (``decode_input``:
-probabilities aggregated per KV head, group mean, docs/design.md "GQA/MQA"; logits; nothing).
-docs/extending.md lists every name a method may use.
+:meth:`CompressionMethod.decode_attention` (the layer's store attends, as the traits say) then
+:meth:`CompressionMethod.decode_step`. What the seam does for a method follows from its
+:class:`Traits`. docs/extending.md lists every name a method may use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from methods.seam import dispatch
-from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
+
+if TYPE_CHECKING:
+    from methods.seam.layer import CompressedLayer
+
+#: What a decode step's attention can hand :meth:`CompressionMethod.decode_step`.
+DECODE_INPUTS = ("none", "probs", "logits")
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a method is, declared once per class (``CompressionMethod.TRAITS``); wrappers derive theirs
+    from their scorer's (``methods.wrap``).
+
+    Attributes
+    ----------
+    compresses : bool
+        False for FullKV: no budget, nothing evicted.
+    budget_applies : bool
+        Whether the configured budget drives the method (False: the kept fraction is an outcome,
+        KVMerger at a fixed ``theta``, DuoAttention); runners then record the budget as None.
+    prompt_only : bool
+        The budget holds for the prompt only: decoding appends, :meth:`CompressionMethod.decode_step`
+        is not called, and decode attention hands it nothing.
+    decode_rule : bool
+        Whether the method has a decode-time rule (``decode_budget=true`` is refused otherwise).
+    decode_input : str
+        What decode attention hands :meth:`CompressionMethod.decode_step` (when not ``prompt_only``):
+        ``"none"``; ``"probs"``, ``[batch, kv_heads, slots]`` float32 group-mean probabilities with the
+        ``log_weight`` bias; ``"logits"``, ``[batch, kv_heads, group, slots]`` float32 scaled logits of
+        every query head without the bias.
+    score_decay : float | None
+        ``lambda`` of a score update ``s <- lambda s + a`` that decode attention applies in place to
+        the ``scores`` field (fused into the Triton kernel on CUDA); ``decode_step`` then receives
+        ``probs=None``. Only with ``decode_input = "probs"``.
+    uses_log_weight : bool
+        Whether the method ever sets ``log_weight`` (merged or padded slots); if not, decode
+        attention skips the bias.
+    state_fill : dict[str, float]
+        Per-slot state fields the method keeps, with the value new slots start with.
+    counters : tuple[str, ...]
+        Event counters the method keeps in ``layer.scalars`` (summed into the run record).
+    """
+
+    compresses: bool = True
+    budget_applies: bool = True
+    prompt_only: bool = False
+    decode_rule: bool = True
+    decode_input: str = "probs"
+    score_decay: float | None = None
+    uses_log_weight: bool = True
+    state_fill: dict[str, float] = field(default_factory=dict)
+    counters: tuple[str, ...] = ()
+
+    @property
+    def holds_in_decode(self) -> bool:
+        """Whether the configured budget also holds while decoding (it applies, and the method is not
+        prompt-only)."""
+        return self.compresses and self.budget_applies and not self.prompt_only
+
+    @property
+    def needs(self) -> str:
+        """What decode attention must hand the method at a decode step (``"none"`` when prompt-only)."""
+        return "none" if self.prompt_only or not self.compresses else self.decode_input
 
 
 @dataclass
@@ -29,36 +91,42 @@ class CompressionMethod:
     ----------------
     name : str
         Registry key (``method=<name>`` on the command line).
-    compresses : bool
-        False for FullKV: the budget is ignored and recorded as None.
-    decode_input : str
-        What :meth:`decode_step` receives from each decode step's attention: ``"none"``,
-        ``"probs"`` (group-mean probabilities) or ``"logits"`` (scaled logits of every query
-        head, without the ``log_weight`` bias). With ``"none"`` and no bias the seam uses fused
-        SDPA for decode attention (``methods.seam.dispatch``).
-    state_fill : dict[str, float]
-        Per-slot state tensors the method keeps, with the value new slots start with.
-    score_decay : float | None
-        ``lambda`` of a score update ``s <- lambda * s + a`` (``a``: this step's group-mean
-        probabilities ``[batch, kv_heads, slots]``) that the seam's decode attention applies in
-        place to the ``scores`` field (fused into the Triton kernel on CUDA); :meth:`decode_step`
-        then receives ``probs=None``. None (default): the method gets the probabilities and
-        updates its scores itself. Only with ``decode_input = "probs"``.
-    uses_log_weight : bool
-        Whether the method ever sets ``log_weight`` (merged or padded slots); if not, decode
-        attention skips the bias.
-    counters : tuple[str, ...]
-        Names of event counters the method keeps in ``layer.scalars`` (numbers or tensors of any
-        shape, e.g. per head; summed over their elements, layers and samples into the run record).
+    TRAITS : Traits
+        What the method is (:class:`Traits`), with the paper's rule for decoding.
+
+    Parameters
+    ----------
+    decode_budget : bool | None
+        The one switch of every method between its paper's decode-time rule (None, default), holding
+        the budget while decoding (true: evict after each step; refused for a method without a
+        decode-time rule) and compressing the prompt only (false: kvpress's presses).
+
+    Raises
+    ------
+    ValueError
+        From :meth:`check_model` (at build) for a ``decode_budget`` that is not a boolean, or true for
+        a method without a decode-time rule.
     """
 
     name: ClassVar[str] = "base"
-    compresses: ClassVar[bool] = True
-    decode_input: ClassVar[str] = "probs"
-    score_decay: ClassVar[float | None] = None
-    state_fill: ClassVar[dict[str, float]] = {}
-    uses_log_weight: ClassVar[bool] = True
-    counters: ClassVar[tuple[str, ...]] = ()
+    TRAITS: ClassVar[Traits] = Traits()
+
+    decode_budget: bool | None = field(default=None, kw_only=True)
+
+    @cached_property
+    def traits(self) -> Traits:
+        """The declared :class:`Traits` with ``decode_budget`` applied (computed once)."""
+        return self.with_decode_budget(self.TRAITS)
+
+    def with_decode_budget(self, traits: Traits) -> Traits:
+        """``traits`` with this instance's ``decode_budget`` applied (prompt-only or not)."""
+        if self.decode_budget is None or not traits.compresses:
+            return traits
+        return replace(traits, prompt_only=not self.decode_budget)
+
+    def paper(self) -> CompressionMethod:
+        """The same method under its paper's decoding rule (``decode_budget`` unset)."""
+        return replace(self, decode_budget=None)
 
     @property
     def label(self) -> str:
@@ -66,28 +134,17 @@ class CompressionMethod:
         wrapper names what it wraps (an allocator over a scorer: ``adakv_snapkv``)."""
         return self.name
 
-    @property
-    def budget_applies(self) -> bool:
-        """Whether the configured budget drives this method (False: FullKV, or KVMerger with a fixed
-        ``theta``, whose kept ratio is an outcome); runners record the budget as None otherwise."""
-        return self.compresses
-
-    @property
-    def budget_holds_in_decode(self) -> bool:
-        """Whether decoding also stays within the budget (False: only the prompt is compressed)."""
-        return self.compresses
-
     def plan(self, layer: CompressedLayer) -> LayerPlan:
-        """The layer's :class:`~methods.seam.plan.LayerPlan` for this sample: called once by the seam,
+        """The layer's :class:`~methods.seam.plan.LayerPlan` for this sample: asked once by the seam,
         when the prompt has been appended (``layer.keys`` holds it), and kept as ``layer.plan``.
 
         The one owner of the per-layer budget: the layer sizes its buffers from ``plan.bound`` and
-        the method compresses to it. Default: bound = keep = ``layer.budget`` (no bound for a
-        method whose budget does not hold in decode). Methods whose per-layer numbers differ
-        (KeepKV's cosine layer budgets, H2O Baseline+'s extra slots, ZSMerge's split) override it.
+        the method compresses to it. Default: bound = keep = ``layer.budget`` (no bound when the
+        method is prompt-only). Methods whose per-layer numbers differ (KeepKV's cosine layer budgets,
+        H2O Baseline+'s extra slots, ZSMerge's split) override it.
         """
-        budget = layer.budget if self.compresses else None
-        return LayerPlan(bound=budget if self.budget_holds_in_decode else None, keep=budget)
+        budget = layer.budget if self.traits.compresses else None
+        return LayerPlan(bound=None if self.traits.prompt_only else budget, keep=budget)
 
     def check_budget(self, budget: int, tokens: int) -> None:
         """Check that ``budget`` slots work for a sample of ``tokens`` tokens (prompt + new) before
@@ -115,23 +172,26 @@ class CompressionMethod:
         """
 
     def check_model(self, config) -> None:
-        """Check that the method fits the model before it loads (``config``: the model's text config,
-        ``num_hidden_layers``, ``num_key_value_heads``, ...); no-op by default (DuoAttention checks
-        its head pattern's shape).
+        """Check the method's options and that it fits the model before it loads (``config``: the
+        model's text config, ``num_hidden_layers``, ``num_key_value_heads``, ...): ``decode_budget``
+        here; DuoAttention checks its head pattern's shape.
 
         Raises
         ------
         ValueError
             With the method's reason.
         """
+        if self.decode_budget is not None and not isinstance(self.decode_budget, bool):
+            raise ValueError(f"decode_budget must be true or false, got {self.decode_budget!r}")
+        if self.decode_budget and self.traits.compresses and not self.traits.decode_rule:
+            raise ValueError(f"{self.label} has no decode-time rule: decode_budget=true is not available")
 
     def decode_attention(
         self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention of one decode step over the layer's slots. Default: the seam's
-        (:func:`methods.seam.dispatch.decode_attention`, chosen from ``decode_input``,
-        ``uses_log_weight`` and ``score_decay``). Override only to change attention itself: LESS
-        adds its low-rank term, StreamingLLM re-rotates its attention sinks and then calls this.
+        """Attention of one decode step over the layer's slots. Default: the layer's store attends
+        (``SlotStorage.attend``, chosen from the traits). Override only to change attention itself:
+        LESS adds its low-rank term, StreamingLLM re-rotates its attention sinks and then calls this.
 
         Parameters
         ----------
@@ -145,9 +205,10 @@ class CompressionMethod:
         Returns
         -------
         tuple[torch.Tensor, torch.Tensor | None]
-            Output ``[batch, q_heads, 1, head_dim]`` and what :meth:`decode_step` receives.
+            Output ``[batch, q_heads, 1, head_dim]`` and what :meth:`decode_step` receives
+            (``Traits.decode_input``; None when the score update was fused).
         """
-        return dispatch.decode_attention(layer, query, scaling)
+        return layer.store.attend(query, scaling, self.traits, layer.spec.softcap)
 
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Initialise state from the prompt and compress the layer to its budget.
@@ -163,16 +224,13 @@ class CompressionMethod:
         """
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
-        """Update scores from one decode step and evict/merge back down to the budget.
+        """Update scores from one decode step and evict/merge back down to the budget (not called
+        for a prompt-only method).
 
         Parameters
         ----------
         layer : CompressedLayer
             Holds the slots including the token appended this step (last slot).
         probs : torch.Tensor | None
-            ``[batch, kv_heads, slots]`` float32 attention probabilities of this step (with the
-            ``log_weight`` bias), mean over the query heads of each group; with
-            ``decode_input = "logits"`` instead ``[batch, kv_heads, group, slots]`` float32 scaled
-            logits ``q k^T * scaling`` without the bias; None for ``decode_input = "none"``, and
-            when the seam fused the score update (:attr:`score_decay`).
+            What :meth:`decode_attention` returned (``Traits.decode_input``).
         """

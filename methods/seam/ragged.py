@@ -1,24 +1,32 @@
-"""Ragged heads: a layer whose KV heads each hold their own number of slots, packed in one buffer.
+"""Ragged heads: a storage kind (:class:`~methods.seam.storage.SlotStorage`) whose KV heads each hold
+their own number of slots, packed in one buffer.
 
 A head-adaptive allocator (AdaKV, DuoAttention's head types) keeps a different number of tokens in
-every (batch, KV head) *segment*. :class:`RaggedStore` holds them packed: field buffers
-``[total capacity, *extra]`` where segment ``s`` (``s = b * kv_heads + h``) owns the range
+every (batch, KV head) *segment*; it swaps the layer's uniform store for one of these
+(``layer.store = layer.store.ragged(keep, bounds)``). :class:`RaggedStore` holds them packed: field
+buffers ``[total capacity, *extra]`` where segment ``s`` (``s = b * kv_heads + h``) owns the range
 ``offsets[s] .. offsets[s] + capacity[s]``, its first ``lengths[s]`` slots valid. Capacity is what the
 allocator kept plus the tokens the segment may still receive (a bounded segment: the one slot a decode
 step appends before it evicts; an unbounded one: the run's remaining tokens), so the memory held is
 the sum over heads of their slots, never ``heads x max``.
 
 Decode attention over it is ``kernels.ragged_decode`` (segment-wise softmax; per-segment lengths on
-the Triton kernel). Operations: :meth:`RaggedStore.from_mask` (built once, at prefill, from a
-per-head selection of a uniform layer), :meth:`~RaggedStore.append` (one token per segment),
-:meth:`~RaggedStore.drop` (evict one slot in chosen segments: the segment's last valid slot moves
-into its place, no host synchronisation) and :meth:`~RaggedStore.oldest` (the victim of a
-sinks + recent window rule).
+the Triton kernel). Views are padded to the longest head (``positions`` -1, ``log_weight`` ``-inf``
+and zeros on padding). A bounded segment is evicted back to its bound after each append (the method's
+``drop``); the longest head's count is then known on the host, with no synchronisation per step.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+from kernels.ragged_decode import ragged_decode_attention
+from methods.seam.storage import SlotStorage
+
+if TYPE_CHECKING:
+    from methods.seam.contract import Traits
 
 #: Fields a ragged layer keeps (method state is not carried: ragged layers are written by allocators
 #: that rank once, at prefill, or by position).
@@ -27,7 +35,7 @@ FIELDS = ("keys", "values", "positions")
 GROWTH = 64
 
 
-class RaggedStore:
+class RaggedStore(SlotStorage):
     """Packed per-head slot buffers of one layer (module docstring).
 
     Attributes
@@ -55,6 +63,8 @@ class RaggedStore:
         no synchronisation per step).
     """
 
+    kind = "ragged"
+
     def __init__(
         self,
         buffers: dict[str, torch.Tensor],
@@ -73,6 +83,9 @@ class RaggedStore:
             torch.arange(len(offsets), device=offsets.device), capacity, output_size=total
         )
         self.local = torch.arange(total, device=offsets.device) - offsets.index_select(0, self.segment)
+        # host copy of (kept, bound) per segment and the appends since: the longest head without a sync
+        self._segments = list(zip(lengths.tolist(), bounds.tolist(), strict=True))
+        self._appended = 0
 
     @classmethod
     def from_mask(
@@ -125,9 +138,44 @@ class RaggedStore:
         return cls(buffers, offsets, capacity, counts.clone(), (b, h), bounds, room)
 
     # ------------------------------------------------------------------ reading
+    @property
+    def n_slots(self) -> int:
+        """Slots of the longest head (host arithmetic: bounded heads stay at their bound)."""
+        grown = self._appended
+        return max(c + grown if b < 0 else max(c, min(b, c + grown)) for c, b in self._segments)
+
     def valid(self) -> torch.Tensor:
         """``[total]`` bool: whether each buffer slot holds a token."""
         return self.local < self.lengths.index_select(0, self.segment)
+
+    def _padded(self, flat: torch.Tensor, fill: float) -> torch.Tensor:
+        """A packed ``[total, *extra]`` tensor as ``[batch, kv_heads, n_slots, *extra]``, ``fill`` on
+        padding."""
+        n = self.n_slots
+        col = torch.arange(n, device=flat.device)
+        index = (self.offsets.unsqueeze(-1) + col).clamp_(max=flat.shape[0] - 1)
+        out = flat[index]
+        pad = (col >= self.lengths.unsqueeze(-1)).view(*index.shape, *([1] * (flat.dim() - 1)))
+        return out.masked_fill_(pad, fill).view(*self.shape, n, *flat.shape[1:])
+
+    def view(self, name: str) -> torch.Tensor:
+        """Field ``name`` padded to the longest head (module docstring); ``log_weight`` is 0 on the
+        held slots.
+
+        Raises
+        ------
+        KeyError
+            For a field other than keys, values, positions and log_weight.
+        """
+        if name == "log_weight":
+            return self._padded(torch.zeros(len(self.segment), device=self.offsets.device), float("-inf"))
+        if name not in self.buffers:
+            raise KeyError(f"a ragged store holds {FIELDS} and log_weight, not {name!r}")
+        return self._padded(self.buffers[name], -1 if name == "positions" else 0)
+
+    def state_names(self) -> tuple[str, ...]:
+        """None: method state is not carried into ragged heads."""
+        return ()
 
     def head_slots(self) -> torch.Tensor:
         """``[batch, kv_heads]`` int64 valid slots of every head."""
@@ -141,24 +189,46 @@ class RaggedStore:
 
     def kv_bytes(self) -> int:
         """Bytes of the valid keys and values: the sum over heads of their slots."""
+        return int(self.lengths.sum()) * self._slot_bytes()
+
+    def state_bytes(self) -> int:
+        """Bytes of the valid slots' positions and of the per-segment index tensors."""
+        index = (self.offsets, self.capacity, self.lengths)
+        return int(self.lengths.sum()) * self.buffers["positions"].element_size() + sum(
+            t.numel() * t.element_size() for t in index
+        )
+
+    def token_bytes(self) -> int:
+        """Key + value bytes of one token over the batch and every KV head."""
+        return len(self.offsets) * self._slot_bytes()
+
+    def _slot_bytes(self) -> int:
         k, v = self.buffers["keys"], self.buffers["values"]
-        per_slot = k.shape[-1] * k.element_size() + v.shape[-1] * v.element_size()
-        return int(self.lengths.sum()) * per_slot
+        return k.shape[-1] * k.element_size() + v.shape[-1] * v.element_size()
 
     # ------------------------------------------------------------------ operations
-    def append(self, keys: torch.Tensor, values: torch.Tensor, position: int) -> None:
+    def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
         """Append one token to every segment: ``keys``/``values`` ``[batch, kv_heads, 1, head_dim]``
-        at position ``position``. A bounded segment evicts after each append (its spare slot); the
+        at ``positions`` ``[1]``. A bounded segment evicts after each append (its spare slot); the
         growing ones take one slot of their room, and all buffers grow (by :data:`GROWTH` or a
-        quarter) when it is used up (only when the run's length was not known)."""
+        quarter) when it is used up (only when the run's length was not known).
+
+        Raises
+        ------
+        ValueError
+            For more than one token.
+        """
+        if keys.shape[2] != 1:
+            raise ValueError("ragged heads take one token per decode step")
         if self.room < 1:
             self._grow(max(GROWTH, int(self.capacity.max()) // 4))
         self.room -= 1
         at = self.offsets + self.lengths
         self.buffers["keys"].index_copy_(0, at, keys.reshape(-1, keys.shape[-1]))
         self.buffers["values"].index_copy_(0, at, values.reshape(-1, values.shape[-1]))
-        self.buffers["positions"].index_fill_(0, at, position)
+        self.buffers["positions"].index_copy_(0, at, positions.to(at.device).expand(len(at)))
         self.lengths.add_(1)
+        self._appended += 1
 
     def _grow(self, more: int) -> None:
         """Give every growing segment ``more`` slots of room (new buffers, the valid slots copied)."""
@@ -171,34 +241,62 @@ class RaggedStore:
             new = buf.new_full((total, *buf.shape[1:]), -1 if name == "positions" else 0)
             new[dest[valid]] = buf[valid]
             self.buffers[name] = new
+        segments, appended = self._segments, self._appended
         self.__init__(
             self.buffers, offsets, capacity, self.lengths, self.shape, self.bounds, self.room + more
         )
+        self._segments, self._appended = segments, appended
 
-    def drop(self, victim: torch.Tensor, active: torch.Tensor) -> None:
-        """Evict slot ``victim`` ``[segments]`` (packed index) in the segments where ``active``
-        ``[segments]`` (bool): the segment's last valid slot moves into its place. Inactive
-        segments copy their last slot onto itself (a no-op), so shapes never depend on the data."""
+    def keep(self, index: torch.Tensor) -> None:
+        """Not offered: ragged heads are selected once, when the store is made.
+
+        Raises
+        ------
+        NotImplementedError
+            Always.
+        """
+        raise NotImplementedError("a ragged store keeps what it was made with; drop slots instead")
+
+    def drop(self, slot: torch.Tensor, active: torch.Tensor | None = None) -> None:
+        """Evict slot ``slot`` ``[batch, kv_heads]`` (index inside each head) in the heads where
+        ``active`` ``[batch, kv_heads]`` (bool; default: every head): the head's last valid slot moves
+        into its place. Inactive heads copy their last slot onto itself (a no-op), so shapes never
+        depend on the data. Only bounded heads are to be dropped from (module docstring)."""
+        active = torch.ones_like(self.lengths, dtype=torch.bool) if active is None else active.reshape(-1)
         last = self.offsets + self.lengths - 1
-        target = torch.where(active, victim, last)
+        target = torch.where(active, self.offsets + slot.reshape(-1), last)
         for buf in self.buffers.values():
             buf.index_copy_(0, target, buf.index_select(0, last))
         self.lengths.sub_(active.long())
 
-    def over_bound(self) -> torch.Tensor:
-        """``[segments]`` bool: evicting segments holding more than their bound (after an append)."""
-        return ~self.grows & (self.lengths > self.bounds)
+    # ------------------------------------------------------------------ attention
+    def attend(
+        self, query: torch.Tensor, scaling: float, traits: Traits, softcap: float | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Decode attention of each query group over its own head's slots
+        (``kernels.ragged_decode``); probabilities padded as the views, when the traits ask for them.
 
-    def oldest(self, first: int) -> torch.Tensor:
-        """``[segments]`` packed index of each segment's oldest valid token at position ``>= first``
-        (a sinks + recent window's victim; the segment's first slot if it has none)."""
-        pos = self.buffers["positions"]
-        cand = self.valid() & (pos >= first)
-        big = torch.iinfo(pos.dtype).max
-        key = torch.where(cand, pos, big)
-        low = torch.full_like(self.offsets, big).scatter_reduce_(0, self.segment, key, "amin")
-        hit = cand & (key == low.index_select(0, self.segment))
-        index = torch.arange(len(self.segment), device=pos.device)
-        found = torch.full_like(self.offsets, -1)
-        found.scatter_reduce_(0, self.segment, torch.where(hit, index, -1), "amax")
-        return torch.where(found >= 0, found, self.offsets)
+        Raises
+        ------
+        NotImplementedError
+            For logits or a fused score update (not offered over ragged heads).
+        """
+        needs = traits.needs
+        if needs == "logits" or (needs == "probs" and traits.score_decay is not None):
+            raise NotImplementedError("ragged heads hand a decode step probabilities or nothing")
+        b, hq, _, d = query.shape
+        h = self.shape[1]
+        out, probs = ragged_decode_attention(
+            query.reshape(b * h, hq // h, d),
+            self.buffers["keys"],
+            self.buffers["values"],
+            self.offsets,
+            self.lengths,
+            self.segment,
+            self.valid(),
+            None,
+            scaling,
+            softcap,
+            return_probs=needs == "probs",
+        )
+        return out.reshape(b, hq, 1, -1), None if probs is None else self._padded(probs, 0.0)

@@ -13,10 +13,15 @@ is recorded in every run's protocol (``sliding_layers``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
 
 from methods.seam.architecture import LayerSpec
-from methods.seam.evict import ScoreEvict
+from methods.seam.contract import CompressionMethod, Traits
+
+if TYPE_CHECKING:
+    from methods.seam.layer import CompressedLayer
 
 SLIDING_RULE = "recent min(budget, window - 1) tokens (window - 1 for fullkv); method applies to full layers"
 
@@ -39,14 +44,20 @@ def sliding_bound(budget: int | None, window: int) -> int:
 
 
 @dataclass
-class SlidingWindow(ScoreEvict):
-    """Keep the most recent ``layer.budget`` tokens of a sliding-window layer (all heads alike): a
-    score-then-evict rule whose protected recent window fills the budget, ranked by position."""
+class SlidingWindow(CompressionMethod):
+    """Keep the most recent ``layer.budget`` tokens of a sliding-window layer (all heads alike)."""
 
     name: ClassVar[str] = "sliding_window"
-    decode_input: ClassVar[str] = "none"
-    state_fill: ClassVar[dict[str, float]] = {}
+    TRAITS: ClassVar[Traits] = Traits(decode_input="none", uses_log_weight=False)
 
-    def protected(self, bound: int) -> tuple[int, int]:
-        """The last ``bound`` tokens."""
-        return 0, bound
+    def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
+        """Keep the prompt's last ``plan.keep`` tokens (the prompt is held in position order)."""
+        n, keep = layer.store.n_slots, layer.plan.keep
+        if keep is not None and n > keep:
+            b, h = layer.keys.shape[:2]
+            layer.store.keep(torch.arange(n - keep, n, device=layer.keys.device).expand(b, h, keep))
+
+    def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
+        """Once over the bound, evict the oldest token."""
+        if layer.store.n_slots > layer.plan.bound:
+            layer.store.drop(layer.store.positions.argmin(dim=-1))

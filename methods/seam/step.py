@@ -3,9 +3,9 @@ scores, evict/merge), for every caller: the attention function (``methods.seam.a
 runner's shadow caches (``runners.attention_error``) and the decode-overhead profiler
 (``scripts/profile_decode.py``).
 
-Each layer follows its own rule (``layer.method``): the run's method, or the sliding-window rule
-on a sliding layer (``methods.seam.sliding``). The token(s) of the call are already appended to the
-layer (``CompressedLayer.update``) when these functions run.
+Each layer follows its own rule (``CompressedCache.rules``): the run's method, or the sliding-window
+rule on a sliding layer (``methods.seam.sliding``). The token(s) of the call are already appended to
+the layer (``CompressedLayer.update``) when these functions run.
 """
 
 from __future__ import annotations
@@ -13,8 +13,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
-from methods.seam.scoring import group_queries, softcap_logits
+
+
+def softcap_logits(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Attention-logit soft-capping (Gemma-2, ``attn_logit_softcapping``): ``c * tanh(logits / c)``;
+    ``logits`` unchanged when ``softcap`` is None."""
+    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
+
+
+def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """View ``[batch, q_heads, q, head_dim]`` as ``[batch, kv_heads, group, q, head_dim]`` (no copy)."""
+    b, hq, q, d = query.shape
+    return query.view(b, kv_heads, hq // kv_heads, q, d)
 
 
 def prefill_attention(
@@ -80,6 +92,7 @@ def prefill_attention(
 
 
 def prefill_step(
+    rule: CompressionMethod,
     layer: CompressedLayer,
     query: torch.Tensor,
     key: torch.Tensor | None,
@@ -87,10 +100,13 @@ def prefill_step(
     scaling: float,
 ) -> torch.Tensor | None:
     """The prompt's step on one layer: attention output over the whole prompt (when ``key`` and
-    ``value`` are given; :func:`prefill_attention`), then the layer's rule scores and compresses it.
+    ``value`` are given; :func:`prefill_attention`), then the layer's rule plans the layer
+    (``layer.plan``) and scores and compresses it.
 
     Parameters
     ----------
+    rule : CompressionMethod
+        The layer's rule.
     layer : CompressedLayer
         Holds the whole prompt (not yet prefilled).
     query : torch.Tensor
@@ -107,37 +123,55 @@ def prefill_step(
     """
     out = None
     if key is not None and value is not None:
-        out = prefill_attention(query, key, value, scaling, layer.spec.window, layer.softcap)
-    layer.method.prefill(layer, query, scaling)
-    layer.prefilled = True
+        out = prefill_attention(query, key, value, scaling, layer.spec.window, layer.spec.softcap)
+    layer.plan = rule.plan(layer)
+    rule.prefill(layer, query, scaling)
     return out
 
 
-def attend(
-    layer: CompressedLayer, query: torch.Tensor, scaling: float
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """First half of a decode step: attention of ``query`` ``[batch, q_heads, 1, head_dim]`` over
-    the layer's slots (``CompressionMethod.decode_attention``: the seam's dispatch,
-    ``methods.seam.dispatch``, unless the rule changes attention itself); returns the output
-    ``[batch, q_heads, 1, head_dim]`` and what :func:`update` needs."""
-    return layer.method.decode_attention(layer, query, scaling)
+def update(rule: CompressionMethod, layer: CompressedLayer, scores: torch.Tensor | None) -> None:
+    """Second half of a decode step (after the rule's ``decode_attention``): the rule updates its
+    scores from this step and evicts/merges to its bound; nothing for a prompt-only rule."""
+    if not rule.traits.prompt_only:
+        rule.decode_step(layer, scores)
 
 
-def update(layer: CompressedLayer, scores: torch.Tensor | None) -> None:
-    """Second half: the rule updates its scores from this step and evicts/merges to its bound."""
-    layer.method.decode_step(layer, scores)
-
-
-def decode_step(layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
-    """One decode step on one layer (:func:`attend`, then :func:`update`); returns the output
+def decode_step(
+    rule: CompressionMethod, layer: CompressedLayer, query: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """One decode step on one layer: attention of ``query`` ``[batch, q_heads, 1, head_dim]`` over the
+    layer's slots (``CompressionMethod.decode_attention``), then :func:`update`; returns the output
     ``[batch, q_heads, 1, head_dim]``."""
-    out, scores = attend(layer, query, scaling)
-    update(layer, scores)
+    out, scores = rule.decode_attention(layer, query, scaling)
+    update(rule, layer, scores)
     return out
+
+
+def layer_step(
+    rule: CompressionMethod,
+    layer: CompressedLayer,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """One attention call on one layer, by what the layer holds: the prompt (:func:`prefill_step`),
+    a decode step (:func:`decode_step`) or a chunk after the compressed prompt (:func:`chunk_step`);
+    shapes as there. Returns the output ``[batch, q_heads, q_len, head_dim]``."""
+    if layer.plan is None:
+        return prefill_step(rule, layer, query, key, value, scaling)
+    if query.shape[2] == 1:
+        return decode_step(rule, layer, query, scaling)
+    return chunk_step(rule, layer, query, key, value, scaling)
 
 
 def chunk_step(
-    layer: CompressedLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
+    rule: CompressionMethod,
+    layer: CompressedLayer,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
 ) -> torch.Tensor:
     """A chunk of tokens appended to a compressed layer (a question after its context was compressed,
     ``task.query_aware=false``): each token in turn is appended and takes one :func:`decode_step`, so
@@ -153,6 +187,8 @@ def chunk_step(
 
     Parameters
     ----------
+    rule : CompressionMethod
+        The layer's rule.
     layer : CompressedLayer
         A prefilled layer (the chunk not yet appended: ``CompressedLayer.update`` defers it).
     query : torch.Tensor
@@ -170,5 +206,5 @@ def chunk_step(
     rows = []
     for i in range(query.shape[2]):
         layer.update(key[:, :, i : i + 1], value[:, :, i : i + 1])
-        rows.append(decode_step(layer, query[:, :, i : i + 1], scaling))
+        rows.append(decode_step(rule, layer, query[:, :, i : i + 1], scaling))
     return torch.cat(rows, dim=2)

@@ -16,15 +16,24 @@ given fields at given slots), :meth:`~SlotStore.merge_into` (weighted mean of a 
 :meth:`~SlotStore.write` (a field over all valid slots) and :meth:`~SlotStore.reset` (replace every
 slot at once by compact tensors: merge rebuilds). Slot order is not position order; methods find
 tokens by ``positions``. One write bypasses these operations by design: a method with a fused score
-update (``CompressionMethod.score_decay``) has the decode attention update its ``scores`` view in place
+update (``Traits.score_decay``) has the decode attention update its ``scores`` view in place
 (the Triton kernel's ``s <- lambda s + a``), on the valid slots only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
+
+from kernels import decode_attention
+from methods.seam.ragged import RaggedStore
+from methods.seam.storage import SlotStorage
+
+if TYPE_CHECKING:
+    from methods.seam.contract import Traits
 
 #: Fields every store has, besides the method's state: name -> fill of slots appended by the seam.
 BASE_FILLS = {"log_weight": 0.0}
@@ -45,35 +54,14 @@ def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return t.gather(2, slot_index(t, index))
 
 
-class StateView(Mapping):
-    """Read-only mapping name -> valid slots of a store's state field ``[batch, kv_heads, n, *extra]``
-    (views made on access, so they always match the store's current ``n``)."""
-
-    __slots__ = ("names", "store")
-
-    def __init__(self, store: SlotStore, names: tuple[str, ...]) -> None:
-        self.store, self.names = store, names
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if name not in self.names:
-            raise KeyError(name)
-        return self.store.view(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-
-class SlotStore:
+class SlotStore(SlotStorage):
     """Fixed-capacity slot buffers of one layer (module docstring).
 
     Parameters
     ----------
     fills : dict[str, float]
         The method's state fields and the value a slot appended by the seam starts with
-        (``CompressionMethod.state_fill``); ``log_weight`` (0) is always present.
+        (``Traits.state_fill``); ``log_weight`` (0) is always present.
     capacity : Callable[[int], int]
         Slots to allocate for a buffer that must hold ``needed`` slots (the owner's rule).
 
@@ -86,6 +74,8 @@ class SlotStore:
         ``log_weight`` and method state float32, ``positions`` int64.
     """
 
+    kind = "uniform"
+
     def __init__(self, fills: dict[str, float], capacity: Callable[[int], int]) -> None:
         self.fills = BASE_FILLS | dict(fills)
         self.capacity_for = capacity
@@ -93,12 +83,31 @@ class SlotStore:
         self.n = 0
 
     # ------------------------------------------------------------------ reading
-    def __contains__(self, name: str) -> bool:
-        return name in self.buffers
+    @property
+    def n_slots(self) -> int:
+        """Valid slots per (batch, KV head)."""
+        return self.n
 
     def view(self, name: str) -> torch.Tensor:
-        """The valid slots of field ``name``: ``[batch, kv_heads, n, *extra]`` (a view)."""
+        """The valid slots of field ``name``: ``[batch, kv_heads, n, *extra]`` (a view).
+
+        Raises
+        ------
+        KeyError
+            For a field the store does not hold, or before the first append.
+        """
+        if name not in self.buffers:
+            raise KeyError(f"the layer holds no {name!r} (fields: {sorted(self.buffers) or 'none yet'})")
         return self.buffers[name].narrow(2, 0, self.n)
+
+    def state_names(self) -> tuple[str, ...]:
+        """The method's state fields (``Traits.state_fill``)."""
+        return tuple(name for name in self.fills if name != "log_weight")
+
+    def head_slots(self) -> torch.Tensor:
+        """``[batch, kv_heads]`` int64, every head ``n``."""
+        b, h = self.buffers["keys"].shape[:2] if self.buffers else (1, 1)
+        return torch.full((b, h), self.n, dtype=torch.long)
 
     @property
     def capacity(self) -> int:
@@ -108,6 +117,24 @@ class SlotStore:
     def allocated_bytes(self) -> int:
         """Bytes of every buffer, capacity included."""
         return sum(buf.untyped_storage().nbytes() for buf in self.buffers.values())
+
+    def kv_bytes(self) -> int:
+        """Bytes of the held keys and values (slots x kv_heads x head_dim x dtype size x batch)."""
+        if not self.buffers:
+            return 0
+        return sum(self.view(name).numel() * self.buffers[name].element_size() for name in ("keys", "values"))
+
+    def state_bytes(self) -> int:
+        """Bytes of the held slots' bias, positions and method state."""
+        names = [name for name in self.buffers if name not in ("keys", "values")]  # none before an append
+        return sum(self.view(name).numel() * self.buffers[name].element_size() for name in names)
+
+    def token_bytes(self) -> int:
+        """Key + value bytes of one token over the batch and every KV head."""
+        if not self.buffers:
+            return 0
+        k, v = self.buffers["keys"], self.buffers["values"]
+        return k.shape[0] * k.shape[1] * (k.shape[-1] + v.shape[-1]) * k.element_size()
 
     # ------------------------------------------------------------------ the seam's append
     def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
@@ -154,9 +181,18 @@ class SlotStore:
             new[name][:, :, :k] = gather_slots(buf[:, :, : self.n], index)
         self.buffers, self.n = new, k
 
-    def drop(self, slot: torch.Tensor) -> None:
+    def drop(self, slot: torch.Tensor, active: torch.Tensor | None = None) -> None:
         """Evict one slot per head, ``slot`` ``[batch, kv_heads]`` int64, in place: the last valid
-        slot moves into its place (O(1) per head; no copy of the cache, no host synchronisation)."""
+        slot moves into its place (O(1) per head; no copy of the cache, no host synchronisation).
+
+        Raises
+        ------
+        ValueError
+            For ``active``: the heads of a uniform store hold the same count (a head-adaptive rule
+            makes the store ragged first).
+        """
+        if active is not None:
+            raise ValueError("a uniform store drops one slot in every head (make it ragged first)")
         last = self.n - 1
         index = slot.unsqueeze(-1)
         for buf in self.buffers.values():
@@ -224,3 +260,37 @@ class SlotStore:
             new[name] = torch.empty((*buf.shape[:2], cap, *extra), dtype=dtype, device=buf.device)
             new[name][:, :, :k] = value if value is not None else self.fills.get(name, -1)
         self.buffers, self.n = new, k
+
+    # ------------------------------------------------------------------ kinds and attention
+    def ragged(self, keep: torch.Tensor, bounds: torch.Tensor | None = None) -> RaggedStore:
+        """The slots ``keep`` ``[batch, kv_heads, slots]`` (bool) selects, packed per head in a
+        :class:`~methods.seam.ragged.RaggedStore` (``bounds`` as there); room for what the owner's
+        capacity rule says an unbounded layer will still receive. Method state is not carried over."""
+        room = self.capacity_for(self.n + 1) - self.n
+        fields = {name: self.view(name) for name in ("keys", "values", "positions")}
+        return RaggedStore.from_mask(fields, keep, room, bounds)
+
+    def attend(
+        self, query: torch.Tensor, scaling: float, traits: Traits, softcap: float | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Decode attention over the slots (``SlotStorage.attend``): fused SDPA when the method needs
+        nothing back, no bias and no soft-cap; otherwise ``kernels.decode_attention`` with the bias,
+        returning the group-mean probabilities or the logits, with the ``score_decay`` update fused
+        into the ``scores`` field (the one write outside the store's operations)."""
+        needs, keys, values = traits.needs, self.view("keys"), self.view("values")
+        if needs == "none" and not traits.uses_log_weight and softcap is None:
+            return F.scaled_dot_product_attention(query, keys, values, scale=scaling, enable_gqa=True), None
+        decay = traits.score_decay if needs == "probs" else None
+        fused = None if decay is None else self.view("scores")  # updated in place
+        out, scores = decode_attention(
+            query,
+            keys,
+            values,
+            self.view("log_weight") if traits.uses_log_weight else None,
+            scaling,
+            return_logits=needs == "logits",
+            scores=fused,
+            decay=1.0 if decay is None else decay,
+            softcap=softcap,
+        )
+        return out, None if needs == "none" or fused is not None else scores

@@ -162,7 +162,7 @@ def qa(inputs: Inputs, task: str, length: int, tokenizer) -> Builder:
             f"task.limit={inputs.limit} exceeds the {len(questions)} questions of {task}'s file "
             f"({where}); RULER's sample i asks question i"
         )
-    build = lambda n, s, i: ruler_qa.build(n, s, questions[i], docs)  # noqa: E731
+    build = lambda n, s, i: ruler_qa.build(n, s, questions[i], docs, inputs.seed)  # noqa: E731
     return Builder(build, lambda i: len(questions[i]["gold"]), len(docs))
 
 

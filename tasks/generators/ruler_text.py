@@ -56,16 +56,18 @@ NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. The
 
 @dataclass
 class RulerRow:
-    """One generated sample: ``context + question + answer_prefix`` is RULER's ``input``.
+    """One generated sample: ``context + question + answer_prefix`` is RULER's ``input``, split where
+    kvpress's leaderboard data splits it (``answer_prefix`` from its first word).
 
     Attributes
     ----------
     context : str
         Everything up to the end of the haystack (instructions before it, few-shot example).
     question : str
-        The template's text after the haystack (the question), without the answer prefix.
+        The template's text after the haystack (the question, from the newline(s) before it), and
+        the blank that separates it from the answer prefix.
     answer_prefix : str
-        RULER's answer prefix, the start of the answer the model continues.
+        RULER's answer prefix from its first word, the start of the answer the model continues.
     answers : list[str]
         RULER's ``outputs`` (every one must appear in the prediction; qa: any one).
     meta : dict
@@ -77,6 +79,13 @@ class RulerRow:
     answer_prefix: str
     answers: list[str]
     meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Move the answer prefix's leading blank to the end of the question (RULER's templates start
+        the prefix with it; kvpress's question ends with it)."""
+        stripped = self.answer_prefix.lstrip()
+        self.question += self.answer_prefix[: len(self.answer_prefix) - len(stripped)]
+        self.answer_prefix = stripped
 
     @property
     def text(self) -> str:

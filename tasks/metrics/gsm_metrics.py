@@ -1,5 +1,5 @@
 """GSM-Infinite answer extraction and scoring, as ZSMerge's ``exam/gsminfinite/score_real.py`` and
-``score_symb.py`` do it (docs/methods.md section 10.4)."""
+``score_symb.py`` do it (docs/methods.md, "GSM-Infinite")."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from methods.seam.cache import CompressedCache
+from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.step import decode_step
 
@@ -27,15 +28,14 @@ class RowsLayer(CacheLayerMixin):
     ----------
     layers : list[CompressedLayer]
         The same decoder layer of each row's cache, in batch order; all prefilled.
+    rules : list[CompressionMethod]
+        Each row's rule for that layer.
     """
 
-    def __init__(self, layers: list[CompressedLayer]) -> None:
-        self.rows = layers
-        first = layers[0]
-        self.layer_idx, self.spec, self.softcap = first.layer_idx, first.spec, first.softcap
-        self.is_sliding = first.is_sliding
+    def __init__(self, layers: list[CompressedLayer], rules: list[CompressionMethod]) -> None:
+        self.rows, self.rules = layers, rules
+        self.spec = layers[0].spec
         self.is_initialized = True
-        self.prefilled = True
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -62,7 +62,11 @@ class RowsLayer(CacheLayerMixin):
         """One decode step of every row on its own layer: ``query`` ``[rows, q_heads, 1, head_dim]``
         -> output ``[rows, q_heads, 1, head_dim]`` (each row exactly its batch-1 step)."""
         return torch.cat(
-            [decode_step(layer, query[r : r + 1], scaling) for r, layer in enumerate(self.rows)], dim=0
+            [
+                decode_step(rule, layer, query[r : r + 1], scaling)
+                for r, (rule, layer) in enumerate(zip(self.rules, self.rows, strict=True))
+            ],
+            dim=0,
         )
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -70,11 +74,11 @@ class RowsLayer(CacheLayerMixin):
 
     def get_seq_length(self) -> int:
         """The longest row's tokens (rows carry their own positions: ``position_ids``)."""
-        return max(layer.seen_tokens for layer in self.rows)
+        return max(layer.get_seq_length() for layer in self.rows)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """Mask sizes for transformers' mask builders (the ``kvbench`` attention takes no mask)."""
-        return max(layer.n_slots for layer in self.rows) + query_length, 0
+        return max(layer.store.n_slots for layer in self.rows) + query_length, 0
 
     def get_max_length(self) -> int:
         """-1: no fixed maximum."""
@@ -98,7 +102,19 @@ class RowsCache(Cache):
     def __init__(self, rows: list[CompressedCache]) -> None:
         if not rows or len({len(c.layers) for c in rows}) != 1:
             raise ValueError("a RowsCache needs at least one cache, all of the same model")
-        if not all(layer.prefilled for c in rows for layer in c.layers):
+        if not all(layer.plan is not None for c in rows for layer in c.layers):
             raise ValueError("a RowsCache decodes prefilled caches only")
-        super().__init__(layers=[RowsLayer([c.layers[i] for c in rows]) for i in range(len(rows[0].layers))])
+        super().__init__(
+            layers=[
+                RowsLayer([c.layers[i] for c in rows], [c.rules[i] for c in rows])
+                for i in range(len(rows[0].layers))
+            ]
+        )
         self.rows = rows
+
+    def attend(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        """The attention function's call on layer ``layer_idx`` (``CompressedCache.attend``): one decode
+        step of every row (:meth:`RowsLayer.decode`)."""
+        return self.layers[layer_idx].decode(query, scaling)

@@ -1,6 +1,6 @@
 """``runner=train_less``: fit LESS kernels to the frozen model's attention outputs, layer by layer.
 
-Recipe (Dong et al. 2024; docs/methods.md section 6): per layer, teacher = the layer's full-attention
+Recipe (Dong et al. 2024; docs/methods.md, "LESS"): per layer, teacher = the layer's full-attention
 block output; student = the sparse policy's attention + the low-rank term through the frozen
 ``o_proj``; MSE on positions past heavy + recent; Adam with a step schedule; the best-validation
 kernels are kept. Every layer has its own parameters, optimiser and loss, so the layers train

@@ -10,9 +10,9 @@ and a protected set on top of this class:
   (:meth:`ScoreEvict.prefill_scores` at prefill, :meth:`ScoreEvict.step_scores` after each decode
   step); a method without a ``scores`` field ranks by position (oldest first).
 - **Prefill**: over ``layer.plan.keep``, keep the protected tokens and the ``keep - first - recent``
-  highest scores between them (:func:`methods.seam.scoring.keep_index`).
+  highest scores between them (:func:`methods.scoring.keep_index`).
 - **Decode step**: over ``layer.plan.bound`` (one slot over, right after the append), evict the lowest-scored
-  unprotected token (:func:`methods.seam.scoring.lowest_score`): one ``[batch, kv_heads]`` victim, the
+  unprotected token (:func:`methods.scoring.lowest_score`): one ``[batch, kv_heads]`` victim, the
   same shapes at every step, no host synchronisation.
 
 :meth:`ScoreEvict.prefill_keep` and :meth:`ScoreEvict.decode_victim` return the selection without
@@ -22,26 +22,26 @@ merges it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from methods.seam.contract import CompressionMethod
+from methods.scoring import keep_index, lowest_score
+from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.scoring import keep_index, lowest_score
 
 
 @dataclass
 class ScoreEvict(CompressionMethod):
     """Base of the score-then-evict methods (module docstring). Subclasses override
-    :meth:`protected` and the two scoring hooks; ``state_fill`` declares ``scores`` when they score.
+    :meth:`protected` and the two scoring hooks; ``Traits.state_fill`` declares ``scores`` when they
+    score.
     """
 
     name: ClassVar[str] = "score_evict"
-    state_fill: ClassVar[dict[str, float]] = {"scores": 0.0}
-    uses_log_weight: ClassVar[bool] = False
+    TRAITS: ClassVar[Traits] = Traits(state_fill={"scores": 0.0}, uses_log_weight=False)
 
     def protected(self, bound: int) -> tuple[int, int]:
         """``(first, recent)``: tokens always kept under ``bound`` slots (default: none)."""
@@ -58,8 +58,13 @@ class ScoreEvict(CompressionMethod):
 
     def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor | None:
         """Scores ``[batch, kv_heads, slots]`` after a decode step whose attention gave ``probs``
-        (see ``CompressionMethod.decode_input``), or None (unchanged)."""
+        (see ``Traits.decode_input``), or None (unchanged)."""
         return None
+
+    def score_scale(self, layer: CompressedLayer) -> float:
+        """The factor that puts this scorer's scores on kvpress's scale, where a wrapper adds a constant
+        to them (CriticalKV's ``epsilon``): 1 unless the scorer sums what kvpress averages."""
+        return 1.0
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The contract's plan (``CompressionMethod.plan``) with the protected tokens of
@@ -72,7 +77,7 @@ class ScoreEvict(CompressionMethod):
 
     def ranking(self, layer: CompressedLayer) -> torch.Tensor:
         """What eviction ranks by: the ``scores`` field, or the positions (oldest evicted first)."""
-        return layer.state["scores"] if "scores" in self.state_fill else layer.positions
+        return layer.store.state["scores"] if "scores" in self.traits.state_fill else layer.store.positions
 
     # ------------------------------------------------------------------ selection
     def prefill_keep(
@@ -84,7 +89,7 @@ class ScoreEvict(CompressionMethod):
         if scores is not None:
             layer.store.write("scores", scores)
         plan = layer.plan
-        if plan.keep is None or layer.n_slots <= plan.keep:
+        if plan.keep is None or layer.store.n_slots <= plan.keep:
             return None
         return keep_index(self.ranking(layer), plan.first, plan.keep - plan.first - plan.recent, plan.recent)
 
@@ -97,10 +102,10 @@ class ScoreEvict(CompressionMethod):
         if scores is not None:
             layer.store.write("scores", scores)
         plan = layer.plan
-        if plan.bound is None or layer.n_slots <= plan.bound:
+        if plan.bound is None or layer.store.n_slots <= plan.bound:
             return None
-        pos = layer.positions
-        candidates = (pos >= plan.first) & (pos <= layer.seen_tokens - 1 - plan.recent)
+        pos = layer.store.positions
+        candidates = (pos >= plan.first) & (pos <= layer.get_seq_length() - 1 - plan.recent)
         return lowest_score(self.ranking(layer), candidates)
 
     # ------------------------------------------------------------------ hooks
@@ -115,36 +120,3 @@ class ScoreEvict(CompressionMethod):
         victim = self.decode_victim(layer, probs)
         if victim is not None:
             layer.store.drop(victim)
-
-
-@dataclass
-class PromptOnlyOption:
-    """Mixin of a score-then-evict method that keeps its budget while decoding (its paper's rule) and
-    can compress the prompt only instead (``decode_budget=false``: kvpress's presses for TOVA, KNorm,
-    KeyDiff, Expected Attention, StreamingLLM, LagKV: the question of a query-agnostic run and the
-    generated tokens are kept, the cache grows past the budget; docs/methods.md section 10.6).
-
-    Parameters
-    ----------
-    decode_budget : bool
-        True (default): evict back to the budget after every decode step; False: prompt only.
-
-    Raises
-    ------
-    ValueError
-        From :meth:`check_model` (at build, before any model loads) if ``decode_budget`` is not a
-        boolean.
-    """
-
-    decode_budget: bool = field(default=True, kw_only=True)
-
-    @property
-    def budget_holds_in_decode(self) -> bool:
-        """Whether decoding stays within the budget (``decode_budget``)."""
-        return self.compresses and self.decode_budget
-
-    def check_model(self, config) -> None:
-        """Check ``decode_budget`` (the contract's hook run at build)."""
-        if not isinstance(self.decode_budget, bool):
-            raise ValueError(f"decode_budget must be true or false, got {self.decode_budget!r}")
-        super().check_model(config)

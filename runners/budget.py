@@ -44,7 +44,7 @@ def resolve_budget(
     A float in ``(0, 1]`` is a fraction of the prompt's tokens (``unit="prompt"``: ``budget=1.0``
     keeps the whole prompt, ``0.05`` keeps 5%) or of the model's context window
     (``unit="context"``: ``max_position_embeddings``, the convention of the LESS and ZSMerge XSum
-    experiments, docs/methods.md section 1); an integer (or a whole float above 1) is an absolute slot
+    experiments, docs/methods.md, "Conventions"); an integer (or a whole float above 1) is an absolute slot
     count in either unit. Fractions are floored, with at least one slot, as the ZSMerge code does.
 
     Parameters

@@ -5,19 +5,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from methods.seam.score_memo import lookup, remember
+from methods.score_memo import lookup, remember
+from methods.seam.step import group_queries, softcap_logits
 
-
-def softcap_logits(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """Attention-logit soft-capping (Gemma-2, ``attn_logit_softcapping``): ``c * tanh(logits / c)``;
-    ``logits`` unchanged when ``softcap`` is None."""
-    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
-
-
-def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """View ``[batch, q_heads, q, head_dim]`` as ``[batch, kv_heads, group, q, head_dim]`` (no copy)."""
-    b, hq, q, d = query.shape
-    return query.view(b, kv_heads, hq // kv_heads, q, d)
+__all__ = [
+    "causal_column_sums",
+    "complement",
+    "group_queries",
+    "keep_index",
+    "lowest_score",
+    "mask_future_block_",
+    "pool_scores",
+    "softcap_logits",
+    "window_attention",
+    "window_logits",
+]
 
 
 def mask_future_block_(logits: torch.Tensor, start: int) -> torch.Tensor:
@@ -106,7 +108,7 @@ def pool_scores(scores: torch.Tensor, kernel_size: int, pooling: str = "max") ->
     if pooling == "max":
         out = F.max_pool1d(flat, kernel_size, stride=1, padding=pad)
     elif pooling == "avg":
-        out = F.avg_pool1d(flat, kernel_size, stride=1, padding=pad, count_include_pad=False)
+        out = F.avg_pool1d(flat, kernel_size, stride=1, padding=pad)  # zero padding counted, as kvpress
     else:
         raise ValueError(f"pooling must be 'max' or 'avg', got {pooling!r}")
     return out.view(b, h, n)
@@ -122,7 +124,7 @@ def causal_column_sums(
 ) -> torch.Tensor:
     """Column sums of the causal prompt attention matrix, computed in query chunks.
 
-    H2O's accumulated attention at prefill (Zhang et al. 2023, Sec. 3; docs/methods.md section 1):
+    H2O's accumulated attention at prefill (Zhang et al. 2023, Sec. 3; docs/methods.md, "Conventions"):
     ``acc(j) = sum_i softmax_i(q_i k^T)[j]`` over all prompt queries ``i >= j``. Memory is
     ``O(chunk x prompt x q_heads)``; the full prompt x prompt matrix never exists.
 
@@ -146,7 +148,7 @@ def causal_column_sums(
     -------
     torch.Tensor
         ``[batch, kv_heads, prompt]`` float32, averaged over the query heads of each group. Within
-        ``methods.seam.score_memo.shared_scores`` (a grid's prefill) an equal earlier call's result.
+        ``methods.score_memo.shared_scores`` (a grid's prefill) an equal earlier call's result.
     """
     args = (scaling, chunk, softcap)
     if (shared := lookup(query, keys, row_weights, args)) is not None:  # a grid's earlier setting

@@ -3,7 +3,7 @@
 The settings of a grid prefill each layer of one prompt from the same queries and keys, and several
 of them score the prompt with the same function and arguments: H2O at three budgets computes the same
 causal column sums three times (the scores do not depend on the budget). Within
-:func:`shared_scores`, :func:`methods.seam.scoring.causal_column_sums` returns a copy of an earlier
+:func:`shared_scores`, :func:`methods.scoring.causal_column_sums` returns a copy of an earlier
 result when its inputs are equal (the same query tensor, equal keys and row weights, the same scale,
 chunk and soft-cap), so each distinct computation runs once per layer; outside it nothing is kept.
 """

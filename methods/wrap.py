@@ -1,7 +1,7 @@
 """Budget allocators that compose with any scorer (:class:`ScorerWrapper`).
 
 An allocator decides *how many* slots each layer or KV head keeps; the wrapped scorer (any
-score-then-evict method, ``methods.seam.evict.ScoreEvict``: SnapKV, TOVA, KNorm, ...) decides
+score-then-evict method, ``methods.evict.ScoreEvict``: SnapKV, TOVA, KNorm, ...) decides
 *which*. The wrapper is the scorer in every respect (its state, decode input, protected tokens,
 scores, prefill and decode steps) except the part the allocator overrides: the layer's plan
 (PyramidKV, per-layer ratios) or the prefill selection (AdaKV's top-k across heads). Records name
@@ -10,19 +10,22 @@ it ``<allocator>_<scorer>`` (``adakv_snapkv``, kvpress's names).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import ClassVar
 
 import torch
 
-from methods.seam.evict import ScoreEvict
+from methods.evict import ScoreEvict
+from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 
 
 @dataclass
 class ScorerWrapper(ScoreEvict):
-    """A score-then-evict scorer under an allocator (module docstring).
+    """A score-then-evict scorer under an allocator (module docstring). Its traits are the scorer's
+    with the allocator's ``OVERRIDES``; its ``decode_budget``, when set, is the scorer's.
 
     Parameters
     ----------
@@ -36,6 +39,8 @@ class ScorerWrapper(ScoreEvict):
     """
 
     name: ClassVar[str] = "wrapper"
+    #: What the allocator changes of the scorer's :class:`~methods.seam.contract.Traits`.
+    OVERRIDES: ClassVar[dict] = {}
 
     scorer: ScoreEvict
 
@@ -45,44 +50,22 @@ class ScorerWrapper(ScoreEvict):
                 f"{self.name} needs a score-then-evict scorer (snapkv, tova, knorm, ...), "
                 f"got {type(self.scorer).__name__}"
             )
+        if self.decode_budget is not None:  # one switch: the scorer decodes as the wrapper is told
+            self.scorer = replace(self.scorer, decode_budget=self.decode_budget)
 
-    # ------------------------------------------------------------------ the scorer's declarations
+    @cached_property
+    def traits(self) -> Traits:
+        """The scorer's traits with :attr:`OVERRIDES`."""
+        return replace(self.scorer.traits, **self.OVERRIDES)
+
+    def paper(self) -> ScorerWrapper:
+        """The wrapper and its scorer under their papers' decoding rules."""
+        return replace(self, scorer=self.scorer.paper(), decode_budget=None)
+
     @property
     def label(self) -> str:
         """``<allocator>_<scorer>`` (``adakv_snapkv``)."""
         return f"{self.name}_{self.scorer.label}"
-
-    @property
-    def state_fill(self) -> dict[str, float]:  # type: ignore[override]
-        return self.scorer.state_fill
-
-    @property
-    def decode_input(self) -> str:  # type: ignore[override]
-        return self.scorer.decode_input
-
-    @property
-    def score_decay(self) -> float | None:  # type: ignore[override]
-        return self.scorer.score_decay
-
-    @property
-    def uses_log_weight(self) -> bool:  # type: ignore[override]
-        return self.scorer.uses_log_weight
-
-    @property
-    def counters(self) -> tuple[str, ...]:  # type: ignore[override]
-        return self.scorer.counters
-
-    @property
-    def compresses(self) -> bool:  # type: ignore[override]
-        return self.scorer.compresses
-
-    @property
-    def budget_applies(self) -> bool:
-        return self.scorer.budget_applies
-
-    @property
-    def budget_holds_in_decode(self) -> bool:
-        return self.scorer.budget_holds_in_decode
 
     # ------------------------------------------------------------------ the scorer's rule
     def protected(self, bound: int) -> tuple[int, int]:
@@ -99,6 +82,9 @@ class ScorerWrapper(ScoreEvict):
     def ranking(self, layer: CompressedLayer) -> torch.Tensor:
         return self.scorer.ranking(layer)
 
+    def score_scale(self, layer: CompressedLayer) -> float:
+        return self.scorer.score_scale(layer)
+
     def check_budget(self, budget: int, tokens: int) -> None:
         self.scorer.check_budget(budget, tokens)
 
@@ -108,6 +94,7 @@ class ScorerWrapper(ScoreEvict):
         self.scorer.attach_assets(checkpoints_dir, model, budget, budget_unit)
 
     def check_model(self, config) -> None:
+        super().check_model(config)
         self.scorer.check_model(config)
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
@@ -134,13 +121,13 @@ class LayerBudgets(ScorerWrapper):
     name: ClassVar[str] = "layer_budgets"
 
     def layer_budget(self, layer: CompressedLayer, budget: int) -> int:
-        """Slots per KV head of ``layer`` for a run budget of ``budget`` slots (``layer.n_slots``:
+        """Slots per KV head of ``layer`` for a run budget of ``budget`` slots (``layer.store.n_slots``:
         the prompt's length)."""
         raise NotImplementedError
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The scorer's plan under this layer's budget (:meth:`layer_budget`)."""
-        if layer.budget is not None and self.compresses:
+        if layer.budget is not None and self.traits.compresses:
             layer.budget = self.layer_budget(layer, layer.budget)
         return self.scorer.plan(layer)
 
