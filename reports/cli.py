@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from reports.shards import ShardedStore
 from reports.store import ResultStore
 from tasks.errors import KVBenchError
 
@@ -46,7 +47,8 @@ def default_results_dir() -> str:
 
 
 def open_store(root: str | Path, need_records: bool = True) -> ResultStore:
-    """The store under ``root``, which must be an existing directory (never created).
+    """The store under ``root`` as reports read it (``reports.shards.ShardedStore``: a run split over
+    shards is one run), which must be an existing directory (never created).
 
     Parameters
     ----------
@@ -66,7 +68,7 @@ def open_store(root: str | Path, need_records: bool = True) -> ResultStore:
         raise KVBenchError(f"results dir {path} {what}")
     if need_records and not any((path / "runs").glob("*/record.json")):
         raise KVBenchError(f"no run records under {path}/runs")
-    return ResultStore(path)
+    return ShardedStore(path)
 
 
 def check_out(out: Path) -> Path:

@@ -30,6 +30,7 @@ from reports.frame import job_frame, near_misses, not_done, report_jobs
 from reports.kinds import KINDS, Context
 from reports.paired import RESAMPLES
 from reports.pairing import Pairing, describe, model_key, pair_frame
+from reports.shards import ShardedStore
 from reports.store import ResultStore, atomic_write_text, setting_of
 
 
@@ -66,7 +67,7 @@ def build(
     KVBenchError
         For an unknown experiment, or a ``baseline`` without a run on the compared samples.
     """
-    store = ResultStore(results_dir)
+    store = ShardedStore(results_dir)
     base, jobs, records = report_jobs(experiment, scale, overrides, store)
     spec = base.report
     several_models = len({job.cfg.model.name for job in jobs}) > 1

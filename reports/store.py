@@ -48,9 +48,10 @@ RENAMED_RECORD_KEYS = (
 
 def run_identity(config: dict) -> dict:
     """The part of a resolved config that defines a run (paths, loggers and data location excluded;
-    ``task.query_aware=true``, the whole prompt compressed, and ``runner.batch_size=1`` are left out:
-    runs stored before these options existed did that, and keep their ids; the efficiency and OOM
-    runners' ``runner.batch_size`` is hashed as ``batch``, its name when their runs were stored)."""
+    ``task.query_aware=true``, the whole prompt compressed, ``runner.batch_size=1`` and one shard
+    (``runner.num_shards=1``) are left out: runs stored before these options existed did that, and
+    keep their ids; the efficiency and OOM runners' ``runner.batch_size`` is hashed as ``batch``, its
+    name when their runs were stored)."""
     identity = {k: config.get(k) for k in IDENTITY_KEYS}
     identity["task"] = {
         k: v for k, v in (config.get("task") or {}).items() if k not in NON_IDENTITY_TASK_KEYS
@@ -63,6 +64,8 @@ def run_identity(config: dict) -> dict:
             runner["batch"] = runner.pop("batch_size")  # stored runs hashed it as runner.batch
         elif runner.get("batch_size") == 1:  # one prompt at a time: what runs did before
             del runner["batch_size"]  # the option existed, so their ids stay
+        if runner.get("num_shards") == 1 and runner.get("shard_index") == 0:  # unsharded: ids stay
+            del runner["num_shards"], runner["shard_index"]
         identity["runner"] = runner
     if config.get("kernels", "auto") != "auto":  # a forced decode backend is another run
         identity["kernels"] = config["kernels"]

@@ -30,6 +30,7 @@ from runners.environment import (
 from runners.generate import GenerationResult, Row, eos_token_ids
 from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
+from runners.shards import check_shards, merge_when_complete, shard_samples
 from runners.summary_table import print_summary
 from tasks import Task
 from tasks.errors import KVBenchError
@@ -232,11 +233,14 @@ def run_quality(cfg: DictConfig) -> dict:
     """
     refuse_untrained(cfg)
     batch_size = check_batch_size(cfg)
+    check_shards(cfg)
     method, task = build_components(cfg)
     config = run_config(cfg, method.traits.budget_applies)
-    tokenizer, samples, prompts = load_prompts(cfg, task)
-    store, rid, done = stored_run(cfg, config, print_summary, samples)
+    tokenizer, every, prompts = load_prompts(cfg, task)
+    samples, prompts = shard_samples(cfg, every, prompts)  # the run is identified by every sample
+    store, rid, done = stored_run(cfg, config, print_summary, every)
     if done is not None:
+        merge_when_complete(cfg, store, rid, task, every)
         return done
     check_lengths(cfg, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
@@ -274,4 +278,5 @@ def run_quality(cfg: DictConfig) -> dict:
         close_record(record, task, samples, prompts, results, predictions, model.device)
         record["efficiency"]["samples_per_s"] = len(samples) / (time.perf_counter() - start)
     print_summary(record)
+    merge_when_complete(cfg, store, rid, task, every)
     return record

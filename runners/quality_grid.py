@@ -29,6 +29,7 @@ from tqdm import tqdm
 from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
+from reports.shards import whole_run_id
 from reports.store import ResultStore, setting_id
 from runners.build import (
     build_components,
@@ -50,12 +51,15 @@ from runners.quality import (
     stop_token_ids,
 )
 from runners.record import claim_run, failure, identify_run, new_record, presets, recording, run_config
+from runners.shards import check_shards, merge_when_complete, shard_samples
 from runners.shared_prefill import shared_generate
 from tasks.errors import KVBenchError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 #: Overrides of the grid job that do not pass to its settings (the grid's own keys).
 GRID_KEYS = ("runner", "method", "budget", "compression_ratio")
+#: Keys of the grid's runner that its settings take: every setting runs the same shard of the samples.
+SHARD_KEYS = ("num_shards", "shard_index")
 #: Peak-memory fields of a quality record, null in a grid's records (the peaks are the grid's).
 PEAKS = ("peak_rss_bytes", "peak_rss_process_bytes", "peak_device_bytes", "peak_device_process_bytes")
 
@@ -118,6 +122,7 @@ def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
         )
     key, values = _values(cfg)
     kept = [o for o, n in zip(given, names, strict=True) if n.split(".")[0] not in GRID_KEYS]
+    kept += [f"runner.{key}={value}" for key, value in zip(SHARD_KEYS, check_shards(cfg), strict=True)]
     out = []
     with contextlib.ExitStack() as stack:
         if not GlobalHydra.instance().is_initialized():
@@ -169,7 +174,9 @@ def run_quality_grid(cfg: DictConfig) -> dict:
         loads.
     """
     batch_size = check_batch_size(cfg)
-    settings, finished, (model, task, tokenizer, samples, prompts) = _prepare(cfg)
+    check_shards(cfg)
+    settings, finished, (model, task, tokenizer, every, prompts) = _prepare(cfg)
+    samples, prompts = shard_samples(cfg, every, prompts)
     cfg.model = model  # resolved by the settings' build (model=hf fills max_context from the folder)
     check_lengths(cfg, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
@@ -185,6 +192,8 @@ def run_quality_grid(cfg: DictConfig) -> dict:
         first = next(iter((r.get("metrics") or {}).values()), None)
         print(f"  {r['method']:<28} budget={r['config']['budget']!s:<6} {r['status']:<6} "
               f"first metric {first}  run {r['run_id']}")  # fmt: skip
+    for r in sorted(records, key=lambda r: whole_run_id(r["config"], r.get("inputs"))):  # locks in order
+        merge_when_complete(cfg, ResultStore(cfg.paths.results_dir), r["run_id"], task, every)
     bad = [r for r in records if r["status"] != "ok"]
     return {
         "run_id": "grid",

@@ -9,6 +9,10 @@ that setting ended.
   anything else (``error``, ``oom``, ``interrupted``); a job with no record at all (killed) is failed;
 - skipped: the job's run had finished before (an ``ok`` record from another sweep or a single run),
   so the job reused it (``rerun=false``).
+
+A job whose saved config names none of its runs (a ``runner=quality_grid`` job, whose runs are its
+settings'; a ``model=hf`` job, whose model fields are filled when it runs) is counted by the records
+this sweep wrote for its job number: ok when every one is ``ok``.
 """
 
 from __future__ import annotations
@@ -57,6 +61,11 @@ def sweep_counts(sweep_dir: str | Path, results_dir: str | Path) -> Counter:
     whose saved config cannot be read is counted as ``failed`` with a warning on stderr."""
     store = ResultStore(results_dir)
     counts = Counter(ok=0, failed=0, skipped=0)
+    written: dict[str, list[dict]] = {}  # job number -> the records this sweep's job wrote
+    for record in store.records():
+        sweep = record.get("sweep") or {}
+        if sweep.get("dir") and _same_dir(sweep["dir"], sweep_dir) and sweep.get("job_num") is not None:
+            written.setdefault(str(sweep["job_num"]), []).append(record)
     for job_config in sorted(Path(sweep_dir).glob("*/.hydra/config.yaml")):
         try:
             runs = store.of_setting(job_setting_id(job_config))
@@ -70,6 +79,8 @@ def sweep_counts(sweep_dir: str | Path, results_dir: str | Path) -> Counter:
         here = [r for r in runs if (d := (r.get("sweep") or {}).get("dir")) and _same_dir(d, sweep_dir)]
         if here:
             counts["ok" if any(r["status"] == "ok" for r in here) else "failed"] += 1
+        elif mine := written.get(job_config.parent.parent.name):
+            counts["ok" if all(r["status"] == "ok" for r in mine) else "failed"] += 1
         elif any(r["status"] == "ok" for r in runs):
             counts["skipped"] += 1
         else:

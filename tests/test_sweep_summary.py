@@ -51,6 +51,19 @@ def test_jobs_are_counted_from_their_saved_configs_and_the_store(tmp_path, capsy
     )
 
 
+def test_a_job_whose_config_names_none_of_its_runs_is_counted_by_the_records_it_wrote(tmp_path):
+    """A grid job's runs are its settings' (its saved config is the grid's): two shards of a grid."""
+    grid = ["runner=quality_grid", "runner.budgets=[0.5]", "runner.num_shards=2"]
+    fabricate(tmp_path, [[*grid, f"runner.shard_index={i}"] for i in (0, 1)])
+    store = ResultStore(tmp_path / "results")
+    for job, statuses in enumerate((("ok", "ok"), ("ok", "error"))):
+        for n, status in enumerate(statuses):
+            sweep = {"dir": str(tmp_path / "sweep"), "job_num": job}
+            store.write({"run_id": f"{job}{n}", "status": status, "sweep": sweep}, [])
+    counts = sweep_counts(tmp_path / "sweep", tmp_path / "results")
+    assert (counts["ok"], counts["failed"], counts["no_record"]) == (1, 1, 0)
+
+
 def test_a_summary_that_cannot_be_made_is_a_warning(tmp_path, capsys):
     (tmp_path / "sweep" / "0" / ".hydra").mkdir(parents=True)
     (tmp_path / "sweep" / "0" / ".hydra" / "config.yaml").write_text("method: [unclosed\n")
