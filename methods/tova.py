@@ -10,7 +10,6 @@ step's attention. docs/extending.md shows this class as its worked example.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -38,7 +37,7 @@ class TOVA(ScoreEvict):
         For ``recent`` < 0.
     """
 
-    name: ClassVar[str] = "tova"
+    name = "tova"
 
     recent: int = 0
 
