@@ -1,12 +1,14 @@
 """Decode attention over a compressed cache: one query per head, per-slot log-weight bias.
 
-:func:`decode_attention_torch` is the specification of the decode step and the CPU path;
-:func:`decode_attention` runs the fused Triton kernel (``kernels.triton_decode``) instead for
-one-token queries where the backend asks for it and the kernel passed its proof for these inputs
-(``kernels.proof``). GQA is handled by grouping query heads onto their KV head, never by repeating KV.
+:func:`decode_attention` is the specification of the decode step and the CPU path; it runs the fused
+Triton kernel (``kernels.triton_decode``) instead for one-token queries where the backend asks for it
+and the kernel passed its proof for these inputs (``kernels.proof``); :data:`decode_attention_torch`
+never does. GQA is handled by grouping query heads onto their KV head, never by repeating KV.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -32,49 +34,15 @@ def decode_attention(
     scores: torch.Tensor | None = None,
     decay: float = 1.0,
     softcap: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`decode_attention_torch`, or the fused Triton kernel where :func:`uses_triton` says so
-    and the kernel passed its proof for these inputs (same arguments, results equal within dtype
-    tolerance; soft-capped logits always take the PyTorch path). A one-token call is noted in
-    ``kernels.switch.RAN`` under ``uniform``.
-
-    Raises
-    ------
-    kernels.proof.KernelProofError
-        With ``kernels=triton``, if the kernel failed its proof.
-    """
-    if softcap is None and uses_triton(query):
-        _, hq, _, d = query.shape
-        options = {"logits": return_logits, "fused": scores is not None, "bias": log_weight is not None}
-        if triton_proven("uniform", query.device, query.dtype, d, hq // keys.shape[1], **options):
-            from kernels import triton_decode
-
-            RAN.note("uniform", "triton")
-            return triton_decode.triton_decode_attention(
-                query, keys, values, log_weight, scaling, return_logits, scores, decay
-            )
-    if query.shape[2] == 1:
-        RAN.note("uniform", "torch")
-    return decode_attention_torch(
-        query, keys, values, log_weight, scaling, return_logits, scores, decay, softcap
-    )
-
-
-def decode_attention_torch(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    log_weight: torch.Tensor | None,
-    scaling: float,
-    return_logits: bool = False,
-    scores: torch.Tensor | None = None,
-    decay: float = 1.0,
-    softcap: float | None = None,
+    spec: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of new queries over the cache with an additive per-slot bias (ZSMerge Eq. 8).
 
     ``a = softmax(cap(q k^T * scaling) + log_weight)`` in float32, ``o = a V``, where ``cap`` is
-    the identity or Gemma-2's logit soft-capping ``c * tanh(x / c)``.
+    the identity or Gemma-2's logit soft-capping ``c * tanh(x / c)``. The fused Triton kernel
+    computes it instead where :func:`uses_triton` says so and the kernel passed its proof for these
+    inputs (results equal within dtype tolerance; soft-capped logits always take the PyTorch path).
+    A one-token call is noted in ``kernels.switch.RAN`` under ``uniform``.
 
     Parameters
     ----------
@@ -95,6 +63,8 @@ def decode_attention_torch(
         ``lambda`` of that update.
     softcap : float | None
         Logit soft-cap ``c`` (None: none); the returned logits are the capped ones.
+    spec : bool
+        Run the PyTorch specification only (:data:`decode_attention_torch`): no kernel, nothing noted.
 
     Returns
     -------
@@ -109,7 +79,21 @@ def decode_attention_torch(
     ------
     ValueError
         For ``scores`` together with ``return_logits``.
+    kernels.proof.KernelProofError
+        With ``kernels=triton``, if the kernel failed its proof.
     """
+    if not spec and softcap is None and uses_triton(query):
+        _, hq, _, d = query.shape
+        options = {"logits": return_logits, "fused": scores is not None, "bias": log_weight is not None}
+        if triton_proven("uniform", query.device, query.dtype, d, hq // keys.shape[1], **options):
+            from kernels import triton_decode
+
+            RAN.note("uniform", "triton")
+            return triton_decode.triton_decode_attention(
+                query, keys, values, log_weight, scaling, return_logits, scores, decay
+            )
+    if not spec and query.shape[2] == 1:
+        RAN.note("uniform", "torch")
     b, hq, q_len, d = query.shape
     hkv = keys.shape[1]
     q = query.reshape(b, hkv, (hq // hkv) * q_len, d) * scaling
@@ -127,6 +111,11 @@ def decode_attention_torch(
     if scores is not None:
         scores.mul_(decay).add_(mean)
     return out, mean
+
+
+#: :func:`decode_attention` with ``spec=True``, same arguments: the specification of the decode step,
+#: the CPU path and the reference of the kernel's proof.
+decode_attention_torch = partial(decode_attention, spec=True)
 
 
 def _proof_case(

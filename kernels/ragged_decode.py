@@ -5,14 +5,17 @@ segment ``segment[t]``; segment ``s`` owns the buffer range ``offsets[s] .. offs
 of which the first ``lengths[s]`` slots are valid. One query group (the query heads that share the
 KV head, GQA/MQA) attends to its own segment only.
 
-:func:`ragged_decode_attention_torch` is the specification and the CPU path: segment-wise softmax
+:func:`ragged_decode_attention` is the specification and the CPU path: segment-wise softmax
 with ``scatter_reduce_``/``index_add_``, so a step allocates one ``[total slots, group, head_dim]``
 buffer and ``O(total slots x group)`` besides, nothing proportional to ``heads x max slots``.
-:func:`ragged_decode_attention` runs the Triton kernel (``kernels.triton_ragged``, per-segment
-lengths) where the backend asks for it and the kernel passed its proof (``kernels.proof``).
+It runs the Triton kernel (``kernels.triton_ragged``, per-segment lengths) instead where the backend
+asks for it and the kernel passed its proof (``kernels.proof``); :data:`ragged_decode_attention_torch`
+never does.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -20,7 +23,7 @@ from kernels.proof import CASES, Case, triton_proven, triton_wanted
 from kernels.switch import RAN
 
 
-def ragged_decode_attention_torch(
+def ragged_decode_attention(
     query: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
@@ -32,8 +35,12 @@ def ragged_decode_attention_torch(
     scaling: float,
     softcap: float | None = None,
     return_probs: bool = True,
+    spec: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One decode step of attention over packed ragged segments.
+    """One decode step of attention over packed ragged segments; the Triton kernel
+    (``kernels.triton_ragged``) computes it instead where the backend asks for it and the kernel passed
+    its proof for these inputs (``kernels.proof``), except with a soft-cap. Noted in
+    ``kernels.switch.RAN`` under ``ragged``.
 
     Parameters
     ----------
@@ -56,13 +63,33 @@ def ragged_decode_attention_torch(
         Logit soft-cap ``c`` (``c * tanh(logits / c)``), or None.
     return_probs : bool
         Whether to return the probabilities.
+    spec : bool
+        Run the PyTorch specification only (:data:`ragged_decode_attention_torch`): no kernel, nothing
+        noted.
 
     Returns
     -------
     tuple[torch.Tensor, torch.Tensor | None]
         Output ``[segments, group, head_dim]`` in the query's dtype, and ``[slots]`` float32
         group-mean probabilities (0 at invalid slots), or None.
+
+    Raises
+    ------
+    kernels.proof.KernelProofError
+        With ``kernels=triton``, if the kernel failed its proof.
     """
+    if not spec and softcap is None and triton_wanted(query.device):
+        _, group, d = query.shape
+        options = {"probs": return_probs, "bias": log_weight is not None}
+        if triton_proven("ragged", query.device, query.dtype, d, group, **options):
+            from kernels import triton_ragged
+
+            RAN.note("ragged", "triton")
+            return triton_ragged.triton_ragged_decode_attention(
+                query, keys, values, offsets, lengths, segment, valid, log_weight, scaling, return_probs
+            )
+    if not spec:
+        RAN.note("ragged", "torch")
     n_seg, group, head_dim = query.shape
     # One [slots, group, head_dim] float32 buffer: the scaled query gathered to each slot, multiplied
     # by the slot's key in place (logits = its sum over head_dim), then reused for p * v.
@@ -84,43 +111,9 @@ def ragged_decode_attention_torch(
     return out.to(query.dtype), probs.div_(total.index_select(0, segment)).mean(-1)
 
 
-def ragged_decode_attention(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    offsets: torch.Tensor,
-    lengths: torch.Tensor,
-    segment: torch.Tensor,
-    valid: torch.Tensor,
-    log_weight: torch.Tensor | None,
-    scaling: float,
-    softcap: float | None = None,
-    return_probs: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`ragged_decode_attention_torch` (same arguments and results); the Triton kernel
-    (``kernels.triton_ragged``) takes over where the backend asks for it and the kernel passed its
-    proof for these inputs (``kernels.proof``), except with a soft-cap. Noted in
-    ``kernels.switch.RAN`` under ``ragged``.
-
-    Raises
-    ------
-    kernels.proof.KernelProofError
-        With ``kernels=triton``, if the kernel failed its proof.
-    """
-    if softcap is None and triton_wanted(query.device):
-        _, group, d = query.shape
-        options = {"probs": return_probs, "bias": log_weight is not None}
-        if triton_proven("ragged", query.device, query.dtype, d, group, **options):
-            from kernels import triton_ragged
-
-            RAN.note("ragged", "triton")
-            return triton_ragged.triton_ragged_decode_attention(
-                query, keys, values, offsets, lengths, segment, valid, log_weight, scaling, return_probs
-            )
-    RAN.note("ragged", "torch")
-    return ragged_decode_attention_torch(
-        query, keys, values, offsets, lengths, segment, valid, log_weight, scaling, softcap, return_probs
-    )
+#: :func:`ragged_decode_attention` with ``spec=True``, same arguments: the specification, the CPU path
+#: and the reference of the kernel's proof.
+ragged_decode_attention_torch = partial(ragged_decode_attention, spec=True)
 
 
 def packed_case(

@@ -31,15 +31,17 @@ def _logits(q, k, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _block_logits(q, k_ptr, lw_ptr, smask, kv_mask, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                  UPCAST: tl.constexpr):  # fmt: skip
-    """Raw and biased logits ``[GROUP_P, BLOCK_S]`` of one block of slots."""
-    k = tl.load(k_ptr, mask=kv_mask, other=0.0)
+def _block_logits(q, k_base, lw_base, s, smask, d, dmask, sk_s, sk_d, sl_s, HAS_BIAS: tl.constexpr,
+                  IEEE: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """Raw logits ``[GROUP_P, BLOCK_S]`` of the block of slots ``s`` (valid where ``smask``), and the
+    biased ones with ``-inf`` at invalid slots; also the block's ``[BLOCK_S, D_P]`` load mask."""
+    kv_mask = smask[:, None] & dmask[None, :]
+    k = tl.load(k_base + s[:, None] * sk_s + d[None, :] * sk_d, mask=kv_mask, other=0.0)
     raw = _logits(q, k, IEEE, UPCAST)
     biased = raw
     if HAS_BIAS:
-        biased = raw + tl.load(lw_ptr, mask=smask, other=0.0)[None, :]
-    return raw, biased
+        biased = raw + tl.load(lw_base + s * sl_s, mask=smask, other=0.0)[None, :]
+    return raw, tl.where(smask[None, :], biased, float("-inf")), kv_mask
 
 
 @triton.jit
@@ -49,6 +51,40 @@ def _weighted_values(p, v, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     if IEEE:
         return tl.dot(p, v, input_precision="ieee")
     return tl.dot(p, v)
+
+
+@triton.jit
+def _load_query(q_ptr, sq_g, sq_d, scaling, dtype: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
+                D: tl.constexpr, D_P: tl.constexpr):  # fmt: skip
+    """The group's scaled query ``[GROUP_P, D_P]`` in ``dtype`` (0 in the padding) and its row and
+    column indices and masks."""
+    g = tl.arange(0, GROUP_P)
+    d = tl.arange(0, D_P)
+    gmask = g < GROUP
+    dmask = d < D
+    q = tl.load(
+        q_ptr + g[:, None] * sq_g + d[None, :] * sq_d, mask=gmask[:, None] & dmask[None, :], other=0.0
+    )
+    return (q.to(tl.float32) * scaling).to(dtype), g, d, gmask, dmask
+
+
+@triton.jit
+def _online_softmax(m_i, l_i, acc, logits, v_ptr, kv_mask, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """One block of pass 1: the running max ``m_i``, sum ``l_i`` and output ``acc`` after the block's
+    ``logits`` ``[GROUP_P, BLOCK_S]`` and values at ``v_ptr`` (FlashAttention's online softmax)."""
+    m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(logits - m_new[:, None])
+    v = tl.load(v_ptr, mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + _weighted_values(p.to(v.dtype), v, IEEE, UPCAST)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc
+
+
+@triton.jit
+def _group_mean(logits, m_i, l_i, gmask, GROUP: tl.constexpr):
+    """Pass 2: the block's probabilities ``[BLOCK_S]`` averaged over the group's query heads."""
+    p = tl.exp(logits - m_i[:, None]) / l_i[:, None]
+    return tl.sum(tl.where(gmask[:, None], p, 0.0), axis=0) / GROUP
 
 
 @triton.jit
@@ -64,13 +100,10 @@ def _decode_kernel(
     pid = tl.program_id(0)
     b = pid // HKV
     h = pid % HKV
-    g = tl.arange(0, GROUP_P)
-    d = tl.arange(0, D_P)
-    gmask = g < GROUP
-    dmask = d < D
-    q_ptr = Q + b * sq_b + (h * GROUP + g)[:, None] * sq_h + d[None, :] * sq_d
-    q = tl.load(q_ptr, mask=gmask[:, None] & dmask[None, :], other=0.0)
-    q = (q.to(tl.float32) * scaling).to(K.dtype.element_ty)
+    q_base = Q + b * sq_b + h * GROUP * sq_h
+    q, g, d, gmask, dmask = _load_query(
+        q_base, sq_h, sq_d, scaling, K.dtype.element_ty, GROUP, GROUP_P, D, D_P
+    )
     k_base = K + b * sk_b + h * sk_h
     v_base = V + b * sv_b + h * sv_h
     lw_base = LW + b * sl_b + h * sl_h
@@ -80,33 +113,24 @@ def _decode_kernel(
     for start in range(0, n_slots, BLOCK_S):
         s = start + tl.arange(0, BLOCK_S)
         smask = s < n_slots
-        kv_mask = smask[:, None] & dmask[None, :]
-        k_ptr = k_base + s[:, None] * sk_s + d[None, :] * sk_d
-        raw, logits = _block_logits(q, k_ptr, lw_base + s * sl_s, smask, kv_mask, HAS_BIAS, IEEE, UPCAST)
+        raw, logits, kv_mask = _block_logits(
+            q, k_base, lw_base, s, smask, d, dmask, sk_s, sk_d, sl_s, HAS_BIAS, IEEE, UPCAST
+        )
         if LOGITS:
             p_ptr = P + b * sp_b + h * sp_h + g[:, None] * sp_g + s[None, :] * sp_s
             tl.store(p_ptr, raw, mask=gmask[:, None] & smask[None, :])
-        logits = tl.where(smask[None, :], logits, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(logits, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(logits - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + s[:, None] * sv_s + d[None, :] * sv_d, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _weighted_values(p.to(v.dtype), v, IEEE, UPCAST)
-        m_i = m_new
-    out = acc / l_i[:, None]
+        v_ptr = v_base + s[:, None] * sv_s + d[None, :] * sv_d
+        m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, v_ptr, kv_mask, IEEE, UPCAST)
     o_ptr = OUT + b * so_b + (h * GROUP + g)[:, None] * so_h + d[None, :] * so_d
-    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+    tl.store(o_ptr, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
     if not LOGITS:
         for start in range(0, n_slots, BLOCK_S):
             s = start + tl.arange(0, BLOCK_S)
             smask = s < n_slots
-            kv_mask = smask[:, None] & dmask[None, :]
-            k_ptr = k_base + s[:, None] * sk_s + d[None, :] * sk_d
-            _, logits = _block_logits(q, k_ptr, lw_base + s * sl_s, smask, kv_mask, HAS_BIAS, IEEE, UPCAST)
-            p = tl.exp(logits - m_i[:, None]) / l_i[:, None]
-            p = tl.where(gmask[:, None], p, 0.0)
-            mean = tl.sum(p, axis=0) / GROUP
+            _, logits, _ = _block_logits(
+                q, k_base, lw_base, s, smask, d, dmask, sk_s, sk_d, sl_s, HAS_BIAS, IEEE, UPCAST
+            )
+            mean = _group_mean(logits, m_i, l_i, gmask, GROUP)
             tl.store(P + b * sp_b + h * sp_h + s * sp_s, mean, mask=smask)
             if FUSE_SCORE:
                 s_ptr = S + b * ss_b + h * ss_h + s * ss_s

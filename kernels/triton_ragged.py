@@ -15,7 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_decode import BLOCK_SLOTS, INTERPRETED, _block_logits, _weighted_values
+from kernels.triton_decode import (
+    BLOCK_SLOTS,
+    INTERPRETED,
+    _block_logits,
+    _group_mean,
+    _load_query,
+    _online_softmax,
+)
 
 
 @triton.jit
@@ -30,45 +37,31 @@ def _ragged_kernel(
     seg = tl.program_id(0)
     start_slot = tl.load(OFF + seg)
     n_slots = tl.load(LEN + seg)
-    g = tl.arange(0, GROUP_P)
-    d = tl.arange(0, D_P)
-    gmask = g < GROUP
-    dmask = d < D
-    q_ptr = Q + seg * sq_s + g[:, None] * sq_g + d[None, :] * sq_d
-    q = tl.load(q_ptr, mask=gmask[:, None] & dmask[None, :], other=0.0)
-    q = (q.to(tl.float32) * scaling).to(K.dtype.element_ty)
+    q, g, d, gmask, dmask = _load_query(
+        Q + seg * sq_s, sq_g, sq_d, scaling, K.dtype.element_ty, GROUP, GROUP_P, D, D_P
+    )
     m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P], tl.float32)
     acc = tl.zeros([GROUP_P, D_P], tl.float32)
     for block in range(0, n_slots, BLOCK_S):
         i = block + tl.arange(0, BLOCK_S)
-        smask = i < n_slots
         s = start_slot + i
-        kv_mask = smask[:, None] & dmask[None, :]
-        k_ptr = K + s[:, None] * sk_s + d[None, :] * sk_d
-        _, logits = _block_logits(q, k_ptr, LW + s * sl_s, smask, kv_mask, HAS_BIAS, IEEE, UPCAST)
-        logits = tl.where(smask[None, :], logits, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(logits, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(logits - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(V + s[:, None] * sv_s + d[None, :] * sv_d, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _weighted_values(p.to(v.dtype), v, IEEE, UPCAST)
-        m_i = m_new
-    out = acc / l_i[:, None]
+        _, logits, kv_mask = _block_logits(
+            q, K, LW, s, i < n_slots, d, dmask, sk_s, sk_d, sl_s, HAS_BIAS, IEEE, UPCAST
+        )
+        v_ptr = V + s[:, None] * sv_s + d[None, :] * sv_d
+        m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, v_ptr, kv_mask, IEEE, UPCAST)
     o_ptr = OUT + seg * so_s + g[:, None] * so_g + d[None, :] * so_d
-    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+    tl.store(o_ptr, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
     if PROBS:
         for block in range(0, n_slots, BLOCK_S):
             i = block + tl.arange(0, BLOCK_S)
             smask = i < n_slots
             s = start_slot + i
-            kv_mask = smask[:, None] & dmask[None, :]
-            k_ptr = K + s[:, None] * sk_s + d[None, :] * sk_d
-            _, logits = _block_logits(q, k_ptr, LW + s * sl_s, smask, kv_mask, HAS_BIAS, IEEE, UPCAST)
-            p = tl.exp(logits - m_i[:, None]) / l_i[:, None]
-            p = tl.where(gmask[:, None], p, 0.0)
-            tl.store(P + s, tl.sum(p, axis=0) / GROUP, mask=smask)
+            _, logits, _ = _block_logits(
+                q, K, LW, s, smask, d, dmask, sk_s, sk_d, sl_s, HAS_BIAS, IEEE, UPCAST
+            )
+            tl.store(P + s, _group_mean(logits, m_i, l_i, gmask, GROUP), mask=smask)
 
 
 def triton_ragged_decode_attention(

@@ -103,9 +103,10 @@ def greedy_generate(
     run, logits, seconds = prefill_prompt(
         model, input_ids, method, budget, max_new_tokens, question_start, observer
     )
-    return finish_generation(
-        run, input_ids, logits, budget, max_new_tokens, eos_token_ids, seconds, on_step, min_new_tokens
+    row = begin_generation(
+        run, input_ids, logits, budget, max_new_tokens, eos_token_ids, seconds, min_new_tokens
     )
+    return finish_generation(row, on_step)
 
 
 def prefill_prompt(
@@ -140,51 +141,6 @@ def prefill_prompt(
     return run, logits, time.perf_counter() - start
 
 
-@torch.inference_mode()
-def finish_generation(
-    run: ModelRun,
-    input_ids: torch.Tensor,
-    logits: torch.Tensor,
-    budget: int | None,
-    max_new_tokens: int,
-    eos_token_ids: set[int],
-    prefill_seconds: float = 0.0,
-    on_step=None,
-    min_new_tokens: int = 0,
-) -> GenerationResult:
-    """Greedy decoding after a prefill: the rest of the prompt (``input_ids[:, run.seen:]``, the
-    question of a query-agnostic run) is appended as one chunk, then tokens are generated.
-
-    Parameters
-    ----------
-    run : ModelRun
-        Its cache holds the prefilled prompt tokens (by :meth:`ModelRun.prefill`, or by a shared
-        prefill: ``runners.shared_prefill``).
-    input_ids : torch.Tensor
-        ``[1, prompt]`` the whole prompt.
-    logits : torch.Tensor
-        ``[1, vocab]`` logits of the last prefilled position.
-    prefill_seconds : float
-        Seconds already spent on the prefill; the chunk's time is added.
-    budget, max_new_tokens, eos_token_ids, on_step, min_new_tokens
-        As :func:`greedy_generate`.
-
-    Returns
-    -------
-    GenerationResult
-    """
-    row = begin_generation(
-        run, input_ids, logits, budget, max_new_tokens, eos_token_ids, prefill_seconds, min_new_tokens
-    )
-    if on_step is not None:
-        on_step(run.cache)
-    while not row.done():
-        step_rows([row])
-        if on_step is not None:
-            on_step(run.cache)
-    return end_generation(run, row.result)
-
-
 @dataclass
 class Row:
     """One prompt being generated: its run (prefilled cache), its result so far and its limits."""
@@ -198,6 +154,20 @@ class Row:
     def done(self) -> bool:
         """Whether the row's generation has ended."""
         return generation_done(self.result, self.eos_token_ids, self.max_new_tokens)
+
+
+@torch.inference_mode()
+def finish_generation(row: Row, on_step=None) -> GenerationResult:
+    """Greedy decoding of a row begun by :func:`begin_generation` until it is done; ``on_step`` as
+    :func:`greedy_generate` (after the first token and after every decode step). Returns the row's
+    :class:`GenerationResult`."""
+    if on_step is not None:
+        on_step(row.run.cache)
+    while not row.done():
+        step_rows([row])
+        if on_step is not None:
+            on_step(row.run.cache)
+    return end_generation(row.run, row.result)
 
 
 def step_rows(rows: list[Row]) -> None:
@@ -226,8 +196,23 @@ def begin_generation(
     prefill_seconds: float = 0.0,
     min_new_tokens: int = 0,
 ) -> Row:
-    """The part of :func:`finish_generation` before the decode steps: the realised prompt compression
-    is read, the question chunk (``input_ids[:, run.seen:]``) appended, the first token picked.
+    """Greedy decoding after a prefill, up to the first token: the realised prompt compression is
+    read, the rest of the prompt (``input_ids[:, run.seen:]``, the question of a query-agnostic run)
+    appended as one chunk, the first token picked (the decode steps: :func:`finish_generation`).
+
+    Parameters
+    ----------
+    run : ModelRun
+        Its cache holds the prefilled prompt tokens (by :meth:`ModelRun.prefill`, or by a shared
+        prefill: ``runners.shared_prefill``).
+    input_ids : torch.Tensor
+        ``[1, prompt]`` the whole prompt.
+    logits : torch.Tensor
+        ``[1, vocab]`` logits of the last prefilled position.
+    prefill_seconds : float
+        Seconds already spent on the prefill; the chunk's time is added.
+    budget, max_new_tokens, eos_token_ids, min_new_tokens
+        As :func:`greedy_generate`.
 
     Returns
     -------

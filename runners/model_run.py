@@ -129,7 +129,7 @@ class ModelRun:
 
     def append(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Feed a chunk ``[batch, chunk]`` after the prefill (a question appended to the compressed
-        context: ``methods.seam.step.chunk_step``), eagerly; returns the last position's logits
+        context: ``methods.seam.step.layer_step``), eagerly; returns the last position's logits
         ``[batch, vocab]``."""
         return self._forward(self.model, input_ids, logits_to_keep=1)
 

@@ -66,13 +66,9 @@ def shared_generate(
 
     Parameters
     ----------
-    model : torch.nn.Module
-        A causal LM loaded with ``attn_implementation="kvbench"``.
-    input_ids : torch.Tensor
-        ``[1, prompt]`` token ids.
     settings : list[tuple[CompressionMethod, int | None]]
         ``(method, slot budget)`` per setting (budgets resolved for this prompt).
-    max_new_tokens, eos_token_ids, min_new_tokens, question_start
+    model, input_ids, max_new_tokens, eos_token_ids, min_new_tokens, question_start
         As :func:`runners.generate.greedy_generate`.
     batch_size : int
         Settings whose decode steps run in one forward (``runners.batched``; 1: one by one).

@@ -5,8 +5,11 @@ a context-growth curve; used by ``runner=efficiency``, ``runner=oom`` and ``scri
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -20,6 +23,27 @@ def synthetic_prompts(vocab_size: int, batch: int, length: int, seed: int) -> to
     the efficiency runner's and benchmarks' prompts (decode cost does not depend on the text)."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(100, vocab_size, (batch, length), generator=gen)
+
+
+def call_ms(fn: Callable[[], object], cuda: bool) -> float:
+    """Milliseconds of one call ``fn()``: timed by CUDA events with ``cuda``, by wall time otherwise."""
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+    t = time.perf_counter()
+    fn()
+    return 1000 * (time.perf_counter() - t)
+
+
+def save_figures(out: dict, path: str | None) -> None:
+    """Write a benchmark's figures so far to ``path`` (JSON), if given."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=2))
 
 
 @dataclass

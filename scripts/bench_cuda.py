@@ -25,7 +25,6 @@ interrupted run keeps the figures it finished.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -39,7 +38,7 @@ from methods import METHOD_REGISTRY
 from runners.budget import resolve_budget
 from runners.environment import device_info
 from runners.model_run import set_decode_backend
-from runners.timing import Decoder, synthetic_prompts
+from runners.timing import Decoder, save_figures, synthetic_prompts
 
 #: Model shapes (transformers LlamaConfig fields); the weights are random.
 SHAPES = {
@@ -126,13 +125,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def save(out: dict, path: str | None) -> None:
-    """Write the figures so far to ``path`` (JSON), if given."""
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(out, indent=2))
-
-
 def main() -> None:
     args = parse_args()
     set_decode_backend("compiled")
@@ -152,7 +144,7 @@ def main() -> None:
                 "ratio": full / base, "target": 1.2}  # fmt: skip
     print(f"(a) FullKV step {1000 * full:.2f} ms vs transformers static+compile {1000 * base:.2f} ms: "
           f"{full / base:.3f}x (target <= 1.2)")  # fmt: skip
-    save(out, args.json)
+    save_figures(out, args.json)
 
     rates = {}
     for name in ("fullkv", "zsmerge"):
@@ -174,7 +166,7 @@ def main() -> None:
     speedup = rates["zsmerge"] / rates["fullkv"]
     print(f"(c) tokens/s over {args.prompt}+{args.new}: FullKV {rates['fullkv']:.1f}, ZSMerge@{args.budget} "
           f"{rates['zsmerge']:.1f}: {speedup:.2f}x (ZSMerge Table 1: 1.47x)")  # fmt: skip
-    save(out, args.json)
+    save_figures(out, args.json)
 
     achieved = (weight_bytes + kv_bytes / 2) / step_s / 1e9  # mean KV over the run: half the final
     out["d"] = {"weight_bytes": weight_bytes, "final_kv_bytes": kv_bytes,
@@ -183,7 +175,7 @@ def main() -> None:
     moved, share = (weight_bytes + kv_bytes / 2) / 1e9, 100 * achieved / args.bandwidth
     print(f"(d) FullKV step moves {moved:.2f} GB in {1000 * step_s:.2f} ms: "
           f"{achieved:.0f} GB/s of {args.bandwidth:.0f} ({share:.0f}%)")  # fmt: skip
-    save(out, args.json)
+    save_figures(out, args.json)
     print("(b) run: python scripts/bench_overhead.py --device cuda --backend compiled")
 
 

@@ -15,7 +15,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ from kernels import decode_attention_torch, set_backend
 from methods import METHOD_REGISTRY
 from runners.budget import resolve_budget
 from runners.environment import device_info
-from runners.timing import Decoder, synthetic_prompts
+from runners.timing import Decoder, call_ms, synthetic_prompts
 
 SHAPES = {  # Llama-architecture shapes: hidden, heads, kv heads, intermediate, layers, vocab
     "smollm2": dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
@@ -52,20 +51,7 @@ def time_op(fn, repeats: int) -> float:
     """Median milliseconds of ``fn()`` (CUDA events, or wall time on CPU)."""
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(repeats):
-        if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(1000 * (time.perf_counter() - t))
-    return statistics.median(times)
+    return statistics.median(call_ms(fn, torch.cuda.is_available()) for _ in range(repeats))
 
 
 def op_table(model, slots_list: list[int], batch: int, device: str, repeats: int) -> list[dict]:

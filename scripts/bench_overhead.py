@@ -25,7 +25,6 @@ finished.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -39,7 +38,7 @@ from methods import METHOD_REGISTRY, CompressionMethod
 from runners.budget import resolve_budget
 from runners.environment import device_info
 from runners.model_run import BACKENDS, set_decode_backend
-from runners.timing import Decoder, synthetic_prompts
+from runners.timing import Decoder, save_figures, synthetic_prompts
 
 FAMILY = {
     "h2o": "eviction",
@@ -131,13 +130,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def save(out: dict, path: str | None) -> None:
-    """Write the figures so far to ``path`` (JSON), if given."""
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(out, indent=2))
-
-
 def main() -> None:
     args = parse_args()
     root = Path(__file__).resolve().parent.parent
@@ -178,7 +170,7 @@ def main() -> None:
             out["overhead"][name] = {
                 "step_ms": ms, "fullkv_step_ms": full_ms, "ratio": ratio, "target": target, "family": family
             }  # fmt: skip
-            save(out, args.json)
+            save_figures(out, args.json)
 
     if args.skip != "throughput":
         print(f"\n2. decode tokens/s at budget {args.budget} of the prompt vs FullKV at {prompts[-1]} tokens")
@@ -198,8 +190,8 @@ def main() -> None:
                 "speedup": speedup,
                 "flat": flat,
             }
-            save(out, args.json)
-    save(out, args.json)
+            save_figures(out, args.json)
+    save_figures(out, args.json)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels.decode_attention import decode_attention_torch
 from kernels.ragged_decode import ragged_decode_attention_torch
 from runners.environment import device_info
+from runners.timing import call_ms
 
 SHAPES = {  # KV heads, query heads per KV head, head_dim
     "smollm2": (3, 3, 64),
@@ -65,17 +65,7 @@ def time_pair(first, second, repeats: int, cuda: bool) -> tuple[float, float]:
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
         for fn, out in ((first, times[0]), (second, times[1])):
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                out.append(start.elapsed_time(end))
-            else:
-                t = time.perf_counter()
-                fn()
-                out.append(1000 * (time.perf_counter() - t))
+            out.append(call_ms(fn, cuda))
     return statistics.median(times[0]), statistics.median(times[1])
 
 

@@ -83,6 +83,17 @@ def write_run(store: ResultStore, cfg: dict, method: str, task: str, created: st
     return record
 
 
+def xsum_run(
+    store: ResultStore, method: str, budget: float | None, n: int, created: str, mean: float, **fields
+) -> dict:
+    """One finished XSum quality run of ``n`` samples whose mean ROUGE-1, ROUGE-2 and ROUGE-L are all
+    ``mean``; ``fields`` as :func:`write_run`."""
+    task = {"_target_": "tasks.xsum.XSum", "limit": n, "max_new_tokens": 64}
+    metrics = {"rouge1": mean, "rouge2": mean, "rougeL": mean}
+    cfg = config(method, budget, task, {"name": "quality"})
+    return write_run(store, cfg, method, "xsum", created, metrics=metrics, **fields)
+
+
 def quality_runs(
     store: ResultStore, n: int = N_SAMPLES, budget_unit: str = "prompt", minute: int = 0
 ) -> list[dict]:
@@ -233,19 +244,18 @@ def unequal_store(root) -> ResultStore:
     runs = [("fullkv", None, 3), ("fullkv", None, 2), ("kvmerger", None, 2)]
     runs += [(m, b, 2) for m in ("h2o", "zsmerge") for b in (0.1, 0.2)]
     for i, (method, budget, n) in enumerate(runs):
-        task = {"_target_": "tasks.xsum.XSum", "limit": n, "max_new_tokens": 64}
         shift = 0.0 if budget is None else 10 * budget
         scores = {k: v + shift for k, v in list(UNEQUAL_SCORES[method].items())[:n]}
         per = [{k: v for k in ("rouge1", "rouge2", "rougeL")} for v in scores.values()]
         mean = sum(scores.values()) / n
         kept = KVMERGER_KEPT if method == "kvmerger" else (budget or 1.0)
-        write_run(
+        xsum_run(
             store,
-            config(method, budget, task, {"name": "quality"}),
             method,
-            "xsum",
+            budget,
+            n,
             f"2026-11-20T14:{i:02d}:00+00:00",
-            metrics={"rouge1": mean, "rouge2": mean, "rougeL": mean},
+            mean,
             efficiency={
                 "kv_bytes_end_mean": 20e6 * kept,
                 "fullkv_bytes_end_mean": 20e6,
@@ -432,17 +442,16 @@ def xsum_scored(store: ResultStore, scores: dict[tuple[str, float | None], dict[
     -> sample id -> score`` (budget None for FullKV)."""
     out = []
     for i, ((method, budget), values) in enumerate(scores.items()):
-        task = {"_target_": "tasks.xsum.XSum", "limit": len(values), "max_new_tokens": 64}
         per = {sid: {k: v for k in ("rouge1", "rouge2", "rougeL")} for sid, v in values.items()}
         mean = sum(values.values()) / len(values)
         out.append(
-            write_run(
+            xsum_run(
                 store,
-                config(method, budget, task, {"name": "quality"}),
                 method,
-                "xsum",
+                budget,
+                len(values),
                 f"2026-11-21T11:{i:02d}:00+00:00",
-                metrics={"rouge1": mean, "rouge2": mean, "rougeL": mean},
+                mean,
                 efficiency={"kv_bytes_end_mean": 1e6, "fullkv_bytes_end_mean": 2e6, "peak_rss_bytes": 9e8},
                 predictions=[{"id": sid, "prediction": "x", "metrics": m} for sid, m in per.items()],
             )

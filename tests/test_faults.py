@@ -59,6 +59,22 @@ def wait_for(predicate, timeout: float = 300) -> None:
     assert predicate(), "timed out"
 
 
+def interrupt(tmp_path: Path, data_dir: Path, overrides: list[str], sig: signal.Signals) -> None:
+    """Run ``run.py`` with ``overrides``, send ``sig`` 4 s after the model has loaded (generation has
+    begun), and check that it ends with exit code 130 and a last line ``interrupted``."""
+    cmd = [sys.executable, "run.py", *overrides]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    for line in proc.stdout:
+        if line.startswith("loading model"):
+            break
+    time.sleep(4.0)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
+
+
 def test_sigkill_of_a_sweep_mid_job_loses_no_finished_run(tmp_path, data_dir):
     sweep = ["method=h2o", "budget=0.1,0.2,0.3", "task.max_new_tokens=48"]
     cmd = [sys.executable, "run.py", "-m", *tiny(*sweep)]
@@ -88,17 +104,7 @@ def test_ctrl_c_of_a_single_run_records_interrupted_and_a_rerun_repeats_it(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     before = snapshot(tmp_path)
     slow = ("method=h2o", "budget=0.1", "task.limit=12", "task.max_new_tokens=96")  # still generating at 4 s
-    cmd = [sys.executable, "run.py", *tiny(*slow)]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    for line in proc.stdout:  # interrupt once the model is loaded and generation has begun
-        if line.startswith("loading model"):
-            break
-    time.sleep(4.0)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
+    interrupt(tmp_path, data_dir, tiny(*slow), signal.SIGINT)
     recs = records(tmp_path)
     statuses = sorted(r["status"] for r in recs.values())
     assert statuses == ["interrupted", "ok"] and snapshot(tmp_path) == before
@@ -266,17 +272,7 @@ def test_bad_data_rows_name_file_and_line(tmp_path, content, message):
 def test_sigterm_of_a_grid_records_every_setting_as_interrupted(tmp_path, data_dir):
     """``kill`` (SIGTERM) ends a run as Ctrl-C does; a grid's unfinished settings all say so."""
     grid = ["runner=quality_grid", "runner.methods=[fullkv,h2o]", "runner.budgets=[0.2]", "task.limit=4"]
-    cmd = [sys.executable, "run.py", *tiny(*grid, "task.max_new_tokens=64")]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    for line in proc.stdout:  # terminate once the model is loaded and generation has begun
-        if line.startswith("loading model"):
-            break
-    time.sleep(4.0)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
+    interrupt(tmp_path, data_dir, tiny(*grid, "task.max_new_tokens=64"), signal.SIGTERM)
     recs = list(records(tmp_path).values())
     assert sorted(r["method"] for r in recs) == ["fullkv", "h2o"]
     ended = [(r["status"], r["error"]) for r in recs]

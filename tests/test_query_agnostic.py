@@ -1,6 +1,6 @@
 """The question after compression (``task.query_aware=false``): a chunk appended to a compressed
 cache attends to the kept slots and to itself causally, at continuing positions, and every method's
-rule then runs as in decoding (``methods.seam.step.chunk_step``)."""
+rule then runs as in decoding (``methods.seam.step.layer_step``)."""
 
 from __future__ import annotations
 

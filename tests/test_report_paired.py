@@ -37,6 +37,12 @@ def _ids(values) -> dict[str, float]:
     return {str(i): float(v) for i, v in enumerate(values)}
 
 
+def ruler_levels(store: ResultStore, ids: list[str], levels: dict[tuple[str, float | None], float]) -> None:
+    """RULER runs (:func:`ruler_scored`) in which each ``(method, ratio)`` scores its level on every
+    sample of ``ids``."""
+    ruler_scored(store, {setting: dict.fromkeys(ids, level) for setting, level in levels.items()})
+
+
 def test_the_paired_interval_is_scipys_paired_bootstrap():
     rng = np.random.default_rng(7)
     a, b = rng.uniform(0, 100, 15), rng.uniform(0, 100, 15)
@@ -122,17 +128,8 @@ def test_ruler_leaderboard_ranks_with_ties(tmp_path, capsys):
 
 def test_baseline_difference_is_at_the_same_ratio(tmp_path, capsys):
     ids = [f"{t}-{k}" for t in ("vt", "qa_1") for k in range(5)]
-    store = ResultStore(tmp_path)
-    ruler_scored(
-        store,
-        {
-            ("fullkv", None): dict.fromkeys(ids, 100.0),
-            ("snapkv", 0.5): dict.fromkeys(ids, 60.0),
-            ("snapkv", 0.75): dict.fromkeys(ids, 20.0),
-            ("tova", 0.5): dict.fromkeys(ids, 70.0),
-            ("tova", 0.75): dict.fromkeys(ids, 40.0),
-        },
-    )
+    levels = {("fullkv", None): 100.0, ("snapkv", 0.5): 60.0, ("snapkv", 0.75): 20.0}
+    ruler_levels(ResultStore(tmp_path), ids, levels | {("tova", 0.5): 70.0, ("tova", 0.75): 40.0})
     args = ["ruler", "--results-dir", str(tmp_path), "--baseline", "snapkv", "--resamples", "200"]
     assert main(args) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| TOVA")]
@@ -149,9 +146,7 @@ def test_baseline_difference_is_at_the_same_ratio(tmp_path, capsys):
 def test_a_baseline_unknown_or_without_runs_is_one_error_line(tmp_path, capsys, baseline, message):
     ids = [f"vt-{k}" for k in range(5)]
     store = ResultStore(tmp_path / "store")
-    ruler_scored(
-        store, {("fullkv", None): dict.fromkeys(ids, 100.0), ("snapkv", 0.5): dict.fromkeys(ids, 0.0)}
-    )
+    ruler_levels(store, ids, {("fullkv", None): 100.0, ("snapkv", 0.5): 0.0})
     out = tmp_path / "out"
     cases = (
         (main, ["ruler", "--results-dir", str(store.root), "--out", str(out), "--baseline", baseline]),
@@ -170,14 +165,8 @@ def test_no_interval_and_no_rank_below_five_paired_samples(tmp_path, capsys):
     assert four.n == 4 and four.mean == -100.0 and not four.has_interval and four.text() == "-100.00"
     five = {f"vt-{k}": 10.0 * k for k in range(5)}
     assert paired_difference(five, dict.fromkeys(five, 0.0), n_resamples=100).has_interval
-    store = ResultStore(tmp_path)
-    ruler_scored(
-        store,
-        {
-            ("fullkv", None): dict.fromkeys(ids, 100.0),
-            ("snapkv", 0.5): dict.fromkeys(ids, 0.0),
-            ("tova", 0.5): dict.fromkeys(ids, 50.0),
-        },
+    ruler_levels(
+        ResultStore(tmp_path), ids, {("fullkv", None): 100.0, ("snapkv", 0.5): 0.0, ("tova", 0.5): 50.0}
     )
     assert main(["ruler", "--results-dir", str(tmp_path), "--resamples", "100"]) == 0
     out = capsys.readouterr().out

@@ -20,28 +20,18 @@ def spied(cls: type, records: dict) -> type:
     """``cls`` recording per layer ``[kind, positions, keys, values, query, scaling, positions after]``
     (the prompt's queries at prefill, the step's query at a decode step)."""
 
+    def seen(kind: str, layer, query, scaling) -> None:
+        held = [layer.store.positions.clone(), layer.keys.clone(), layer.values.clone()]
+        records.setdefault(layer.spec.layer_idx, []).append([kind, *held, query.clone(), scaling])
+
     class Spy(cls):
         def prefill(self, layer, query, scaling):
-            seen = [
-                layer.store.positions.clone(),
-                layer.keys.clone(),
-                layer.values.clone(),
-                query.clone(),
-                scaling,
-            ]
-            records.setdefault(layer.spec.layer_idx, []).append(["prefill", *seen])
+            seen("prefill", layer, query, scaling)
             super().prefill(layer, query, scaling)
             records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
         def decode_attention(self, layer, query, scaling):
-            seen = [
-                layer.store.positions.clone(),
-                layer.keys.clone(),
-                layer.values.clone(),
-                query.clone(),
-                scaling,
-            ]
-            records[layer.spec.layer_idx].append(["step", *seen])
+            seen("step", layer, query, scaling)
             return super().decode_attention(layer, query, scaling)
 
         def decode_step(self, layer, probs):

@@ -29,13 +29,18 @@ ROW = {"document": "Rain fell on the town all day, and the river rose.", "summar
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory, tokenizer) -> list[str]:
     """Overrides of a tiny quality run: a random Llama with the embedded tokenizer, one XSum row."""
-    root = tmp_path_factory.mktemp("lock")
+    return tiny_quality(tmp_path_factory.mktemp("lock"), tokenizer, [ROW], max_new_tokens=4)
+
+
+def tiny_quality(root, tokenizer, rows: list[dict], max_new_tokens: int) -> list[str]:
+    """Overrides of a quality run of a random Llama with ``tokenizer`` (saved under ``root``) on the
+    XSum ``rows`` (all of them), ``max_new_tokens`` each."""
     tiny_family("llama", vocab_size=len(tokenizer), max_position_embeddings=4096).save_pretrained(root / "m")
     tokenizer.save_pretrained(root / "m")
     (root / "data" / "xsum").mkdir(parents=True)
-    (root / "data" / "xsum" / "test.jsonl").write_text(json.dumps(ROW) + "\n")
-    return ["model=hf", f"model.id={root / 'm'}", f"task.data_dir={root / 'data'}", "task.limit=1",
-            "task.max_new_tokens=4", "logger=table", "runner.progress=false"]  # fmt: skip
+    (root / "data" / "xsum" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ["model=hf", f"model.id={root / 'm'}", f"task.data_dir={root / 'data'}", f"task.limit={len(rows)}",
+            f"task.max_new_tokens={max_new_tokens}", "logger=table", "runner.progress=false"]  # fmt: skip
 
 
 def composed(tmp_path, *overrides: str, monkeypatch=None):

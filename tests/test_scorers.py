@@ -50,6 +50,17 @@ def spied(cls: type, records: dict) -> type:
     return Spy
 
 
+def generate_spied(model, spy, name: str, kwargs: dict, budget: int) -> dict[int, list]:
+    """Generate ``NEW`` tokens with ``spy(METHOD_REGISTRY[name], records)(**kwargs)`` at ``budget``;
+    assert the budget holds after the prefill and every step; return the spy's records."""
+    records: dict[int, list] = {}
+    sizes = []
+    method = spy(METHOD_REGISTRY[name], records)(**kwargs)
+    greedy_generate(model, prompt(4), method, budget, NEW, set(), lambda c: sizes.append(max(c.n_slots)))
+    assert len(sizes) == NEW and max(sizes) <= budget
+    return records
+
+
 def paper_scores(name: str, kwargs: dict, kept: list[list[int]], keys: dict, query, scaling, layer_idx: int):
     """Each paper's score per KV head for the positions in ``kept[h]``: ``list[dict[pos, score]]``."""
     heads = len(kept)
@@ -99,11 +110,7 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "kwargs", "budget"), CASES)
 def test_kept_positions_match_the_papers_rule(tiny_model, name, kwargs, budget):
-    records: dict[int, list] = {}
-    sizes = []
-    method = spied(METHOD_REGISTRY[name], records)(**kwargs)
-    greedy_generate(tiny_model, prompt(4), method, budget, NEW, set(), lambda c: sizes.append(max(c.n_slots)))
-    assert len(sizes) == NEW and max(sizes) <= budget
+    records = generate_spied(tiny_model, spied, name, kwargs, budget)
     recent = protected_recent(name, kwargs, budget)
     for layer_idx, events in records.items():
         assert [e[0] for e in events][:2] == ["prefill", "step"] and len(events) >= NEW

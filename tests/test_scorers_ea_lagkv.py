@@ -20,6 +20,7 @@ import torch
 from methods import METHOD_REGISTRY
 from runners.generate import greedy_generate
 from tests.test_method_matrix import NEW, prompt
+from tests.test_scorers import generate_spied
 
 
 def spied(cls: type, records: dict) -> type:
@@ -154,11 +155,7 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "kwargs", "budget"), CASES)
 def test_kept_positions_match_the_papers_rule(tiny_model, name, kwargs, budget):
-    records: dict[int, list] = {}
-    sizes = []
-    method = spied(METHOD_REGISTRY[name], records)(**kwargs)
-    greedy_generate(tiny_model, prompt(4), method, budget, NEW, set(), lambda c: sizes.append(max(c.n_slots)))
-    assert len(sizes) == NEW and max(sizes) <= budget
+    records = generate_spied(tiny_model, spied, name, kwargs, budget)
     first = max(0, min(kwargs.get("n_sink", 4), budget - 1))
     recent = min(kwargs.get("recent", 0), budget - first)
     evictions = 0

@@ -19,9 +19,8 @@ from reports.shards import INCOMPLETE, ShardedStore, merge, sharded_view
 from reports.store import ResultStore, run_id, setting_id
 from runners.registry import run_from_config
 from tasks.xsum import rouge_f1
-from tests.architectures import tiny_family
 from tests.conftest import REPO
-from tests.test_run_lock import composed
+from tests.test_run_lock import composed, tiny_quality
 
 ROWS = [
     {"document": f"Story {i}: rain fell on town {i}; the river rose {i} metres.", "summary": f"Rain {i}.",
@@ -34,13 +33,7 @@ GRID = ("runner=quality_grid", "runner.methods=[fullkv,snapkv]", "runner.budgets
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory, tokenizer) -> list[str]:
     """Overrides of a tiny quality run: a random Llama with the embedded tokenizer, five XSum rows."""
-    root = tmp_path_factory.mktemp("shards")
-    tiny_family("llama", vocab_size=len(tokenizer), max_position_embeddings=4096).save_pretrained(root / "m")
-    tokenizer.save_pretrained(root / "m")
-    (root / "data" / "xsum").mkdir(parents=True)
-    (root / "data" / "xsum" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    return ["model=hf", f"model.id={root / 'm'}", f"task.data_dir={root / 'data'}", "task.limit=5",
-            "task.max_new_tokens=6", "logger=table", "runner.progress=false"]  # fmt: skip
+    return tiny_quality(tmp_path_factory.mktemp("shards"), tokenizer, ROWS, max_new_tokens=6)
 
 
 def lines(store: ResultStore, rid: str) -> list[str]:

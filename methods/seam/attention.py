@@ -9,7 +9,7 @@ them, and this function owns causality. The :class:`~methods.seam.cache.Compress
   layer / with logit soft-capping by :func:`prefill_attention`'s chunked path; then the layer's
   rule (the method, or ``methods.seam.sliding`` on a sliding layer) scores and compresses the layer.
 - Chunk (several tokens on a prefilled layer: a question appended after the context was compressed):
-  one decode step per token (``methods.seam.step.chunk_step``).
+  one decode step per token (``methods.seam.step.layer_step``).
 - Rows: a cache that batches the decode steps of several prompts' caches (``runners.rows``) attends
   each layer its own way (``attend(layer_idx, ...)``, the one call this function makes).
 - Decode step: explicit attention over the slots with the ``log_weight`` bias

@@ -113,7 +113,7 @@ class CompressedLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append new tokens' keys/values ``[batch, kv_heads, new, head_dim]`` and return them (the
         attention reads the layer's store). A chunk (several tokens on a prefilled layer) is returned
-        unappended: the attention appends it token by token (``methods.seam.step.chunk_step``)."""
+        unappended: the attention appends it token by token (``methods.seam.step.layer_step``)."""
         self.is_initialized = True
         new = key_states.shape[2]
         if self.plan is None or new == 1:

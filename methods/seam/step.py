@@ -155,32 +155,16 @@ def layer_step(
     value: torch.Tensor,
     scaling: float,
 ) -> torch.Tensor:
-    """One attention call on one layer, by what the layer holds: the prompt (:func:`prefill_step`),
-    a decode step (:func:`decode_step`) or a chunk after the compressed prompt (:func:`chunk_step`);
-    shapes as there. Returns the output ``[batch, q_heads, q_len, head_dim]``."""
-    if layer.plan is None:
-        return prefill_step(rule, layer, query, key, value, scaling)
-    if query.shape[2] == 1:
-        return decode_step(rule, layer, query, scaling)
-    return chunk_step(rule, layer, query, key, value, scaling)
+    """One attention call on one layer, by what the layer holds: the prompt (:func:`prefill_step`), a
+    decode step (:func:`decode_step`) or a chunk of tokens appended to a compressed layer.
 
-
-def chunk_step(
-    rule: CompressionMethod,
-    layer: CompressedLayer,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    scaling: float,
-) -> torch.Tensor:
-    """A chunk of tokens appended to a compressed layer (a question after its context was compressed,
-    ``task.query_aware=false``): each token in turn is appended and takes one :func:`decode_step`, so
-    it attends to the kept slots and to the chunk's earlier tokens (causal), at positions that
-    continue the prompt's, and the layer's rule then runs as in any decode step. A method that only
-    compresses the prompt keeps the whole chunk (the output equals causal attention of the chunk over
-    the kept slots and itself); a method whose budget holds in decoding evicts/merges to its bound
-    after each token, as it does while generating (docs/methods.md, "The question after
-    compression").
+    A chunk (a question after its context was compressed, ``task.query_aware=false``): each token in
+    turn is appended and takes one :func:`decode_step`, so it attends to the kept slots and to the
+    chunk's earlier tokens (causal), at positions that continue the prompt's, and the layer's rule
+    then runs as in any decode step. A method that only compresses the prompt keeps the whole chunk
+    (the output equals causal attention of the chunk over the kept slots and itself); a method whose
+    budget holds in decoding evicts/merges to its bound after each token, as it does while generating
+    (docs/methods.md, "The question after compression").
 
     Each layer runs its tokens in order before the next layer starts; this equals feeding the chunk
     one token per forward, since a layer's slots depend only on its own keys, values and attention.
@@ -190,19 +174,24 @@ def chunk_step(
     rule : CompressionMethod
         The layer's rule.
     layer : CompressedLayer
-        A prefilled layer (the chunk not yet appended: ``CompressedLayer.update`` defers it).
+        The layer; for a chunk, a prefilled one (the chunk not yet appended: ``CompressedLayer.update``
+        defers it).
     query : torch.Tensor
-        ``[batch, q_heads, chunk, head_dim]`` post-RoPE.
+        ``[batch, q_heads, q_len, head_dim]`` post-RoPE.
     key, value : torch.Tensor
-        ``[batch, kv_heads, chunk, head_dim]``: the chunk's keys (post-RoPE) and values.
+        ``[batch, kv_heads, q_len, head_dim]``: the new tokens' keys (post-RoPE) and values.
     scaling : float
         Softmax scale.
 
     Returns
     -------
     torch.Tensor
-        ``[batch, q_heads, chunk, head_dim]``.
+        ``[batch, q_heads, q_len, head_dim]``.
     """
+    if layer.plan is None:
+        return prefill_step(rule, layer, query, key, value, scaling)
+    if query.shape[2] == 1:
+        return decode_step(rule, layer, query, scaling)
     rows = []
     for i in range(query.shape[2]):
         layer.update(key[:, :, i : i + 1], value[:, :, i : i + 1])
