@@ -5,12 +5,12 @@
   per decoder layer over a storage object; ``storage`` (the interface :class:`SlotStorage`), ``store``
   (uniform heads, :class:`SlotStore`) and ``ragged`` (heads of their own lengths).
 - ``attention`` (the ``"kvbench"`` attention registered with transformers), ``step`` (the step order:
-  append, attend, update scores, evict/merge), ``rows`` (several caches' decode steps in one forward),
-  ``sliding`` (the sliding-window rule), ``architecture`` and ``rope`` (what a model's config says of
-  each layer), ``budget`` (a run's budget in slots per sample), ``plan`` (a layer's budget arithmetic).
+  append, attend, update scores, evict/merge), ``sliding`` (the sliding-window rule), ``architecture``
+  and ``rope`` (what a model's config says of each layer), ``plan`` (a layer's budget arithmetic).
 
 The method bases (``methods.evict``, ``methods.wrap``) and shared scoring (``methods.scoring``) live
-beside the methods. docs/extending.md lists the names a method author uses.
+beside the methods; several caches' decode steps in one forward (``runners.rows``) and a run's budget
+in slots (``runners.budget``) with the runners. docs/extending.md lists the names a method author uses.
 """
 
 from methods.seam.contract import CompressionMethod, Traits
