@@ -106,7 +106,7 @@ def test_snapkv_keeps_the_naive_pooled_top_k_and_the_window(pooling, kernel):
             pooled = []
             for i in range(len(row)):
                 seg = row[max(0, i - half) : i + half + 1]
-                pooled.append(max(seg) if pooling == "max" else sum(seg) / len(seg))
+                pooled.append(max(seg) if pooling == "max" else sum(seg) / kernel)  # zero padding counted
             top = set(torch.topk(torch.tensor(pooled), budget - window).indices.tolist())
             assert set(layer.store.positions[b, h].tolist()) == top | set(range(length - window, length))
     assert layer.store.n_slots == budget
