@@ -5,19 +5,24 @@
 """
 
 from methods.adakv import AdaKV
+from methods.chunkkv import ChunkKV
 from methods.criticalkv import CriticalKV
+from methods.dms import DMS
 from methods.duo_attention import DuoAttention
 from methods.evict import ScoreEvict
 from methods.expected_attention import ExpectedAttention
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
+from methods.key_rerotation import KeyRerotation
 from methods.keydiff import KeyDiff
 from methods.knorm import KNorm
 from methods.kvmerger import KVMerger
 from methods.lagkv import LagKV
 from methods.layer_ratios import LayerRatios
 from methods.less import LESS
+from methods.leverage_score import LeverageScore
+from methods.observed_attention import ObservedAttention
 from methods.pyramidkv import PyramidKV
 from methods.random import Random
 from methods.rkv import RKV
@@ -27,6 +32,7 @@ from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 from methods.seam.store import SlotStore
+from methods.simlayerkv import SimLayerKV
 from methods.snapkv import SnapKV
 from methods.streamingllm import StreamingLLM
 from methods.tova import TOVA
@@ -36,6 +42,8 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
     cls.name: cls
     for cls in (
         AdaKV,
+        ChunkKV,
+        DMS,
         DuoAttention,
         CriticalKV,
         ExpectedAttention,
@@ -43,14 +51,18 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         H2O,
         KeepKV,
         KeyDiff,
+        KeyRerotation,
         KNorm,
         KVMerger,
         LayerRatios,
         LagKV,
         LESS,
+        LeverageScore,
+        ObservedAttention,
         PyramidKV,
         Random,
         RKV,
+        SimLayerKV,
         SnapKV,
         StreamingLLM,
         TOVA,
@@ -59,12 +71,14 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
 }
 
 __all__ = [
+    "DMS",
     "H2O",
     "LESS",
     "METHOD_REGISTRY",
     "RKV",
     "TOVA",
     "AdaKV",
+    "ChunkKV",
     "CompressedCache",
     "CompressedLayer",
     "CompressionMethod",
@@ -76,12 +90,16 @@ __all__ = [
     "KVMerger",
     "KeepKV",
     "KeyDiff",
+    "KeyRerotation",
     "LagKV",
     "LayerPlan",
     "LayerRatios",
+    "LeverageScore",
+    "ObservedAttention",
     "PyramidKV",
     "Random",
     "ScoreEvict",
+    "SimLayerKV",
     "SlotStore",
     "SnapKV",
     "StreamingLLM",

@@ -138,9 +138,13 @@ def article_fullkv(embedded, data_dir):
     return ids, eos, greedy_generate(model, ids, FullKV(), None, 16, eos)
 
 
+#: methods the budget does not drive (DuoAttention's pattern, DMS's threshold, SimLayerKV's lazy layers
+#: decide): tests/test_allocators.py, tests/test_kvpress_methods.py and the architecture matrix
+NO_BUDGET = {"fullkv", "duo_attention", "dms", "simlayerkv"}
+
+
 @pytest.mark.integration
-# DuoAttention takes no budget (its pattern decides): tests/test_allocators.py and the architecture matrix
-@pytest.mark.parametrize("name", sorted(set(METHOD_REGISTRY) - {"fullkv", "duo_attention"}))
+@pytest.mark.parametrize("name", sorted(set(METHOD_REGISTRY) - NO_BUDGET))
 def test_every_method_on_the_embedded_model(embedded, article_fullkv, name):
     model, _ = embedded
     ids, eos, full = article_fullkv

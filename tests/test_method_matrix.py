@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from methods import METHOD_REGISTRY, TOVA, FullKV, KNorm, SnapKV
+from methods import METHOD_REGISTRY, TOVA, AdaKV, FullKV, KNorm, SnapKV
 from runners.generate import greedy_generate
 from tests.conftest import REPO
 from tests.test_less import tiny_kernels
@@ -50,6 +50,19 @@ SETTINGS = {
     "expected_attention": ({}, {"n_sink": 1, "n_future_positions": 16, "epsilon": 0.02}),
     # the default lag (128) leaves a 64-token prompt unscored (a sliding window): smaller lags here
     "lagkv": ({"lag_size": 16}, {"n_sink": 2, "lag_size": 8, "cross_scoring": True}),
+    "observed_attention": ({}, {"chunk_size": 7, "decode_budget": True}),
+    "chunkkv": ({"scorer": SnapKV(window_size=4)}, {"scorer": KNorm(), "chunk_length": 3}),
+    "leverage_score": ({}, {"sketch_dimension": 8, "seed": 1}),
+    # the kept fraction is an outcome: settings that evict (KNorm: ragged heads; TOVA: the same per head)
+    "dms": (
+        {"scorer": KNorm(), "threshold": -11.7, "sliding_window_size": 16},
+        {"scorer": TOVA(), "threshold": 0.03, "sliding_window_size": 4},  # 36 candidates: some below 1/36
+    ),
+    "simlayerkv": (  # one lazy layer of two at 0.2, both at 0
+        {"lazy_threshold": 0.2, "n_recent": 16, "n_initial": 2},
+        {"lazy_threshold": 0.0, "n_recent": 6, "n_initial": 1, "n_last": 2},
+    ),
+    "key_rerotation": ({"scorer": TOVA(recent=2)}, {"scorer": AdaKV(scorer=SnapKV(window_size=4))}),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")

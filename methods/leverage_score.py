@@ -1,0 +1,95 @@
+"""Leverage scores of the key matrix (Chari & Van Durme 2025, "Compactor: Calibrated Query-Agnostic KV
+Cache Compression with Approximate Leverage Scores", arXiv 2507.08143; kvpress's
+``LeverageScorePress``).
+
+Keys that stand out geometrically carry information the others do not: per KV head, the pre-RoPE keys
+are centred over the sequence and sketched on the right by a Gaussian ``Phi`` ``[head_dim, s]``
+(``X = (K - mean) Phi``), and token i's score is its leverage ``x_i^T (X^T X)^{-1} x_i`` (a Cholesky
+solve, with kvpress's jitter: ``1e-2 I`` first, ten times more until it factorises), z-scored. As
+``leverage_press.py``, except: the sketch is seeded (``seed``, the layer) and shared by the rows of a
+batch, the sketch and the solve run in float32, and the z-score is per batch row (kvpress: over the
+batch). Query-agnostic, prompt only (kvpress: prefill only); nothing protected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import torch
+
+from methods.evict import ScoreEvict
+from methods.seam.contract import Traits
+from methods.seam.layer import CompressedLayer
+from methods.seam.rope import rotate
+
+
+def cholesky_with_jitter(gram: torch.Tensor, jitter: float = 1e-2, tries: int = 5) -> torch.Tensor:
+    """Lower Cholesky factor of ``gram + jitter I`` ``[..., s, s]``, the jitter ten times larger after
+    each failure (kvpress's ``chol_with_jitter``).
+
+    Raises
+    ------
+    RuntimeError
+        When no try factorises.
+    """
+    eye = torch.eye(gram.shape[-1], device=gram.device, dtype=gram.dtype)
+    for _ in range(tries):
+        chol, info = torch.linalg.cholesky_ex(gram + jitter * eye)
+        if not bool(info.any()):
+            return chol
+        jitter *= 10
+    raise RuntimeError(f"Cholesky failed after {tries} tries")
+
+
+@dataclass
+class LeverageScore(ScoreEvict):
+    """Approximate leverage scores of the pre-RoPE keys, per KV head.
+
+    Parameters
+    ----------
+    sketch_dimension : int
+        Columns ``s`` of the Gaussian sketch (kvpress: 48).
+    seed : int
+        Seed of the sketch (with the layer index).
+
+    Raises
+    ------
+    ValueError
+        For ``sketch_dimension`` < 1.
+    """
+
+    name: ClassVar[str] = "leverage_score"
+    TRAITS: ClassVar[Traits] = replace(
+        ScoreEvict.TRAITS, prompt_only=True, decode_rule=False, decode_input="none"
+    )
+
+    sketch_dimension: int = 48
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sketch_dimension < 1:
+            raise ValueError(f"sketch_dimension must be >= 1, got {self.sketch_dimension}")
+
+    def sketch(self, layer: CompressedLayer, heads: int, dim: int, device: torch.device) -> torch.Tensor:
+        """``Phi`` ``[kv_heads, head_dim, s]`` float32, entries N(0, 1/s), seeded by ``seed`` and layer."""
+        gen = torch.Generator(device=device).manual_seed(self.seed * 100_003 + layer.spec.layer_idx)
+        phi = torch.randn(heads, dim, self.sketch_dimension, generator=gen, device=device)
+        return phi / math.sqrt(self.sketch_dimension)
+
+    def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        """z-scored leverage ``[batch, kv_heads, prompt]`` of every prompt token."""
+        keys = layer.keys.float()
+        b, h, n, d = keys.shape
+        if layer.spec.rotary is not None:  # k_pre = R(-p) k: turn each key back by its position
+            cos, sin = layer.spec.rotary.table(torch.arange(n, device=keys.device), torch.float32)
+            keys = rotate(keys, cos, -sin)
+        x = (keys - keys.mean(-2, keepdim=True)) @ self.sketch(layer, h, d, keys.device)
+        xt = x.transpose(-2, -1)
+        gram = xt @ x
+        chol = cholesky_with_jitter(0.5 * (gram + gram.transpose(-2, -1)))
+        leverage = (x * torch.cholesky_solve(xt, chol).transpose(-2, -1)).sum(-1).clamp_min(0)
+        flat = leverage.flatten(1)
+        z = (flat - flat.mean(1, keepdim=True)) / flat.std(1, keepdim=True).clamp_min(1e-6)
+        return z.view(b, h, n)

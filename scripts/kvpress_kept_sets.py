@@ -1,0 +1,184 @@
+"""Kept sets of KVBench's methods against kvpress's presses, on one tiny random Llama and the same prompts.
+
+kvpress pins its own transformers, so the script runs itself a second time under kvpress's interpreter
+(``--kvpress-python``, a venv with ``pip install kvpress``): that side saves the weights, the prompts
+and, per press, the positions each (layer, KV head) keeps after the prefill (kvpress gathers the kept
+rows, found again by their values; ``DMSPress`` masks, its ``masked_key_indices`` are read). KVBench's
+side prefills the same weights and prompts with the matching method and prints, per method, how many
+(prompt, layer, head) sets are identical and their Jaccard index; for ``key_rerotation`` also the
+largest difference between kvpress's re-rotated keys (turned forward to KVBench's positions) and ours.
+
+Usage::
+
+    python scripts/kvpress_kept_sets.py --kvpress-python /path/to/kvpress-venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+N, VOCAB, LAYERS, KV_HEADS = 200, 256, 2, 2
+
+
+def tiny_llama(attn: str):
+    """The random GQA Llama of the tests (6 query heads on 2 KV heads, weights x 4), vocabulary 256."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=96, intermediate_size=192, num_hidden_layers=LAYERS,
+        num_attention_heads=6, num_key_value_heads=KV_HEADS, max_position_embeddings=1024,
+        eos_token_id=2, attn_implementation=attn,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model
+
+
+def kvpress_cases() -> dict:
+    """kvpress's side: name -> (press, attention implementation); compression ratio 0.5."""
+    import kvpress as kp
+
+    snap = lambda: kp.SnapKVPress(compression_ratio=0.5)  # noqa: E731  (window 64, kernel 5)
+    cases = {
+        "observed_attention": (kp.ObservedAttentionPress(compression_ratio=0.5), "eager"),
+        "chunkkv": (kp.ChunkKVPress(press=snap(), chunk_length=20), "sdpa"),
+        "chunkkv_knorm": (
+            kp.ChunkKVPress(press=kp.KnormPress(compression_ratio=0.5), chunk_length=20),
+            "sdpa",
+        ),
+        "leverage_score": (kp.LeverageScorePress(compression_ratio=0.5), "sdpa"),
+        "leverage_score_s8": (kp.LeverageScorePress(compression_ratio=0.5, sketch_dimension=8), "sdpa"),
+        "key_rerotation": (kp.KeyRerotationPress(press=snap()), "sdpa"),
+        "dms_knorm": (kp.DMSPress(press=kp.KnormPress(), threshold=-12.3, sliding_window_size=64), "sdpa"),
+        "dms": (kp.DMSPress(press=kp.SnapKVPress(), threshold=0.005, sliding_window_size=100), "sdpa"),
+    }
+    cases["simlayerkv"] = (kp.SimLayerKVPress(lazy_threshold=0.3, n_recent=64, n_initial=4), "sdpa")
+    return cases
+
+
+def kvbench_cases() -> dict:
+    """KVBench's side: name -> (method, budget in slots: half the prompt, or None for an outcome)."""
+    from methods import (
+        DMS,
+        ChunkKV,
+        KeyRerotation,
+        KNorm,
+        LeverageScore,
+        ObservedAttention,
+        SimLayerKV,
+        SnapKV,
+    )
+
+    snap = lambda: SnapKV(window_size=64, kernel_size=5, pooling="avg")  # noqa: E731
+    cases = {
+        "observed_attention": (ObservedAttention(), N // 2),
+        "chunkkv": (ChunkKV(scorer=snap(), chunk_length=20), N // 2),
+        "chunkkv_knorm": (ChunkKV(scorer=KNorm(), chunk_length=20), N // 2),
+        "leverage_score": (LeverageScore(), N // 2),  # a sketch wider than head_dim 16: exact leverage
+        "leverage_score_s8": (LeverageScore(sketch_dimension=8), N // 2),  # the sketches differ (seeds)
+        "key_rerotation": (KeyRerotation(scorer=snap()), N // 2),
+        "dms_knorm": (DMS(scorer=KNorm(), threshold=-12.3, sliding_window_size=64), None),
+        "dms": (DMS(scorer=snap(), threshold=0.005, sliding_window_size=100), None),
+    }
+    cases["simlayerkv"] = (SimLayerKV(lazy_threshold=0.3, n_recent=64, n_initial=4), None)  # layer 0 lazy
+    return cases
+
+
+def kvpress_side(out: Path) -> None:
+    """Save the weights, the prompts and kvpress's kept positions under ``out``."""
+    from transformers import DynamicCache
+
+    models = {attn: tiny_llama(attn) for attn in ("sdpa", "eager")}
+    torch.save(models["sdpa"].state_dict(), out / "weights.pt")
+    prompts = [torch.randperm(VOCAB, generator=torch.Generator().manual_seed(s))[:N][None] for s in range(3)]
+    torch.save(prompts, out / "prompts.pt")  # distinct tokens: every value row is distinct
+    result: dict[str, list] = {}
+    for name, (press, attn) in kvpress_cases().items():
+        model, result[name] = models[attn], []
+        for ids in prompts:
+            full, cache = DynamicCache(), DynamicCache()
+            with torch.no_grad():
+                model(ids, past_key_values=full)
+                with press(model):
+                    model(ids, past_key_values=cache)
+            kept, keys = [], []
+            for i in range(LAYERS):
+                masked = getattr(model.model.layers[i].self_attn, "masked_key_indices", None)
+                if name.startswith("dms"):
+                    _, head, pos = masked if masked is not None else ([], torch.zeros(0), torch.zeros(0))
+                    kept.append(
+                        [sorted(set(range(N)) - set(pos[head == h].tolist())) for h in range(KV_HEADS)]
+                    )
+                    continue
+                rows, every = cache.layers[i].values[0], full.layers[i].values[0]
+                exact = "donot_use_mm_for_euclid_dist"
+                dist = [torch.cdist(rows[h], every[h], compute_mode=exact) for h in range(KV_HEADS)]
+                kept.append([sorted(d.argmin(-1).tolist()) for d in dist])
+                keys.append(cache.layers[i].keys[0].tolist())
+            result[name].append({"kept": kept, "keys": keys})
+    (out / "kvpress.json").write_text(json.dumps(result))
+
+
+def kvbench_side(out: Path) -> None:
+    """Run KVBench's methods on kvpress's weights and prompts; print the agreement per method."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    import methods  # noqa: F401  (registers the "kvbench" attention implementation)
+    from runners.generate import greedy_generate
+
+    model = tiny_llama("kvbench")
+    model.load_state_dict(torch.load(out / "weights.pt"))
+    prompts, theirs = torch.load(out / "prompts.pt"), json.loads((out / "kvpress.json").read_text())
+    for name, (method, budget) in kvbench_cases().items():
+        jaccard, key_diff, held = [], 0.0, []
+        for p, ids in enumerate(prompts):
+            seen: list = []
+            greedy_generate(model, ids, method, budget, 1, set(), lambda c, seen=seen: seen or seen.append(c))
+            for i, layer in enumerate(seen[0].layers):
+                for h in range(KV_HEADS):
+                    pos = layer.store.positions[0, h]
+                    ours, ref = {q for q in pos.tolist() if 0 <= q < N}, set(theirs[name][p]["kept"][i][h])
+                    jaccard.append(len(ours & ref) / len(ours | ref))
+                    held.append(len(ours) / N)
+                    if name == "key_rerotation" and ours == ref:  # kvpress: 0 .. k-1; KVBench: N-k .. N-1
+                        k, slots = len(ref), [s for s in pos.argsort().tolist() if 0 <= pos[s] < N]
+                        kv = torch.tensor(theirs[name][p]["keys"][i][h])
+                        cos, sin = model.model.rotary_emb(kv[None], torch.full((1, k), N - k))
+                        turned = kv * cos[0] + rotate_half(kv) * sin[0]
+                        key_diff = max(key_diff, float((turned - layer.keys[0, h, slots]).abs().max()))
+        same = sum(j == 1.0 for j in jaccard)
+        extra = f"; re-rotated keys: max |diff| {key_diff:.1e}" if name == "key_rerotation" else ""
+        print(
+            f"{name:20s} identical {same}/{len(jaccard)}  Jaccard mean {sum(jaccard) / len(jaccard):.3f} "
+            f"min {min(jaccard):.3f}  kept {sum(held) / len(held):.2f}{extra}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kvpress-python", help="python of a venv with kvpress installed")
+    parser.add_argument("--kvpress-side", type=Path, help=argparse.SUPPRESS)  # the re-run under kvpress
+    args = parser.parse_args()
+    if args.kvpress_side is not None:
+        kvpress_side(args.kvpress_side)
+        return
+    if not args.kvpress_python:
+        parser.error("--kvpress-python is required")
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([args.kvpress_python, __file__, "--kvpress-side", tmp], check=True)
+        kvbench_side(Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""ObservedAttention, ChunkKV, DMS, LeverageScore, SimLayerKV and KeyRerotation against references
+written here from each rule (the paper's, or kvpress's press where the method is kvpress's).
+
+Each test prefills one layer of tiny random tensors (2 KV heads, 3 query heads each) and compares
+the positions each head keeps with a straightforward implementation of the rule: full attention
+matrices, explicit inverses, loops over chunks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotate_half
+
+from methods import DMS, AdaKV, ChunkKV, KeyRerotation, KNorm, LeverageScore, ObservedAttention, SimLayerKV
+from methods.seam.architecture import LayerSpec
+from methods.seam.layer import CompressedLayer
+from methods.seam.rope import LayerRotary
+from methods.seam.step import prefill_step
+
+HKV, GROUP, D = 2, 3, 8
+
+
+def tensors(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(keys, values, query)``: ``[1, HKV, n, D]`` twice and ``[1, HKV * GROUP, n, D]``."""
+    gen = torch.Generator().manual_seed(seed)
+    keys, values = torch.randn(1, HKV, n, D, generator=gen), torch.randn(1, HKV, n, D, generator=gen)
+    return keys, values, 2 * torch.randn(1, HKV * GROUP, n, D, generator=gen)
+
+
+def prefilled(method, keys, values, query, budget: int | None, spec: LayerSpec | None = None):
+    """A layer holding ``keys``, ``values`` after ``method``'s prefill under ``budget``."""
+    layer = CompressedLayer(method.traits.state_fill, budget, spec)
+    layer.update(keys, values)
+    prefill_step(method, layer, query, None, None, D**-0.5)
+    return layer
+
+
+def kept(layer) -> list[list[int]]:
+    """Per KV head, the sorted positions held (ragged padding, position -1, left out)."""
+    return [sorted(p for p in layer.store.positions[0, h].tolist() if p >= 0) for h in range(HKV)]
+
+
+def attention(keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention ``[q_heads, n, n]`` of every query over every key."""
+    n = keys.shape[2]
+    logits = torch.einsum("hqd,hkd->hqk", query[0], keys[0].repeat_interleave(GROUP, 0)) * D**-0.5
+    return torch.softmax(logits.masked_fill(torch.ones(n, n).triu(1).bool(), -torch.inf), -1)
+
+
+@pytest.mark.parametrize("budget", [7, 20])
+def test_observed_attention_keeps_the_highest_mean_attention_received(budget):
+    """kvpress ``ObservedAttentionPress``: column sums over the ``n - j`` queries that see token j,
+    divided by that count, averaged over the group's query heads; the top ``budget`` kept."""
+    n = 40
+    keys, values, query = tensors(n)
+    layer = prefilled(ObservedAttention(chunk_size=7), keys, values, query, budget)
+    a = attention(keys, query)
+    score = (a.sum(1) / torch.arange(n, 0, -1)).view(HKV, GROUP, n).mean(1)
+    assert kept(layer) == [sorted(score[h].topk(budget).indices.tolist()) for h in range(HKV)]
+
+
+@pytest.mark.parametrize(("n", "budget"), [(60, 20), (62, 23)])
+def test_chunkkv_keeps_the_chunks_of_the_best_summed_scores(n, budget):
+    """ChunkKV (Liu et al. 2025, kvpress ``ChunkKVPress``) over KNorm: chunks of 5 from token 0, a
+    chunk's score the mean over its tokens of ``-||k||`` summed over the KV heads; the best chunks
+    kept whole in every head, then (a budget that is no multiple of 5) the best tokens of the next."""
+    keys, values, query = tensors(n, seed=1)
+    layer = prefilled(ChunkKV(scorer=KNorm(), chunk_length=5), keys, values, query, budget)
+    token = -keys[0].norm(dim=-1).sum(0)  # [n]
+    chunks = [list(range(s, min(s + 5, n))) for s in range(0, n, 5)]
+    ranked = sorted(chunks, key=lambda c: -token[c].mean().item())
+    want: list[int] = []
+    for c in ranked:
+        room = budget - len(want)
+        want += c if len(c) <= room else sorted(c, key=lambda j: -token[j].item())[:room]
+    assert kept(layer) == [sorted(want)] * HKV
+
+
+def test_dms_evicts_what_scores_below_the_threshold_outside_the_window():
+    """kvpress ``DMSPress`` over KNorm: per head, a token older than the ``sliding_window_size``
+    newest is evicted when ``-||k||`` is below the threshold; the heads keep different counts, and
+    the layer holds exactly what they keep (no padding to the largest head)."""
+    n, window = 50, 8
+    keys, values, query = tensors(n, seed=2)
+    threshold = float(-keys.norm(dim=-1).median())
+    method = DMS(scorer=KNorm(), threshold=threshold, sliding_window_size=window)
+    layer = prefilled(method, keys, values, query, 10)
+    want = [
+        [j for j in range(n) if j >= n - window or -keys[0, h, j].norm() >= threshold] for h in range(HKV)
+    ]
+    assert len(want[0]) != len(want[1]) and kept(layer) == want
+    assert layer.store.head_slots()[0].tolist() == [len(w) for w in want]
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, rotary: LlamaRotaryEmbedding) -> torch.Tensor:
+    """Llama's RoPE of ``x`` ``[..., n, D]`` at ``positions`` ``[n]``."""
+    cos, sin = rotary(x, positions[None])
+    return x * cos[0] + rotate_half(x) * sin[0]
+
+
+def rotary_spec() -> tuple[LayerSpec, LlamaRotaryEmbedding]:
+    config = LlamaConfig(hidden_size=D * HKV * GROUP, num_attention_heads=HKV * GROUP, head_dim=D)
+    emb = LlamaRotaryEmbedding(config)
+    return LayerSpec(rotary=LayerRotary(emb), layer_idx=1), emb
+
+
+@pytest.mark.parametrize("sketch", [4, 48])
+def test_leverage_score_keeps_the_highest_leverage_of_the_pre_rope_keys(sketch):
+    """kvpress ``LeverageScorePress`` (Chari & Van Durme 2025): the pre-RoPE keys centred over the
+    sequence, sketched ``X = (K - mean) Phi``, leverage ``diag(X (X^T X + 1e-2 I)^-1 X^T)`` (an explicit
+    inverse here, in float64), z-scored; the top ``budget`` kept. The layer holds post-RoPE keys."""
+    n, budget = 30, 12
+    pre, values, query = tensors(n, seed=3)
+    spec, emb = rotary_spec()
+    method = LeverageScore(sketch_dimension=sketch, seed=7)
+    layer = prefilled(method, rope(pre, torch.arange(n), emb), values, query, budget, spec)
+    phi = method.sketch(layer, HKV, D, pre.device).double()
+    want = []
+    for h in range(HKV):
+        x = (pre[0, h] - pre[0, h].mean(0)).double() @ phi[h]
+        lev = torch.diag(x @ torch.linalg.inv(x.T @ x + 1e-2 * torch.eye(sketch)) @ x.T)
+        want.append(sorted(lev.topk(budget).indices.tolist()))
+    assert kept(layer) == want
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_simlayerkv_lazy_layer_keeps_sinks_and_recent_tokens(lazy):
+    """SimLayerKV (Zhang et al. 2024; kvpress ``SimLayerKVPress``, ``n_last`` 1): the last query's
+    attention (softmax over every key), averaged over the query heads, summed over the ``n_initial``
+    sinks and the ``n_recent`` tokens before the query; above the threshold the layer keeps the sinks
+    and the last ``n_recent - 1`` tokens, else everything. Thresholds just below and above the sum."""
+    n, n_initial, n_recent = 50, 2, 10
+    keys, values, query = tensors(n, seed=4)
+    last = attention(keys, query)[:, -1].mean(0)
+    score = float(last[:n_initial].sum() + last[n - 1 - n_recent : n - 1].sum())
+    threshold = score - 1e-4 if lazy else score + 1e-4
+    method = SimLayerKV(lazy_threshold=threshold, n_recent=n_recent, n_initial=n_initial)
+    layer = prefilled(method, keys, values, query, None)
+    window = list(range(n_initial)) + list(range(n - n_recent + 1, n))
+    assert kept(layer) == [window if lazy else list(range(n))] * HKV
+    assert int(layer.scalars.get("lazy_layers", torch.zeros(1)).sum()) == int(lazy)
+
+
+@pytest.mark.parametrize("wrapped", [KNorm(), AdaKV(scorer=KNorm())], ids=["knorm", "adakv_knorm"])
+def test_key_rerotation_turns_the_kept_keys_to_contiguous_positions(wrapped):
+    """kvpress ``KeyRerotationPress``: the wrapped method's tokens, their keys re-rotated to contiguous
+    positions. KVBench's new tokens keep their true positions, so each head's ``k`` kept keys sit at
+    ``n - k .. n - 1`` (every distance to a later query is kvpress's): ``RoPE(k_pre, n - k + rank)``."""
+    n, budget = 40, 10
+    pre, values, query = tensors(n, seed=5)
+    spec, emb = rotary_spec()
+    post = rope(pre, torch.arange(n), emb)
+    alone = kept(prefilled(wrapped, post, values, query, budget, spec))
+    layer = prefilled(KeyRerotation(scorer=wrapped), post, values, query, budget, spec)
+    assert kept(layer) == alone
+    for h in range(HKV):
+        pos = layer.store.positions[0, h]
+        slots = [s for s in pos.argsort().tolist() if pos[s] >= 0]
+        k = len(slots)
+        want = rope(pre[0, h, alone[h]], torch.arange(n - k, n), emb)
+        torch.testing.assert_close(layer.keys[0, h, slots], want, atol=1e-5, rtol=1e-5)
