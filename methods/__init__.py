@@ -15,6 +15,7 @@ from methods.keepkv import KeepKV
 from methods.keydiff import KeyDiff
 from methods.knorm import KNorm
 from methods.kvmerger import KVMerger
+from methods.kvzip import KVzip
 from methods.lagkv import LagKV
 from methods.layer_ratios import LayerRatios
 from methods.less import LESS
@@ -45,6 +46,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         KeyDiff,
         KNorm,
         KVMerger,
+        KVzip,
         LayerRatios,
         LagKV,
         LESS,
@@ -74,6 +76,7 @@ __all__ = [
     "FullKV",
     "KNorm",
     "KVMerger",
+    "KVzip",
     "KeepKV",
     "KeyDiff",
     "LagKV",
