@@ -76,6 +76,9 @@ class Ruler(Task):
         the generation prompt and the answer prefix are appended; True (kvpress's
         ``compress_questions``): the context and the question are compressed, then the rest is
         appended (:meth:`encode`).
+    decode_budget : bool | None
+        The methods' decoding under this protocol (``Task.decode_budget``): false, the kvpress
+        leaderboard's prompt-only rule.
     """
 
     name: ClassVar[str] = "ruler"
@@ -89,6 +92,7 @@ class Ruler(Task):
     hotpotqa_file: str = ruler_data.HOTPOTQA
     context_tokens: int | None = None
     query_aware: bool = False
+    decode_budget: bool | None = False
     max_new_tokens: int = max(TOKENS_TO_GENERATE.values())
     source: str = field(default="", init=False)
 
