@@ -12,6 +12,7 @@ forwards, then the method compresses its layers (:meth:`Probing.compress`).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from methods.probing import Probe, is_probing
@@ -34,7 +35,7 @@ def probe_attention(
     (with its ``log_weight`` bias) and to the chunk's tokens ``j <= i``; on a sliding-window layer
     only to keys within the window; logits are soft-capped as the layer's spec says. This is what the
     model computes for the chunk with the prompt in its cache (the cache's own prefill output plus
-    a causal chunk), in float32, ``block`` queries at a time.
+    a causal chunk), in float32, ``block`` queries at a time (fused SDPA without soft-capping).
 
     Parameters
     ----------
@@ -59,7 +60,7 @@ def probe_attention(
     keys = torch.cat([store.keys, key], dim=2).float()
     values = torch.cat([store.values, value], dim=2).float()
     q_pos = torch.arange(layer.get_seq_length(), layer.get_seq_length() + n, device=key.device)
-    k_pos = torch.cat([store.positions, q_pos.expand(b, hkv, n)], dim=2)[:, :, None]
+    k_pos = torch.cat([store.positions, q_pos.expand(b, hkv, n)], dim=2)[:, :, None]  # [b, hkv, 1, keys]
     bias = torch.cat([store.log_weight, key.new_zeros((b, hkv, n), dtype=torch.float32)], dim=2)[:, :, None]
     out = torch.empty_like(query)
     for start in range(0, n, block):
@@ -68,10 +69,15 @@ def probe_attention(
         allowed = k_pos <= rows  # [batch, kv_heads, block, keys]
         if spec.window is not None:
             allowed &= k_pos > rows - spec.window
-        q = group_queries(query[:, :, start:stop], hkv).float()
-        logits = softcap_logits(torch.einsum("bhgqd,bhkd->bhgqk", q, keys) * scaling, spec.softcap)
-        logits = (logits + bias.masked_fill(~allowed, float("-inf"))[:, :, None]).softmax(dim=-1)
-        chunk = torch.einsum("bhgqk,bhkd->bhgqd", logits, values)
+        q, mask = group_queries(query[:, :, start:stop], hkv).float(), bias.masked_fill(~allowed, -torch.inf)
+        if spec.softcap is None:  # fused (the mask's group axis broadcast to the query heads)
+            mask = mask[:, :, None].expand(*q.shape[:-1], keys.shape[2]).flatten(1, 2)
+            chunk = F.scaled_dot_product_attention(
+                q.flatten(1, 2), keys, values, attn_mask=mask, scale=scaling, enable_gqa=True
+            )
+        else:
+            logits = softcap_logits(torch.einsum("bhgqd,bhkd->bhgqk", q, keys) * scaling, spec.softcap)
+            chunk = torch.einsum("bhgqk,bhkd->bhgqd", (logits + mask[:, :, None]).softmax(dim=-1), values)
         out[:, :, start:stop] = chunk.reshape(b, -1, stop - start, values.shape[-1]).to(query.dtype)
     return out
 
