@@ -18,6 +18,7 @@ from methods.key_rerotation import KeyRerotation
 from methods.keydiff import KeyDiff
 from methods.knorm import KNorm
 from methods.kvmerger import KVMerger
+from methods.kvzip import KVzip
 from methods.lagkv import LagKV
 from methods.layer_ratios import LayerRatios
 from methods.less import LESS
@@ -54,6 +55,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         KeyRerotation,
         KNorm,
         KVMerger,
+        KVzip,
         LayerRatios,
         LagKV,
         LESS,
@@ -88,6 +90,7 @@ __all__ = [
     "FullKV",
     "KNorm",
     "KVMerger",
+    "KVzip",
     "KeepKV",
     "KeyDiff",
     "KeyRerotation",

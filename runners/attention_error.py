@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from methods import CompressedCache, CompressionMethod, FullKV
+from methods.probing import is_probing
 from methods.seam.architecture import LayerSpec, layer_specs
 from methods.seam.step import decode_step, prefill_step
 from runners.budget import resolve_budget
@@ -98,6 +99,11 @@ def run_attention_error(cfg: DictConfig) -> dict:
     if not method.traits.compresses:
         raise KVBenchError(
             "runner=error compares a compressing method with FullKV; method=fullkv has no error"
+        )
+    if is_probing(method):
+        raise KVBenchError(
+            f"runner=error drives its caches with FullKV's forwards; {method.label} scores with forwards "
+            "of its own after the prefill: run it with runner=quality"
         )
     if not task.query_aware:
         raise KVBenchError(

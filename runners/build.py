@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from methods import METHOD_REGISTRY, CompressionMethod
+from methods.probing import is_probing
 from reports.store import renamed_in_config
 from runners.budget import validate_budget
 from runners.kernel_proof import check_kernels
@@ -217,6 +218,9 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
         method.attach_assets(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
     except FileNotFoundError as err:
         raise KVBenchError(str(err).replace("<model options>", model_options(cfg.model))) from err
+    if is_probing(method):  # KVzip's reconstruction prompt: the tokenizer's chat template
+        tokenizer = load_tokenizer(cfg.model)
+        method.attach_tokenizer(tokenizer, chat_kwargs(cfg, tokenizer))
     return method
 
 
@@ -295,13 +299,24 @@ def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.
         a ``model.chat_template_kwargs`` that is not a dict.
     """
     tokenizer = load_tokenizer(cfg.model)
-    configured = cfg.model.get("chat_template_kwargs")
-    configured = OmegaConf.to_container(configured) if isinstance(configured, DictConfig) else configured
-    task.chat_template_kwargs = template_kwargs(tokenizer, configured)
+    task.chat_template_kwargs = chat_kwargs(cfg, tokenizer)
     samples = task.load(tokenizer)
     if not samples:
         raise KVBenchError(f"task {task.name} selected no samples")
     return tokenizer, samples, [task.encode(tokenizer, s) for s in samples]
+
+
+def chat_kwargs(cfg: DictConfig, tokenizer) -> dict:
+    """The chat template's keyword arguments: ``model.chat_template_kwargs`` (``tasks.chat.template_kwargs``).
+
+    Raises
+    ------
+    KVBenchError
+        For a ``model.chat_template_kwargs`` that is not a dict.
+    """
+    configured = cfg.model.get("chat_template_kwargs")
+    configured = OmegaConf.to_container(configured) if isinstance(configured, DictConfig) else configured
+    return template_kwargs(tokenizer, configured)
 
 
 def run_budget(cfg: DictConfig, method: CompressionMethod) -> float | int | None:

@@ -13,9 +13,11 @@ import inspect
 import torch
 
 from kernels.switch import RAN, Switch
+from methods.probing import is_probing
 from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
 from runners.kernel_proof import prove_for_model
+from runners.probe import ProbeCache
 from runners.rows import RowsCache
 
 __all__ = [
@@ -123,9 +125,26 @@ class ModelRun:
         return logits
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Feed the prompts ``[batch, prompt]`` (equal length, no padding); returns the last
-        position's logits ``[batch, vocab]``."""
-        return self._forward(self.model, input_ids, logits_to_keep=1)
+        """Feed the prompts ``[batch, prompt]`` (equal length, no padding), then a probing method's
+        forwards (:meth:`probe`); returns the last position's logits ``[batch, vocab]``."""
+        logits = self._forward(self.model, input_ids, logits_to_keep=1)
+        self.probe(input_ids)
+        return logits
+
+    def probe(self, input_ids: torch.Tensor) -> None:
+        """After the prefill of ``input_ids`` ``[batch, prompt]``: the probe forwards of a probing method
+        (``methods.probing``; KVzip's reconstruction chunks) over the uncompressed cache, which they leave
+        unchanged (``runners.probe``), then the method compresses its layers. Nothing for other methods."""
+        method = self.cache.method
+        if not is_probing(method):
+            return
+        cache = ProbeCache(self.cache)
+        for probe in method.probe_prompts(input_ids):
+            cache.probe, ids = probe, probe.ids.to(input_ids.device)
+            positions = torch.arange(self.seen, self.seen + ids.shape[1], device=ids.device)
+            model_forward(self.model, ids, positions.expand_as(ids), cache, logits_to_keep=1)
+        ruled = zip(self.cache.layers, self.cache.rules, strict=True)
+        method.compress([layer for layer, rule in ruled if rule is method])
 
     def append(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Feed a chunk ``[batch, chunk]`` after the prefill (a question appended to the compressed

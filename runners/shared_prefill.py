@@ -77,7 +77,8 @@ def shared_generate(
     -------
     list[GenerationResult]
         One per setting, in order. ``prefill_seconds`` is the shared forward's wall time (every
-        setting's compression included) plus the setting's own question chunk.
+        setting's compression included, with the probe forwards of a probing method, run on each
+        such setting's own cache: ``ModelRun.probe``) plus the setting's own question chunk.
 
     Raises
     ------
@@ -95,8 +96,10 @@ def shared_generate(
     driver = ModelRun(model, FullKV(), None, prefix.shape[1], observer=PrefillFanout(caches))
     start = time.perf_counter()
     logits = driver.prefill(prefix)
-    seconds = time.perf_counter() - start
     del driver
+    for cache in caches:  # a probing method's own forwards (KVzip), on each setting's cache
+        ModelRun(model, cache.method, None, cache=cache).probe(prefix)
+    seconds = time.perf_counter() - start
 
     def begin(cache: CompressedCache, budget: int | None) -> Row:
         run = ModelRun(model, cache.method, budget, cache=cache)

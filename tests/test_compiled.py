@@ -19,6 +19,7 @@ from runners.budget import resolve_budget
 from runners.generate import ModelRun, greedy_generate
 from runners.timing import synthetic_prompts
 from tests.conftest import REPO
+from tests.test_method_matrix import TINY_PROMPT
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +32,7 @@ KWARGS = {
     },
     "criticalkv": {"scorer": SnapKV(decode_budget=True)},
     "kvmerger": {"exact_budget": True},
+    "kvzip": {"prompt": TINY_PROMPT, "chunk_size": 128},  # a few reconstruction chunks
     "layer_ratios": {"scorer": METHOD_REGISTRY["snapkv"](window_size=8), "ratios": [2, 1]},
     "lagkv": {"lag_size": 32},  # a partition completes during decoding (its scoring path is compiled)
     "less": {"checkpoint": "random"},

@@ -183,6 +183,7 @@ def test_capped_child_reports_oom_not_a_crash():
         (["runner=oom", "runner.device=auto"], "runner.device must be cpu or cuda[:N], got 'auto'"),
         (["runner=error", "runner.budgets=[]"], "runner.budgets is empty"),
         (["runner=error", "method=fullkv"], "has no error"),
+        (["runner=error", "method=kvzip"], "scores with forwards of its own"),
     ],
 )
 def test_bad_runner_input_is_one_error_line(run_py, overrides, message):

@@ -18,7 +18,7 @@ from tests.architectures import tiny_family
 from tests.test_method_matrix import build_preset
 
 PROMPT, QUESTION, NEW = 56, 8, 10
-PRESETS = ("snapkv", "h2o", "streamingllm", "keepkv", "adakv_snapkv", "pyramidkv")
+PRESETS = ("snapkv", "h2o", "streamingllm", "keepkv", "adakv_snapkv", "pyramidkv", "kvzip", "kvzip_layerwise")
 
 
 def settings(budget: int) -> list:
@@ -67,7 +67,12 @@ def test_shared_prefill_on_sliding_layers_with_softcap():
     """Gemma-2: interleaved sliding-window layers (their own rule) and logit soft-capping."""
     model = tiny_family("gemma2")
     ids = torch.randint(3, 128, (1, PROMPT), generator=torch.Generator().manual_seed(6))
-    grid = [(FullKV(), None), (build_preset("snapkv"), 12), (build_preset("h2o"), 12)]
+    grid = [
+        (FullKV(), None),
+        (build_preset("snapkv"), 12),
+        (build_preset("h2o"), 12),
+        (build_preset("kvzip"), 12),
+    ]
     shared = shared_generate(model, ids, grid, NEW, {2}, question_start=PROMPT - QUESTION)
     own = own_runs(model, ids, grid, PROMPT - QUESTION)
     assert [(r.tokens, r.slots) for r in shared] == [(r.tokens, r.slots) for r in own]

@@ -1,0 +1,217 @@
+"""KVzip (Kim et al. 2025, "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction",
+arXiv:2505.23416; snu-mllab/KVzip; kvpress ``KVzipPress``): keep the pairs the model needs to
+repeat its context.
+
+After the prefill the model is asked to repeat the context: the chat template's user turn "Repeat the
+previous context exactly." and the context itself, in chunks of ``chunk_size`` tokens (a later chunk
+asks to resume from the previous chunk's last ``resume_tokens`` tokens), fed against the cached
+context, which these forwards leave unchanged (``methods.probing``, ``runners.probe``). A cached pair
+scores the largest attention any reconstruction query of its KV head's group gives it, the softmax
+taken over the ``n_sink`` first pairs, the chunk's context and the chunk's own causal part (Sec. 3.2;
+the official ``KVScore._get_score``). Each layer then keeps the top ``heads x B`` scores across its
+heads, in ragged heads (the memory freed, where kvpress masks); with ``layerwise=false`` the top
+``layers x heads x B`` across all layers and heads (kvpress's default). The ``n_sink`` first tokens
+and the chat template before the context (the system prompt, which no chunk repeats) are kept, as
+the official code keeps its system prompt. docs/methods.md, "KVzip", lists the choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from methods.probing import Probe, Probing
+from methods.seam.contract import CompressionMethod, Traits
+from methods.seam.layer import CompressedLayer
+from methods.seam.step import group_queries, softcap_logits
+from tasks.chat import user_turn
+
+#: The reconstruction instructions (kvpress's ``KVzipPress.prepare``; the official code's, without
+#: its trailing space after "with").
+REPEAT = "\n\nRepeat the previous context exactly."
+RESUME = "\n\nRepeat the part of the previous context exactly, starting with"
+
+
+@dataclass(frozen=True)
+class ReconstructionPrompt:
+    """KVzip's reconstruction prompt as token ids of the model's tokenizer.
+
+    Attributes
+    ----------
+    head : tuple[int, ...]
+        The chat template before the user message (system prompt, user header): a prompt that starts
+        with it has it kept and not reconstructed.
+    repeat, resume : tuple[int, ...]
+        :data:`REPEAT` (first chunk) and :data:`RESUME` (later chunks).
+    tail : tuple[int, ...]
+        The template after the user message (end of turn, generation prompt); ``"\\n"`` without one.
+    """
+
+    head: tuple[int, ...]
+    repeat: tuple[int, ...]
+    resume: tuple[int, ...]
+    tail: tuple[int, ...]
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, template_kwargs: dict) -> ReconstructionPrompt:
+        """The pieces as kvpress derives them: the template around a dummy message, split where
+        the message is (``tasks.chat.user_turn``).
+
+        Raises
+        ------
+        KVBenchError
+            If the chat template rewrites the user message.
+        """
+        head, tail = "", "\n"
+        if getattr(tokenizer, "chat_template", None) is not None:
+            content = "dummy context"
+            text, tail = user_turn(tokenizer, content, template_kwargs)
+            head = text.split(content)[0]
+
+        def encode(text: str) -> tuple[int, ...]:
+            return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+        return cls(encode(head), encode(REPEAT), encode(RESUME), encode(tail))
+
+
+@dataclass
+class KVzip(Probing, CompressionMethod):
+    """KVzip with kvpress's defaults (module docstring).
+
+    Parameters
+    ----------
+    n_sink : int
+        First tokens always kept, and in every reconstruction softmax (attention sinks).
+    layerwise : bool
+        True: every layer keeps ``heads x B``; False: the budget is shared across layers too.
+    chunk_size : int
+        Context tokens per reconstruction chunk (kvpress: 2048; the official code: 2000).
+    resume_tokens : int
+        Tokens of the previous chunk a later chunk's instruction ends with.
+    prompt : ReconstructionPrompt | None
+        The prompt's token ids; set by :meth:`attach_tokenizer` (the runners call it).
+
+    Raises
+    ------
+    ValueError
+        For ``n_sink`` or ``chunk_size`` < 1 or ``resume_tokens`` < 0 (every ragged head must hold at
+        least one slot: its sinks).
+    """
+
+    name: ClassVar[str] = "kvzip"
+    TRAITS: ClassVar[Traits] = Traits(
+        prompt_only=True,
+        decode_rule=False,
+        decode_input="none",
+        uses_log_weight=False,
+        state_fill={"scores": float("inf")},  # a token no chunk repeats (the template's head) is kept
+    )
+
+    n_sink: int = 4
+    layerwise: bool = False
+    chunk_size: int = 2048
+    resume_tokens: int = 8
+    prompt: ReconstructionPrompt | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_sink < 1 or self.chunk_size < 1 or self.resume_tokens < 0:
+            raise ValueError(
+                f"need n_sink >= 1, chunk_size >= 1, resume_tokens >= 0; got {self.n_sink}, "
+                f"{self.chunk_size}, {self.resume_tokens}"
+            )
+
+    def attach_tokenizer(self, tokenizer, template_kwargs: dict) -> None:
+        """The reconstruction prompt in the tokenizer's ids (:meth:`ReconstructionPrompt.from_tokenizer`)."""
+        self.prompt = ReconstructionPrompt.from_tokenizer(tokenizer, template_kwargs)
+
+    def probe_prompts(self, input_ids: torch.Tensor) -> list[Probe]:
+        """The reconstruction chunks of the prompt ``[batch, prompt]`` after its template head: each
+        ``instruction + tail + context chunk`` ``[batch, tokens]``, its span the chunk's positions.
+
+        Raises
+        ------
+        ValueError
+            Without a :attr:`prompt` (:meth:`attach_tokenizer` not called).
+        """
+        if self.prompt is None:
+            raise ValueError(
+                "kvzip needs its reconstruction prompt: call attach_tokenizer(tokenizer, kwargs)"
+            )
+        b, n = input_ids.shape
+
+        def ids(tokens: tuple[int, ...]) -> torch.Tensor:
+            return torch.tensor(tokens, dtype=input_ids.dtype, device=input_ids.device).expand(b, -1)
+
+        head = ids(self.prompt.head)
+        start = head.shape[1] if head.shape[1] < n and torch.equal(input_ids[:, : head.shape[1]], head) else 0
+        probes = []
+        for first in range(start, n, self.chunk_size):
+            stop = min(first + self.chunk_size, n)
+            lead = [ids(self.prompt.repeat)]
+            if first > start:
+                lead = [
+                    ids(self.prompt.resume),
+                    input_ids[:, max(first - self.resume_tokens, first - self.chunk_size) : first],
+                ]
+            chunk = torch.cat([*lead, ids(self.prompt.tail), input_ids[:, first:stop]], dim=1)
+            probes.append(Probe(chunk, (first, stop)))
+        return probes
+
+    def probe(
+        self, layer: CompressedLayer, query: torch.Tensor, keys: torch.Tensor, scaling: float, probe: Probe
+    ) -> None:
+        """Scores of the chunk's context span: the largest attention any reconstruction query of the
+        group gives each pair, the softmax over the sinks, the span and the chunk's causal part."""
+        start, stop = probe.span
+        sink, n, hkv = min(self.n_sink, start), keys.shape[2], keys.shape[1]
+        cached = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, start:stop], keys], dim=2).float()
+        own = torch.arange(n, device=keys.device)
+        score = None
+        for a in range(0, n, 512):
+            q = group_queries(query[:, :, a : a + 512], hkv).float()
+            logits = softcap_logits(
+                torch.einsum("bhgqd,bhkd->bhgqk", q, cached) * scaling, layer.spec.softcap
+            )
+            future = own[None, :] > own[a : a + 512, None]  # the chunk's own later tokens
+            future = torch.cat([future.new_zeros((future.shape[0], cached.shape[2] - n)), future], dim=1)
+            probs = logits.masked_fill(future, -torch.inf).softmax(dim=-1)
+            best = probs[..., sink : sink + stop - start].amax(dim=(2, 3))
+            score = best if score is None else torch.maximum(score, best)
+        scores = layer.store.state["scores"].clone()
+        scores[:, :, start:stop] = score
+        layer.store.write("scores", scores)
+
+    def ranking(self, layer: CompressedLayer) -> torch.Tensor:
+        """``[batch, kv_heads, prompt]`` scores with the kept tokens (sinks, unrepeated head) at +inf, at
+        most ``B`` of them per head (the rest of them at 0)."""
+        scores, pos = layer.store.state["scores"], layer.store.positions
+        protected = (pos < self.n_sink) | torch.isinf(scores)
+        return scores.masked_fill(protected, 0.0).masked_fill(protected & (pos < layer.plan.keep), torch.inf)
+
+    def compress(self, layers: list[CompressedLayer]) -> None:
+        """Keep the top ``heads x B`` of each layer (``layerwise``) or the top ``sum(heads x B)`` over
+        all the layers (:func:`top_mask`), in ragged heads."""
+        layers = [lay for lay in layers if lay.plan.keep is not None and lay.store.n_slots > lay.plan.keep]
+        if not layers:
+            return
+        ranked = [self.ranking(layer) for layer in layers]
+        budgets = [r.shape[1] * layer.plan.keep for r, layer in zip(ranked, layers, strict=True)]
+        if self.layerwise:
+            masks = [top_mask(r, k) for r, k in zip(ranked, budgets, strict=True)]
+        else:
+            masks = top_mask(torch.cat(ranked, dim=1), sum(budgets)).split(
+                [r.shape[1] for r in ranked], dim=1
+            )
+        for layer, keep in zip(layers, masks, strict=True):
+            layer.store = layer.store.ragged(keep)
+
+
+def top_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """``[batch, heads, tokens]`` bool: the ``k`` highest ``scores`` of each batch row, over all its
+    heads and tokens together (AdaKV's selection across heads, Algorithm 1, without its safeguard)."""
+    b = scores.shape[0]
+    chosen = scores.reshape(b, -1).topk(k, dim=-1).indices
+    mask = torch.zeros(b, scores[0].numel(), dtype=torch.bool, device=scores.device)
+    return mask.scatter_(1, chosen, True).view(scores.shape)

@@ -1,0 +1,68 @@
+"""Methods that score the prompt from forwards of their own after the prefill (KVzip's context
+reconstruction): the :class:`Probing` mixin and the :class:`Probe` chunks it asks for.
+
+A probing method leaves each layer uncompressed in :meth:`CompressionMethod.prefill` (the default
+no-op). Once the prompt is prefilled, the runner (``runners.model_run.ModelRun.probe``) feeds its
+:meth:`Probing.probe_prompts` against the prefilled cache without changing it (``runners.probe``),
+hands each layer's chunk to :meth:`Probing.probe`, then calls :meth:`Probing.compress` on every layer
+the method rules, all at once (a budget shared across layers needs them together). The cache seam
+knows nothing of this: only the runners do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from methods.seam.layer import CompressedLayer
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One forward a probing method asks for after the prefill.
+
+    Attributes
+    ----------
+    ids : torch.Tensor
+        ``[batch, tokens]`` token ids, fed at the positions that follow the prompt.
+    span : tuple[int, int]
+        ``(start, stop)``: the prompt positions the chunk is about (KVzip: the context it repeats).
+    """
+
+    ids: torch.Tensor
+    span: tuple[int, int]
+
+
+class Probing:
+    """Mixin of a :class:`~methods.seam.contract.CompressionMethod` that probes (module docstring):
+    ``class KVzip(Probing, CompressionMethod)``. The runners test ``isinstance(method, Probing)``."""
+
+    def attach_tokenizer(self, tokenizer, template_kwargs: dict) -> None:
+        """Read what the method needs of the model's tokenizer and chat template (rendered with
+        ``template_kwargs``), once per run before the model loads (KVzip's reconstruction prompt).
+        No-op by default."""
+
+    def probe_prompts(self, input_ids: torch.Tensor) -> list[Probe]:
+        """The forwards to run after the prefill of ``input_ids`` ``[batch, prompt]``."""
+        raise NotImplementedError
+
+    def probe(
+        self, layer: CompressedLayer, query: torch.Tensor, keys: torch.Tensor, scaling: float, probe: Probe
+    ) -> None:
+        """Read one probe forward on one layer: ``query`` ``[batch, q_heads, tokens, head_dim]`` and
+        ``keys`` ``[batch, kv_heads, tokens, head_dim]`` (post-RoPE) of ``probe.ids``; the layer holds
+        the uncompressed prompt and is left unchanged by the forward."""
+        raise NotImplementedError
+
+    def compress(self, layers: list[CompressedLayer]) -> None:
+        """Compress the layers this method rules (each holding the whole prompt), all at once, after
+        the probe forwards."""
+        raise NotImplementedError
+
+
+def is_probing(method: object) -> bool:
+    """Whether ``method`` (a layer's rule, or a run's method) is a :class:`Probing` method."""
+    return isinstance(method, Probing)
