@@ -14,6 +14,9 @@ import torch
 if not torch.cuda.is_available():  # Triton kernels run on the CPU interpreter (set before triton.jit)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # pytest -n N: the cores shared among the workers
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 import pytest
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
