@@ -32,6 +32,7 @@ from runners.budget import resolve_budget
 from runners.build import build_method, check_device
 from runners.record import failure, is_oom, new_record, recording, run_config, stored_run
 from tasks.errors import KVBenchError
+from tasks.generators.fit import bisect_fitting
 
 SEARCHES = ("batch", "context")
 OOM_EXIT = 3
@@ -85,14 +86,7 @@ def largest_fitting(fits: Callable[[int], Probe], low: int, high: int) -> tuple[
         return high, probes
     if low == high or not ok(low):
         return None, probes
-    good, bad = low, high  # invariant: good fits, bad does not
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if ok(mid):
-            good = mid
-        else:
-            bad = mid
-    return good, probes
+    return bisect_fitting(ok, low, high), probes  # low fits, high does not
 
 
 def probe_shape(cfg: DictConfig, search: str, value: int) -> tuple[int, int]:
