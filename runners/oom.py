@@ -30,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from runners.budget import resolve_budget
 from runners.build import build_method, check_device
-from runners.record import failure, is_oom, new_record, recording, run_config, stored_run
+from runners.efficiency import start_synthetic_run
+from runners.record import failure, is_oom, new_record, recording
 from tasks.errors import KVBenchError
 from tasks.generators.fit import bisect_fitting
 
@@ -221,12 +222,7 @@ def run_oom(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input, before any probe.
     """
-    from runners.summary_table import print_summary
-
-    method = build_method(cfg)  # fills model.max_context from the model's config
-    check_search(cfg)
-    config = run_config(cfg, method.traits.budget_applies)
-    store, rid, done = stored_run(cfg, config, print_summary)
+    method, config, store, rid, done = start_synthetic_run(cfg, check_search)
     if done is not None:
         return done
     r = cfg.runner
