@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import torch
 
+from methods.checks import check_range
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
@@ -80,8 +81,7 @@ class AdaKV(ScorerWrapper):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.alpha_safeguard <= 1.0:
-            raise ValueError(f"alpha_safeguard must be in [0, 1], got {self.alpha_safeguard}")
+        check_range(self, "alpha_safeguard")
 
     #: allocation is done once, at prefill; decoding appends to every head (the paper)
     OVERRIDES: ClassVar[dict] = {"prompt_only": True, "decode_rule": False, "decode_input": "none"}

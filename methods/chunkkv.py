@@ -68,6 +68,7 @@ class ChunkKV(ScorerWrapper):
     name: ClassVar[str] = "chunkkv"
     #: chunks are chosen once, at prefill (kvpress); decoding appends
     OVERRIDES: ClassVar[dict] = {"prompt_only": True, "decode_rule": False, "decode_input": "none"}
+    PAPER_SCORER: ClassVar[str] = "snapkv"  # the paper's and kvpress's: named ``chunkkv``
 
     scorer: ScoreEvict = field(default_factory=lambda: SnapKV(window_size=64, kernel_size=5, pooling="avg"))
     chunk_length: int = 20
@@ -76,11 +77,6 @@ class ChunkKV(ScorerWrapper):
         super().__post_init__()
         if self.chunk_length < 1:
             raise ValueError(f"chunk_length must be >= 1, got {self.chunk_length}")
-
-    @property
-    def label(self) -> str:
-        """``chunkkv`` with SnapKV (the paper's and kvpress's scorer), ``chunkkv_<scorer>`` otherwise."""
-        return self.name if self.scorer.label == "snapkv" else super().label
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The scorer's plan with no decode bound."""

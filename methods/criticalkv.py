@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import torch
 
+from methods.checks import check_range
 from methods.evict import ScoreEvict
 from methods.scoring import keep_index, lowest_score
 from methods.seam.architecture import UnsupportedArchitectureError
@@ -94,8 +95,7 @@ class CriticalKV(ScorerWrapper):
         super().__post_init__()
         if "scores" not in self.scorer.traits.state_fill:
             raise ValueError(f"scorer must be a score-then-evict method with scores, got {self.scorer!r}")
-        if not 0.0 <= self.first_stage_ratio <= 1.0:
-            raise ValueError(f"first_stage_ratio must be in [0, 1], got {self.first_stage_ratio}")
+        check_range(self, "first_stage_ratio")
         if self.epsilon < 0:
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
 

@@ -22,6 +22,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from methods.checks import check_range
 from methods.scoring import lowest_score
 from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
@@ -99,8 +100,7 @@ class DuoAttention(CompressionMethod):
     def __post_init__(self) -> None:
         if not self.pattern:
             raise ValueError("duo_attention needs method.pattern=<full_attention_heads.tsv or its folder>")
-        if not 0.0 <= self.sparsity <= 1.0:
-            raise ValueError(f"sparsity must be in [0, 1], got {self.sparsity}")
+        check_range(self, "sparsity")
         if self.sink_size < 0 or self.recent_size < 1:
             raise ValueError("sink_size must be >= 0 and recent_size >= 1")
         gates, config = load_pattern(self.pattern)

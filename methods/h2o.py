@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import torch
 
+from methods.checks import check_range
 from methods.evict import ScoreEvict
 from methods.scoring import causal_column_sums
 from methods.seam.contract import Traits
@@ -57,9 +58,7 @@ class H2O(ScoreEvict):
     state_rank: int = 0
 
     def __post_init__(self) -> None:
-        for field in ("heavy_ratio", "recent_ratio"):
-            if not 0.0 <= getattr(self, field) <= 1.0:
-                raise ValueError(f"{field} must be in [0, 1], got {getattr(self, field)}")
+        check_range(self, "heavy_ratio", "recent_ratio")
         if self.heavy_ratio + self.recent_ratio > 1.0 + 1e-9:
             raise ValueError(
                 f"heavy_ratio + recent_ratio must be <= 1, got {self.heavy_ratio + self.recent_ratio}"

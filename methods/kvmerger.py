@@ -29,6 +29,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from methods.checks import check_range
 from methods.scoring import causal_column_sums
 from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
@@ -79,13 +80,10 @@ class KVMerger(CompressionMethod):
         return self.with_decode_budget(replace(self.TRAITS, budget_applies=self.exact_budget))
 
     def __post_init__(self) -> None:
-        for field in ("recent_ratio", "heavy_ratio"):
-            if not 0.0 <= getattr(self, field) <= 1.0:
-                raise ValueError(f"{field} must be in [0, 1], got {getattr(self, field)}")
+        check_range(self, "recent_ratio", "heavy_ratio")
         if self.recent_ratio + self.heavy_ratio > 1.0:
             raise ValueError("recent_ratio + heavy_ratio must be <= 1")
-        if not -1.0 <= self.theta <= 1.0:
-            raise ValueError(f"theta must be in [-1, 1], got {self.theta}")
+        check_range(self, "theta", low=-1.0)
 
     def protected_counts(self, length: int, budget: int | None) -> tuple[int, int]:
         """``(recent, heavy)`` protected tokens for a prompt of ``length`` tokens."""

@@ -73,6 +73,7 @@ class PyramidKV(LayerBudgets):
     """
 
     name: ClassVar[str] = "pyramidkv"
+    PAPER_SCORER: ClassVar[str] = "snapkv"  # the paper's method: named ``pyramidkv``
 
     beta: float = 20.0
 
@@ -80,11 +81,6 @@ class PyramidKV(LayerBudgets):
         super().__post_init__()
         if self.beta < 1:
             raise ValueError(f"beta must be >= 1, got {self.beta}")
-
-    @property
-    def label(self) -> str:
-        """``pyramidkv`` with SnapKV (the paper's method), ``pyramidkv_<scorer>`` otherwise."""
-        return self.name if self.scorer.label == "snapkv" else super().label
 
     def layer_budget(self, layer: CompressedLayer, budget: int) -> int:
         """This layer's entry of :func:`pyramid_budgets` (protected: the scorer's under ``budget``)."""

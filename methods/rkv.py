@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from methods.checks import check_range
 from methods.evict import ScoreEvict
 from methods.scoring import pool_scores, window_logits
 from methods.seam.contract import CompressionMethod, Traits
@@ -85,14 +86,12 @@ class RKV(ScoreEvict):
     buffer: int = 128
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.mix_lambda <= 1.0:
-            raise ValueError(f"mix_lambda must be in [0, 1], got {self.mix_lambda}")
+        check_range(self, "mix_lambda")
         if self.window_size < 1 or self.buffer < 1:
             raise ValueError(f"window_size and buffer must be >= 1, got {self.window_size}, {self.buffer}")
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be odd and >= 1, got {self.kernel_size}")
-        if not -1.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold must be in [-1, 1], got {self.threshold}")
+        check_range(self, "threshold", low=-1.0)
 
     def split(self, bound: int) -> tuple[int, int, int]:
         """``(keep, buffer, window)`` under ``bound`` slots: the buffer (at most half the bound, at

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import torch
 
+from methods.checks import check_range
 from methods.scoring import lowest_score, window_attention
 from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
@@ -65,8 +66,7 @@ class SimLayerKV(CompressionMethod):
     n_initial: int = 4
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.lazy_threshold <= 1.0:
-            raise ValueError(f"lazy_threshold must be in [0, 1], got {self.lazy_threshold}")
+        check_range(self, "lazy_threshold")
         if self.n_last < 1 or self.n_recent < self.n_last or self.n_initial < 0 or self.window < 1:
             raise ValueError("simlayerkv needs n_last >= 1, n_recent >= n_last, n_initial >= 0 and a window")
 

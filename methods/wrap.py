@@ -41,6 +41,8 @@ class ScorerWrapper(ScoreEvict):
     name: ClassVar[str] = "wrapper"
     #: What the allocator changes of the scorer's :class:`~methods.seam.contract.Traits`.
     OVERRIDES: ClassVar[dict] = {}
+    #: The scorer of the allocator's paper: with it, records name the wrapper by its own name alone.
+    PAPER_SCORER: ClassVar[str | None] = None
 
     scorer: ScoreEvict
 
@@ -64,8 +66,8 @@ class ScorerWrapper(ScoreEvict):
 
     @property
     def label(self) -> str:
-        """``<allocator>_<scorer>`` (``adakv_snapkv``)."""
-        return f"{self.name}_{self.scorer.label}"
+        """``<allocator>_<scorer>`` (``adakv_snapkv``); ``<allocator>`` with :attr:`PAPER_SCORER`."""
+        return self.name if self.scorer.label == self.PAPER_SCORER else f"{self.name}_{self.scorer.label}"
 
     # ------------------------------------------------------------------ the scorer's rule
     def protected(self, bound: int) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import torch
 
+from methods.checks import check_range
 from methods.scoring import causal_column_sums, keep_index, lowest_score, pool_scores, window_attention
 from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
@@ -82,10 +83,7 @@ class ZSMerge(CompressionMethod):
                     f"{field} must be a fraction below 1 or a whole slot count, got {value} "
                     f"(it would become {int(value)} slots)"
                 )
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
-        if not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+        check_range(self, "alpha", "lam")
         if self.window_size is not None and self.window_size < 1:
             raise ValueError(f"window_size must be >= 1, got {self.window_size}")
         if self.pool_kernel > 1 and self.pool_kernel % 2 == 0:

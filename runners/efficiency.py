@@ -13,12 +13,14 @@ its high-water mark reset before each repeat where Linux allows it).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
 from methods import CompressionMethod
+from reports.store import ResultStore
 from runners.budget import resolve_budget
 from runners.build import build_method, run_budget
 from runners.environment import (
@@ -53,6 +55,25 @@ def check_shape(cfg: DictConfig) -> None:
             f"prompt_len {r.prompt_len} + gen_len {r.gen_len} exceeds the context of {cfg.model.name} "
             f"({cfg.model.max_context} tokens)"
         )
+
+
+def start_synthetic_run(
+    cfg: DictConfig, check: Callable[[DictConfig], None]
+) -> tuple[CompressionMethod, dict, ResultStore, str, dict | None]:
+    """The start of a runner on synthetic prompts (``runner=efficiency``, ``runner=oom``): the method
+    (which fills ``model.max_context`` from the model's config), the runner's own ``check(cfg)``, then
+    the run's config, store, id and finished record (:func:`runners.record.stored_run`; None when it
+    is to be computed).
+
+    Raises
+    ------
+    KVBenchError
+        For bad input (budget, method, the runner's fields), before the model is loaded.
+    """
+    method = build_method(cfg)
+    check(cfg)
+    config = run_config(cfg, method.traits.budget_applies)
+    return method, config, *stored_run(cfg, config, print_summary)
 
 
 def summarise(runs: list[TimedRun], batch_size: int, prompt_len: int, peaks: list[int | None]) -> dict:
@@ -129,10 +150,7 @@ def run_efficiency(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input (budget, method, shape), before the model is loaded.
     """
-    method = build_method(cfg)  # fills model.max_context from the model's config
-    check_shape(cfg)
-    config = run_config(cfg, method.traits.budget_applies)
-    store, rid, done = stored_run(cfg, config, print_summary)
+    method, config, store, rid, done = start_synthetic_run(cfg, check_shape)
     if done is not None:
         return done
     print(f"loading model {cfg.model.name}", flush=True)

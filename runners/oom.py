@@ -30,8 +30,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from runners.budget import resolve_budget
 from runners.build import build_method, check_device
-from runners.record import failure, is_oom, new_record, recording, run_config, stored_run
+from runners.efficiency import start_synthetic_run
+from runners.record import failure, is_oom, new_record, recording
 from tasks.errors import KVBenchError
+from tasks.generators.fit import bisect_fitting
 
 SEARCHES = ("batch", "context")
 OOM_EXIT = 3
@@ -85,14 +87,7 @@ def largest_fitting(fits: Callable[[int], Probe], low: int, high: int) -> tuple[
         return high, probes
     if low == high or not ok(low):
         return None, probes
-    good, bad = low, high  # invariant: good fits, bad does not
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if ok(mid):
-            good = mid
-        else:
-            bad = mid
-    return good, probes
+    return bisect_fitting(ok, low, high), probes  # low fits, high does not
 
 
 def probe_shape(cfg: DictConfig, search: str, value: int) -> tuple[int, int]:
@@ -227,12 +222,7 @@ def run_oom(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input, before any probe.
     """
-    from runners.summary_table import print_summary
-
-    method = build_method(cfg)  # fills model.max_context from the model's config
-    check_search(cfg)
-    config = run_config(cfg, method.traits.budget_applies)
-    store, rid, done = stored_run(cfg, config, print_summary)
+    method, config, store, rid, done = start_synthetic_run(cfg, check_search)
     if done is not None:
         return done
     r = cfg.runner

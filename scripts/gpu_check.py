@@ -152,57 +152,46 @@ def load_json(path: Path) -> dict:
 
 
 def bench_cuda_rows(path: Path, args) -> Callable[[Step, Outcome], list[Row]]:
+    layers = f"Llama-2-7B shape, {args.cuda_layers} layers, batch 8"
+
+    def a_row(a: dict) -> Row:
+        ms = f"{a['ours_fullkv_ms']:.2f} vs {a['transformers_static_compiled_ms']:.2f} ms/step"
+        return Row(
+            f"(a) compiled FullKV step vs transformers static+compile ({layers})",
+            "pass" if a["ratio"] <= a["target"] else "FAIL",
+            f"{a['ratio']:.3f}x ({ms})",
+            "<= 1.2x",
+        )
+
+    def c_row(c: dict) -> Row:
+        rate = c["tokens_per_s"]
+        return Row(
+            "(c) ZSMerge at 5% vs FullKV tokens/s, 2048 + 2048 tokens",
+            "pass" if c["speedup"] >= c["paper"] else "FAIL",
+            f"{c['speedup']:.2f}x ({rate['zsmerge']:.0f} vs {rate['fullkv']:.0f} tokens/s)",
+            ">= 1.47x (ZSMerge Table 1)",
+        )
+
+    def d_row(d: dict) -> Row:
+        share = 100 * d["achieved_gb_s"] / d["peak_gb_s"]
+        value = f"{d['achieved_gb_s']:.0f} GB/s ({share:.0f}% of peak), {d['step_ms']:.2f} ms/step"
+        peak = f"peak {d['peak_gb_s']:.0f} GB/s"
+        return Row("(d) achieved bandwidth of a FullKV step", "info", value, peak)
+
+    #: part -> (its row from the bench's result, the title and target of its row when it is missing)
+    parts = {
+        "a": (a_row, "(a) compiled FullKV step vs transformers static+compile", "<= 1.2x"),
+        "c": (c_row, "(c) ZSMerge at 5% vs FullKV tokens/s", ">= 1.47x (ZSMerge Table 1)"),
+        "d": (d_row, "(d) achieved bandwidth of a FullKV step", "report"),
+    }
+
     def rows(step: Step, out: Outcome) -> list[Row]:
         data = load_json(path)
         missing = verdict(out, False) if out.returncode is None else "error"
-        layers = f"Llama-2-7B shape, {args.cuda_layers} layers, batch 8"
-        result = []
-        if (a := data.get("a")) is not None:
-            value = (
-                f"{a['ratio']:.3f}x ({a['ours_fullkv_ms']:.2f} vs {a['transformers_static_compiled_ms']:.2f}"
-                " ms/step)"
-            )
-            result.append(
-                Row(
-                    f"(a) compiled FullKV step vs transformers static+compile ({layers})",
-                    "pass" if a["ratio"] <= a["target"] else "FAIL",
-                    value,
-                    "<= 1.2x",
-                )
-            )
-        else:
-            result.append(
-                Row("(a) compiled FullKV step vs transformers static+compile", missing, "-", "<= 1.2x")
-            )
-        if (c := data.get("c")) is not None:
-            rate = c["tokens_per_s"]
-            value = f"{c['speedup']:.2f}x ({rate['zsmerge']:.0f} vs {rate['fullkv']:.0f} tokens/s)"
-            result.append(
-                Row(
-                    "(c) ZSMerge at 5% vs FullKV tokens/s, 2048 + 2048 tokens",
-                    "pass" if c["speedup"] >= c["paper"] else "FAIL",
-                    value,
-                    ">= 1.47x (ZSMerge Table 1)",
-                )
-            )
-        else:
-            result.append(
-                Row("(c) ZSMerge at 5% vs FullKV tokens/s", missing, "-", ">= 1.47x (ZSMerge Table 1)")
-            )
-        if (d := data.get("d")) is not None:
-            share = 100 * d["achieved_gb_s"] / d["peak_gb_s"]
-            value = f"{d['achieved_gb_s']:.0f} GB/s ({share:.0f}% of peak), {d['step_ms']:.2f} ms/step"
-            result.append(
-                Row(
-                    "(d) achieved bandwidth of a FullKV step",
-                    "info",
-                    value,
-                    f"peak {d['peak_gb_s']:.0f} GB/s",
-                )
-            )
-        else:
-            result.append(Row("(d) achieved bandwidth of a FullKV step", missing, "-", "report"))
-        return result
+        return [
+            row(data[key]) if data.get(key) is not None else Row(title, missing, "-", target)
+            for key, (row, title, target) in parts.items()
+        ]
 
     return rows
 

@@ -100,6 +100,20 @@ class Task:
     #: default (thinking off where the template reads ``enable_thinking``).
     chat_template_kwargs: dict | None = None
 
+    def check_fields(self, no_split: str | None = None, chat_templates: tuple[str, ...] = ()) -> None:
+        """Validate the fields every task has: ``limit`` and ``max_new_tokens`` (:func:`check_limit`),
+        ``chat_template`` (:func:`check_chat_template`, among ``chat_templates``; empty: ``auto``,
+        ``none``) and ``query_aware`` (:func:`check_query_aware` with ``no_split``).
+
+        Raises
+        ------
+        ValueError
+            For the first field out of range.
+        """
+        check_limit(self.limit, self.max_new_tokens)
+        check_chat_template(self.chat_template, chat_templates or CHAT_TEMPLATE_CHOICES)
+        check_query_aware(self.query_aware, no_split)
+
     def load(self, tokenizer=None) -> list[Sample]:
         """Read (or generate) the samples; local data directory first, hub otherwise.
 

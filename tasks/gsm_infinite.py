@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tasks.base import Sample, Task, check_chat_template, check_limit, check_query_aware
+from tasks.base import Sample, Task
 from tasks.data import load_rows, read_jsonl
 from tasks.errors import KVBenchError
 from tasks.generators import gsm_symbolic
@@ -54,7 +54,7 @@ def row_schema(row: dict) -> dict[str, str]:
     return ROW_KEYS | prompt
 
 
-#: Why ``query_aware=false`` is refused (``tasks.base.check_query_aware``).
+#: Why ``query_aware=false`` is refused (``tasks.base.Task.check_fields``).
 NO_SPLIT = "gsm_infinite marks no context/question split (hub rows are whole chat messages)"
 
 
@@ -112,9 +112,7 @@ class GSMInfinite(Task):
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
-        check_limit(self.limit, self.max_new_tokens)
-        check_chat_template(self.chat_template)
-        check_query_aware(self.query_aware, NO_SPLIT)
+        self.check_fields(NO_SPLIT)
         if self.subset not in ("medium", "hard", "symbolic"):
             raise ValueError(f"task.subset must be medium, hard or symbolic, got {self.subset!r}")
         if self.sampling not in ("zsmerge", "first"):

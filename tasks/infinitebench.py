@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from tasks.base import Sample, Task, check_limit, check_query_aware
+from tasks.base import Sample, Task
 from tasks.data import load_rows
 from tasks.errors import KVBenchError
 from tasks.generators.infinitebench_synthetic import SYNTHETIC_TASKS, generate
@@ -119,8 +119,7 @@ class InfiniteBench(Task):
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
-        check_limit(self.limit, self.max_new_tokens)
-        check_query_aware(self.query_aware)
+        self.check_fields()
         names = [self.tasks] if isinstance(self.tasks, str) else list(self.tasks)
         expanded: list[str] = []
         for item in names:

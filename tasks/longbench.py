@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tasks.base import Sample, Task, check_chat_template, check_limit, check_query_aware
+from tasks.base import Sample, Task
 from tasks.data import load_rows, read_jsonl
 from tasks.errors import KVBenchError
 from tasks.metrics.longbench_metrics import METRICS
@@ -158,9 +158,7 @@ class LongBench(Task):
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
-        check_limit(self.limit, self.max_new_tokens)
-        check_chat_template(self.chat_template, CHAT_TEMPLATE_MODES)
-        check_query_aware(self.query_aware)
+        self.check_fields(chat_templates=CHAT_TEMPLATE_MODES)
         if self.max_input_tokens is not None and self.max_input_tokens < 2:
             raise ValueError(f"task.max_input_tokens must be >= 2, got {self.max_input_tokens}")
         self.local = self._local_rows()

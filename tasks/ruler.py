@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-from tasks.base import Sample, Task, check_chat_template, check_limit, check_query_aware
+from tasks.base import Sample, Task
 from tasks.chat import pipeline_pieces
 from tasks.errors import KVBenchError
 from tasks.generators import ruler_data
@@ -97,9 +97,7 @@ class Ruler(Task):
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
-        check_limit(self.limit, self.max_new_tokens)
-        check_chat_template(self.chat_template)
-        check_query_aware(self.query_aware)
+        self.check_fields()
         names = [self.tasks] if isinstance(self.tasks, str) else list(self.tasks)
         self.selected = [t for t in TASKS if t in names or "all" in names]
         if unknown := [t for t in names if t not in TASKS and t != "all"]:

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from rouge_score import rouge_scorer
 
-from tasks.base import Sample, Task, check_chat_template, check_limit, check_query_aware, check_template
+from tasks.base import Sample, Task, check_template
 from tasks.data import load_rows
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -78,11 +78,7 @@ class Summarization(Task):
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
-        check_limit(self.limit, self.max_new_tokens)
-        check_chat_template(self.chat_template)
-        check_query_aware(
-            self.query_aware, f"{self.name} has no context/question split (its input is an article)"
-        )
+        self.check_fields(f"{self.name} has no context/question split (its input is an article)")
         check_template(self.instruction, ("document",), "task.instruction")
         if self.protocol_name not in self.files:
             raise ValueError(

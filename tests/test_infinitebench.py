@@ -11,38 +11,39 @@ from tasks.generators.infinitebench_synthetic import FILLER, generate
 from tasks.infinitebench import InfiniteBench, label_of, max_new_tokens_for, render
 from tasks.metrics import infinitebench_metrics as ib
 
+#: (scorer, prediction, label, score) worked by hand.
+HAND_WORKED = [
+    ("passkey", "The pass key is 60494.", ["60494"], 1.0),
+    ("passkey", "60 494", ["60494"], 0.0),  # first run of digits only
+    ("kv_retrieval", 'The value is: "1b2c-3d4e".', ["1b2c-3d4e"], 1.0),
+    ("kv_retrieval", "1b2c-3d4e-extra", ["1b2c-3d4e"], 0.0),
+    ("math_find", "The answer is 3.5 or 4", ["3.5"], 1.0),
+    ("math_find", "The answer is 3.5 or 4", ["4"], 0.0),  # first number decides
+    ("math_find", "it is 12", ["12"], 1.0),
+    ("math_calc", "1, 3, 6, 9", [1, 3, 6, 10], 0.75),
+    ("math_calc", "2, 3", [1, 3], 0.0),  # stops at the first mistake
+    ("code_run", "The output is `42`.", ["42"], 1.0),
+    ("code_run", "42 is not it, 41", ["42"], 0.0),
+    ("code_debug", "B. func_b", ["func_b", "B"], 1.0),
+    ("code_debug", "The answer is: func_b", ["func_b", "B"], 1.0),
+    ("code_debug", "I think C", ["func_b", "B"], 0.0),
+    ("longdialogue_qa_eng", "It was John.", ["JOHN"], 1.0),
+    ("longdialogue_qa_eng", "Johnny", ["JOHN"], 0.0),
+    ("longbook_choice_eng", "B) the dog", ["the dog", "B"], 1.0),
+    ("longbook_choice_eng", "The answer is C", ["the dog", "B"], 0.0),
+    ("longbook_choice_eng", "The answer is B", ["the dog", "B"], 1.0),
+    ("longbook_choice_eng", "maybe B then", ["the dog", "B"], 1.0),
+    ("longbook_qa_chn", "北京天安门。", ["天安门"], pytest.approx(0.75)),  # chars: P 3/5, R 1
+    ("qa_f1_max", "a cat", ["dog", "the cat"], 1.0),
+]
 
-def test_retrieval_scorers():
-    assert ib.passkey("The pass key is 60494.", ["60494"]) == 1.0
-    assert ib.passkey("60 494", ["60494"]) == 0.0  # first run of digits only
-    assert ib.kv_retrieval('The value is: "1b2c-3d4e".', ["1b2c-3d4e"]) == 1.0
-    assert ib.kv_retrieval("1b2c-3d4e-extra", ["1b2c-3d4e"]) == 0.0
+
+@pytest.mark.parametrize(("scorer", "prediction", "label", "score"), HAND_WORKED)
+def test_scorer_on_a_hand_worked_example(scorer, prediction, label, score):
+    assert getattr(ib, scorer)(prediction, label) == score
 
 
-def test_math_and_code_scorers():
-    assert ib.math_find("The answer is 3.5 or 4", ["3.5"]) == 1.0
-    assert ib.math_find("The answer is 3.5 or 4", ["4"]) == 0.0  # first number decides
-    assert ib.math_find("it is 12", ["12"]) == 1.0
-    assert ib.math_calc("1, 3, 6, 9", [1, 3, 6, 10]) == 0.75
-    assert ib.math_calc("2, 3", [1, 3]) == 0.0  # stops at the first mistake
-    assert ib.code_run("The output is `42`.", ["42"]) == 1.0
-    assert ib.code_run("42 is not it, 41", ["42"]) == 0.0
-    label = ["func_b", "B"]
-    assert ib.code_debug("B. func_b", label) == 1.0
-    assert ib.code_debug("The answer is: func_b", label) == 1.0
-    assert ib.code_debug("I think C", label) == 0.0
-
-
-def test_dialogue_choice_and_qa_scorers():
-    assert ib.longdialogue_qa_eng("It was John.", ["JOHN"]) == 1.0
-    assert ib.longdialogue_qa_eng("Johnny", ["JOHN"]) == 0.0
-    label = ["the dog", "B"]
-    assert ib.longbook_choice_eng("B) the dog", label) == 1.0
-    assert ib.longbook_choice_eng("The answer is C", label) == 0.0
-    assert ib.longbook_choice_eng("The answer is B", label) == 1.0
-    assert ib.longbook_choice_eng("maybe B then", label) == 1.0
-    assert ib.longbook_qa_chn("北京天安门。", ["天安门"]) == pytest.approx(0.75)  # chars: P 3/5, R 1
-    assert ib.qa_f1_max("a cat", ["dog", "the cat"]) == 1.0
+def test_summary_scorer_is_rouge_lsum():
     want = rouge_scorer.RougeScorer(["rougeLsum"]).score("the cat sat", "the cat")["rougeLsum"].fmeasure
     assert ib.longbook_sum_eng("the cat", ["the cat sat"]) == pytest.approx(want) == pytest.approx(0.8)
 

@@ -43,57 +43,52 @@ def test_near_miss_hints_print_a_command_the_cli_accepts(tmp_path):
     assert main([*command[3:], "--results-dir", str(tmp_path / "r"), "--out", str(tmp_path / "out")]) == 0
 
 
-#: Hostile command lines of every reports entry point -> the one line each must print. ``{store}``
+#: Hostile command lines per reports entry point -> the one line each must print. ``{store}``
 #: holds XSum quality runs only, ``{empty}`` is an existing folder without runs, ``{missing}`` does
 #: not exist (and must not be created), ``{file}`` is a plain file.
-HOSTILE = [
-    (
-        "reports",
-        "budget --task xsum --results-dir {store} --out {file}",
-        "--out {file} is a file, not a directory",
-    ),
-    (
-        "reports",
-        "summary --results-dir {store} --out {file}/x",
-        "--out {file}/x is under {file}, a file, not a directory",
-    ),
-    ("reports", "budget --results-dir {missing}", "results dir {missing} does not exist"),
-    ("reports", "summary --results-dir {missing}", "results dir {missing} does not exist"),
-    ("reports", "table --results-dir {missing}", "results dir {missing} does not exist"),
-    ("reports", "zsmerge_table2 --results-dir {missing}", "results dir {missing} does not exist"),
-    ("reports", "summary --results-dir {file}", "results dir {file} is not a directory"),
-    ("reports", "summary --results-dir {empty}", "no run records under {empty}/runs"),
-    ("reports", "runs --results-dir {empty}", "no run records under {empty}/runs"),
-    ("reports", "runs --results-dir {store} --task ruler", "no runs under {store}/runs match the filters"),
-    (
-        "reports",
-        "summary --results-dir {store} --resamples 0",
-        "argument --resamples: {positive} (got '0') {help}",
-    ),
-    (
-        "reports",
-        "summary --results-dir {store} --resamples -5",
-        "argument --resamples: {positive} (got '-5') {help}",
-    ),
-    ("reports", "budget --results-dir {store} --bogus", "unrecognized arguments: --bogus {help}"),
-    (
-        "reports",
-        "pareto --results-dir {store} --memory disk",
-        "argument --memory: invalid choice: 'disk' {kv} {help}",
-    ),
-    (
-        "reports",
-        "memory --results-dir {store}",
-        "no finished efficiency runs under {store}/runs match the filters; {eg}",
-    ),
-    ("compare", "--bogus", "unrecognized arguments: --bogus (see python -m reports.compare --help)"),
-    ("compare", "{missing}", "results dir {missing} does not exist"),
-    ("compare", "--results-dir {empty}", "no run records under {empty}/runs"),
-    ("compare", "{store} --task ruler", "no finished quality runs of task ruler under {store}/runs"),
-    ("efficiency", "--bogus", "unrecognized arguments: --bogus (see python -m reports.efficiency --help)"),
-    ("efficiency", "--results-dir {missing}", "results dir {missing} does not exist"),
-    ("efficiency", "{store}", "no efficiency, error or OOM records under {store}/runs"),
-]
+HOSTILE_BY_ENTRY = {
+    "reports": [
+        ("budget --task xsum --results-dir {store} --out {file}", "--out {file} is a file, not a directory"),
+        (
+            "summary --results-dir {store} --out {file}/x",
+            "--out {file}/x is under {file}, a file, not a directory",
+        ),
+        ("budget --results-dir {missing}", "results dir {missing} does not exist"),
+        ("summary --results-dir {missing}", "results dir {missing} does not exist"),
+        ("table --results-dir {missing}", "results dir {missing} does not exist"),
+        ("zsmerge_table2 --results-dir {missing}", "results dir {missing} does not exist"),
+        ("summary --results-dir {file}", "results dir {file} is not a directory"),
+        ("summary --results-dir {empty}", "no run records under {empty}/runs"),
+        ("runs --results-dir {empty}", "no run records under {empty}/runs"),
+        ("runs --results-dir {store} --task ruler", "no runs under {store}/runs match the filters"),
+        ("summary --results-dir {store} --resamples 0", "argument --resamples: {positive} (got '0') {help}"),
+        (
+            "summary --results-dir {store} --resamples -5",
+            "argument --resamples: {positive} (got '-5') {help}",
+        ),
+        ("budget --results-dir {store} --bogus", "unrecognized arguments: --bogus {help}"),
+        (
+            "pareto --results-dir {store} --memory disk",
+            "argument --memory: invalid choice: 'disk' {kv} {help}",
+        ),
+        (
+            "memory --results-dir {store}",
+            "no finished efficiency runs under {store}/runs match the filters; {eg}",
+        ),
+    ],
+    "compare": [
+        ("--bogus", "unrecognized arguments: --bogus (see python -m reports.compare --help)"),
+        ("{missing}", "results dir {missing} does not exist"),
+        ("--results-dir {empty}", "no run records under {empty}/runs"),
+        ("{store} --task ruler", "no finished quality runs of task ruler under {store}/runs"),
+    ],
+    "efficiency": [
+        ("--bogus", "unrecognized arguments: --bogus (see python -m reports.efficiency --help)"),
+        ("--results-dir {missing}", "results dir {missing} does not exist"),
+        ("{store}", "no efficiency, error or OOM records under {store}/runs"),
+    ],
+}
+HOSTILE = [(entry, argv, line) for entry, cases in HOSTILE_BY_ENTRY.items() for argv, line in cases]
 #: The long parts of :data:`HOSTILE`'s lines.
 WORDS = {
     "help": "(see python -m reports --help)",

@@ -1,4 +1,5 @@
-"""Choosing how many filler units make a generated prompt a requested number of tokens long."""
+"""Choosing how many filler units make a generated prompt a requested number of tokens long, and the
+bisection that finds the largest count (or batch, or length) that fits."""
 
 from __future__ import annotations
 
@@ -38,3 +39,15 @@ def fit_count(length: Callable[[int], int], tokens: int, least: int, probe: int,
             break
         n = max(least, n + round((tokens - got) / slope))
     return n
+
+
+def bisect_fitting(fits: Callable[[int], bool], good: int, bad: int) -> int:
+    """The largest ``n`` in ``[good, bad)`` with ``fits(n)``, given that ``good`` fits and ``bad`` does not
+    (``fits`` monotone: true then false), by bisection: the midpoints ``(good + bad) // 2`` in turn."""
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good

@@ -13,6 +13,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tasks.generators.fit import bisect_fitting
+
 #: family -> (head, tail, answer_prefix); ``{type_needle_v}``, ``{query}``, ``{num_v}`` are filled
 #: per sample (cwe and fwe format ``query=''``, a no-op).
 TEMPLATES: dict[str, tuple[str, str, str]] = {
@@ -152,10 +154,4 @@ def largest_fitting(fits: Callable[[int], bool], least: int, most: int, start: i
             lo, step = n, step * 2
         else:
             hi = n
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return bisect_fitting(fits, lo, hi)

@@ -1,0 +1,17 @@
+"""Hyperparameter checks shared by the methods' ``__post_init__``."""
+
+from __future__ import annotations
+
+
+def check_range(method: object, *fields: str, low: float = 0.0, high: float = 1.0) -> None:
+    """Check that each named field of ``method`` lies in ``[low, high]`` (a fraction by default).
+
+    Raises
+    ------
+    ValueError
+        ``<field> must be in [<low>, <high>], got <value>`` for the first field outside (or NaN).
+    """
+    for name in fields:
+        value = getattr(method, name)
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be in [{low:g}, {high:g}], got {value}")
