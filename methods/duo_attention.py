@@ -109,7 +109,7 @@ class DuoAttention(CompressionMethod):
                 raise ValueError(
                     f"the pattern was trained with {key}={config[key]}; set method.{key}={config[key]}"
                 )
-        self.retrieval = retrieval_heads(gates, self.sparsity)
+        self.retrieval = torch.from_numpy(retrieval_heads(gates, self.sparsity))  # [layers, kv_heads] bool
 
     def check_model(self, config) -> None:
         """The pattern has one row per layer and one gate per KV head."""
@@ -135,7 +135,7 @@ class DuoAttention(CompressionMethod):
 
     def retrieval_heads(self, layer: CompressedLayer) -> torch.Tensor:
         """``[kv_heads]`` bool: the layer's retrieval heads."""
-        return torch.as_tensor(self.retrieval[layer.spec.layer_idx], device=layer.keys.device)
+        return self.retrieval[layer.spec.layer_idx].to(layer.keys.device)
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Streaming heads over their window evict their oldest non-sink token."""
