@@ -241,8 +241,8 @@ BAD_INPUT = [
 
 
 @pytest.mark.parametrize(("overrides", "message"), BAD_INPUT, ids=[" ".join(o) for o, _ in BAD_INPUT])
-def test_bad_input_is_one_error_line_and_no_record(tmp_path, data_dir, overrides, message):
-    proc = single(tmp_path, data_dir, *overrides)
+def test_bad_input_is_one_error_line_and_no_record(tmp_path, data_dir, run_py, overrides, message):
+    proc = run_py(*tiny(*overrides), data_dir=str(data_dir))
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), proc.stderr[-2000:]
     assert message in lines[0]
