@@ -1,6 +1,7 @@
 """Batched generation (``runners.batched``, ``runners.rows``): prompts of different lengths decode
 together, each on its own cache, and every row's tokens, slots and bytes are those of its batch-1 run
-(:func:`runners.generate.greedy_generate`), for every method and every architecture family."""
+(:func:`runners.generate.greedy_generate`), for every method, and on every architecture family for a
+method of each kind (``KINDS``)."""
 
 from __future__ import annotations
 
