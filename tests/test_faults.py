@@ -103,7 +103,7 @@ def test_ctrl_c_of_a_single_run_records_interrupted_and_a_rerun_repeats_it(tmp_p
     done = single(tmp_path, data_dir, "method=h2o", "budget=0.2")
     assert done.returncode == 0, done.stderr[-3000:]
     before = snapshot(tmp_path)
-    slow = ("method=h2o", "budget=0.1", "task.limit=4", "task.max_new_tokens=96")  # ~20 s: generating at 4 s
+    slow = ("method=h2o", "budget=0.1", "task.limit=12", "task.max_new_tokens=96")  # still generating at 4 s
     interrupt(tmp_path, data_dir, tiny(*slow), signal.SIGINT)
     recs = records(tmp_path)
     statuses = sorted(r["status"] for r in recs.values())
