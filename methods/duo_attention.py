@@ -116,7 +116,7 @@ class DuoAttention(CompressionMethod):
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         want = (config.num_hidden_layers, heads)
         if self.retrieval.shape != want:
-            shape = self.retrieval.shape
+            shape = tuple(self.retrieval.shape)
             raise ValueError(f"the pattern is {shape} (layers, KV heads); the model has {want}")
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
