@@ -5,12 +5,14 @@ segment ``segment[t]``; segment ``s`` owns the buffer range ``offsets[s] .. offs
 of which the first ``lengths[s]`` slots are valid. One query group (the query heads that share the
 KV head, GQA/MQA) attends to its own segment only.
 
-:func:`ragged_decode_attention` is the specification and the CPU path: segment-wise softmax
-with ``scatter_reduce_``/``index_add_``, so a step allocates one ``[total slots, group, head_dim]``
-buffer and ``O(total slots x group)`` besides, nothing proportional to ``heads x max slots``.
-It runs the Triton kernel (``kernels.triton_ragged``, per-segment lengths) instead where the backend
-asks for it and the kernel passed its proof (``kernels.proof``); :data:`ragged_decode_attention_torch`
-never does.
+:data:`ragged_decode_attention_torch` is the specification and the path of other devices without the
+kernel: segment-wise softmax with ``scatter_reduce_``/``index_add_``, so a step allocates one
+``[total slots, group, head_dim]`` buffer and ``O(total slots x group)`` besides, nothing proportional
+to ``heads x max slots``, and never synchronises with the host. :func:`ragged_decode_attention` runs
+the Triton kernel (``kernels.triton_ragged``, per-segment lengths) instead where the backend asks for
+it and the kernel passed its proof (``kernels.proof``), and on the CPU (eager) two BLAS products per
+segment over its slice of the buffers (:func:`per_segment_attention`), as the uniform path takes per
+KV head: the elementwise passes of the specification cost 2-4x that.
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ def ragged_decode_attention(
             )
     if not spec:
         RAN.note("ragged", "torch")
+        if query.device.type == "cpu" and not torch.compiler.is_compiling():
+            return per_segment_attention(
+                query, keys, values, offsets, lengths, log_weight, scaling, softcap, return_probs
+            )
     n_seg, group, head_dim = query.shape
     # One [slots, group, head_dim] float32 buffer: the scaled query gathered to each slot, multiplied
     # by the slot's key in place (logits = its sum over head_dim), then reused for p * v.
@@ -111,8 +117,41 @@ def ragged_decode_attention(
     return out.to(query.dtype), probs.div_(total.index_select(0, segment)).mean(-1)
 
 
-#: :func:`ragged_decode_attention` with ``spec=True``, same arguments: the specification, the CPU path
-#: and the reference of the kernel's proof.
+def per_segment_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    lengths: torch.Tensor,
+    log_weight: torch.Tensor | None,
+    scaling: float,
+    softcap: float | None,
+    return_probs: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`ragged_decode_attention` one segment at a time, in float32: ``q k^T`` and ``p v`` over
+    the segment's valid slots (``keys[offsets[s] : offsets[s] + lengths[s]]``, a view). Reads the
+    offsets and lengths on the host (a synchronisation, free on the CPU); the CPU's eager path.
+    Arguments and returns as :func:`ragged_decode_attention`'s (the segments' valid slots are their
+    first ``lengths[s]``, so ``segment`` and ``valid`` are not needed)."""
+    n_seg, group, head_dim = query.shape
+    q = query.float() * scaling
+    out = q.new_empty((n_seg, group, head_dim))
+    probs = q.new_zeros(keys.shape[0]) if return_probs else None
+    for s, (start, n) in enumerate(zip(offsets.tolist(), lengths.tolist(), strict=True)):
+        logits = torch.mm(q[s], keys[start : start + n].t().float())  # [group, n]
+        if softcap is not None:
+            logits.div_(softcap).tanh_().mul_(softcap)
+        if log_weight is not None:
+            logits.add_(log_weight[start : start + n])
+        p = torch.softmax(logits, -1)
+        torch.mm(p, values[start : start + n].float(), out=out[s])
+        if probs is not None:
+            torch.mean(p, 0, out=probs[start : start + n])
+    return out.to(query.dtype), probs
+
+
+#: :func:`ragged_decode_attention` with ``spec=True``, same arguments: the specification, the reference
+#: of the kernel's proof and of :func:`per_segment_attention`.
 ragged_decode_attention_torch = partial(ragged_decode_attention, spec=True)
 
 

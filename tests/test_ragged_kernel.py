@@ -1,4 +1,5 @@
-"""Decode attention over ragged heads: the PyTorch path against a plain per-segment softmax, the
+"""Decode attention over ragged heads: the PyTorch paths (the specification and the CPU's per-segment
+products) against a plain per-segment softmax in float64, the
 Triton kernel (CPU: ``TRITON_INTERPRET=1``, set in conftest when there is no GPU) against the
 PyTorch path, and the PyTorch path's memory against ``total slots``, not ``heads x max slots``."""
 
@@ -10,7 +11,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from kernels import proof, set_backend
-from kernels.ragged_decode import packed_case, ragged_decode_attention, ragged_decode_attention_torch
+from kernels.ragged_decode import (
+    packed_case,
+    per_segment_attention,
+    ragged_decode_attention,
+    ragged_decode_attention_torch,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -56,11 +62,19 @@ def naive(query, keys, values, offsets, lengths, log_weight, scaling, softcap):
     return out, probs
 
 
+def per_segment(q, k, v, offsets, lengths, segment, valid, lw, scaling, softcap=None, return_probs=True):
+    """:func:`per_segment_attention` (CPU tensors) called as :func:`ragged_decode_attention_torch`."""
+    args = (t.cpu() if t is not None else None for t in (q, k, v, offsets, lengths, lw))
+    out, probs = per_segment_attention(*args, scaling, softcap, return_probs)
+    return out.to(q.device), None if probs is None else probs.to(q.device)
+
+
+@pytest.mark.parametrize("path", [ragged_decode_attention_torch, per_segment], ids=["spec", "per_segment"])
 @pytest.mark.parametrize("softcap", [None, 2.0])
 @pytest.mark.parametrize("bias", [True, False])
-def test_pytorch_path_equals_a_per_segment_softmax(bias, softcap):
+def test_pytorch_path_equals_a_per_segment_softmax(bias, softcap, path):
     q, k, v, offsets, lengths, segment, valid, lw = make(LENGTHS, 3, 16, bias=bias)
-    out, probs = ragged_decode_attention_torch(q, k, v, offsets, lengths, segment, valid, lw, 0.25, softcap)
+    out, probs = path(q, k, v, offsets, lengths, segment, valid, lw, 0.25, softcap)
     ref_out, ref_probs = naive(q, k, v, offsets, lengths, lw, 0.25, softcap)
     assert out.shape == q.shape and out.dtype == q.dtype and probs.dtype == torch.float32
     torch.testing.assert_close(out.cpu().double(), ref_out, atol=1e-5, rtol=1e-5)
@@ -68,9 +82,7 @@ def test_pytorch_path_equals_a_per_segment_softmax(bias, softcap):
     assert torch.all(probs[~valid] == 0)
     sums = torch.zeros(len(LENGTHS), device=DEVICE).index_add_(0, segment, probs)
     torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-5, rtol=0)
-    no_probs, none = ragged_decode_attention_torch(
-        q, k, v, offsets, lengths, segment, valid, lw, 0.25, softcap, return_probs=False
-    )
+    no_probs, none = path(q, k, v, offsets, lengths, segment, valid, lw, 0.25, softcap, return_probs=False)
     assert none is None
     torch.testing.assert_close(no_probs, out, atol=1e-6, rtol=1e-6)
 
@@ -104,7 +116,8 @@ def test_dispatch_takes_the_kernel_unless_soft_capped(monkeypatch):
     out, _ = ragged_decode_attention(*inputs, 0.25)
     capped, _ = ragged_decode_attention(*inputs, 0.25, softcap=30.0)
     assert len(calls) == 2
-    assert torch.equal(capped, ragged_decode_attention_torch(*inputs, 0.25, softcap=30.0)[0])
+    want = ragged_decode_attention_torch(*inputs, 0.25, softcap=30.0)[0]
+    torch.testing.assert_close(capped, want, atol=1e-5, rtol=1e-5)
     set_backend("torch")
     torch.testing.assert_close(ragged_decode_attention(*inputs, 0.25)[0], out, atol=1e-5, rtol=1e-5)
     assert len(calls) == 2
@@ -129,7 +142,8 @@ class _Allocations(TorchDispatchMode):
         return result
 
 
-def test_pytorch_path_allocates_by_total_slots_not_heads_times_longest():
+@pytest.mark.parametrize("path", [ragged_decode_attention_torch, per_segment], ids=["spec", "per_segment"])
+def test_pytorch_path_allocates_by_total_slots_not_heads_times_longest(path):
     """One long segment and many single-slot ones: anything padded to ``heads x max slots`` (a
     padded logits ``[heads, group, max]`` or keys ``[heads, max, head_dim]``) exceeds the bound."""
     heads, longest, group, head_dim = 128, 1024, 3, 8
@@ -138,7 +152,7 @@ def test_pytorch_path_allocates_by_total_slots_not_heads_times_longest():
     bound = total * group * head_dim * 4  # bytes of one float32 [slots, group, head_dim] tensor
     assert heads * longest * 4 > 3 * bound  # the geometry tells padded from packed
     with _Allocations() as allocations:
-        ragged_decode_attention_torch(*inputs, 0.25)
+        path(*inputs, 0.25)
     assert max(allocations.sizes) <= bound
     # every temporary together, live or not: one [slots, group, head_dim] buffer, O(slots x group) besides
     assert sum(allocations.sizes) <= 2 * bound
