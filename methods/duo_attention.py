@@ -15,7 +15,7 @@ pattern and the sparsity, as in the paper.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,7 +24,7 @@ import torch
 
 from methods.checks import check_range
 from methods.scoring import lowest_score
-from methods.seam.contract import CompressionMethod, Traits
+from methods.seam.contract import NO_DECODE_RULE, CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 
@@ -88,9 +88,7 @@ class DuoAttention(CompressionMethod):
 
     name: ClassVar[str] = "duo_attention"
     #: the budget is an outcome of the pattern; streaming heads evict while decoding (their own rule)
-    TRAITS: ClassVar[Traits] = Traits(
-        budget_applies=False, decode_rule=False, decode_input="none", uses_log_weight=False
-    )
+    TRAITS: ClassVar[Traits] = replace(NO_DECODE_RULE, budget_applies=False)
 
     pattern: str | None = None
     sparsity: float = 0.5

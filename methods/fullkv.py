@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from methods.seam.contract import CompressionMethod, Traits
+from methods.seam.contract import NO_DECODE_RULE, CompressionMethod, Traits
 
 
 @dataclass
@@ -16,6 +16,4 @@ class FullKV(CompressionMethod):
     """
 
     name: ClassVar[str] = "fullkv"
-    TRAITS: ClassVar[Traits] = Traits(
-        compresses=False, budget_applies=False, decode_rule=False, decode_input="none", uses_log_weight=False
-    )
+    TRAITS: ClassVar[Traits] = replace(NO_DECODE_RULE, compresses=False, budget_applies=False)

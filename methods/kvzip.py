@@ -17,13 +17,13 @@ the official code keeps its system prompt. docs/methods.md, "KVzip", lists the c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
 from methods.probing import Probe, Probing
-from methods.seam.contract import CompressionMethod, Traits
+from methods.seam.contract import NO_DECODE_RULE, CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.step import group_queries, softcap_logits
 from tasks.chat import user_turn
@@ -101,11 +101,9 @@ class KVzip(Probing, CompressionMethod):
     """
 
     name: ClassVar[str] = "kvzip"
-    TRAITS: ClassVar[Traits] = Traits(
+    TRAITS: ClassVar[Traits] = replace(
+        NO_DECODE_RULE,
         prompt_only=True,
-        decode_rule=False,
-        decode_input="none",
-        uses_log_weight=False,
         state_fill={"scores": float("inf")},  # a token no chunk repeats (the template's head) is kept
     )
 

@@ -16,14 +16,14 @@ outcome (``Traits.budget_applies`` False); ``lazy_layers`` counts the lazy layer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
 from methods.checks import check_range
 from methods.scoring import lowest_score, window_attention
-from methods.seam.contract import CompressionMethod, Traits
+from methods.seam.contract import NO_DECODE_RULE, CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 
@@ -52,13 +52,7 @@ class SimLayerKV(CompressionMethod):
     """
 
     name: ClassVar[str] = "simlayerkv"
-    TRAITS: ClassVar[Traits] = Traits(
-        budget_applies=False,
-        decode_rule=False,
-        decode_input="none",
-        uses_log_weight=False,
-        counters=("lazy_layers",),
-    )
+    TRAITS: ClassVar[Traits] = replace(NO_DECODE_RULE, budget_applies=False, counters=("lazy_layers",))
 
     lazy_threshold: float = 0.9
     n_last: int = 1

@@ -83,6 +83,11 @@ class Traits:
         return "none" if self.prompt_only or not self.compresses else self.decode_input
 
 
+#: The traits of a method with no decode-time rule that never sets ``log_weight``: decode attention
+#: hands it nothing and skips the bias (FullKV, DuoAttention, KVzip, SimLayerKV derive theirs).
+NO_DECODE_RULE = Traits(decode_rule=False, decode_input="none", uses_log_weight=False)
+
+
 @dataclass
 class CompressionMethod:
     """Base class of every KV-cache method.
