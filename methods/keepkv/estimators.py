@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.keepkv.zip_merge import group_logsumexp
+from methods.keepkv.zip_merge import MergeGroups, group_logsumexp
 from methods.seam.layer import CompressedLayer
 from methods.seam.store import gather_slots
 
@@ -86,16 +86,9 @@ class EMAEstimator:
         state = layer.store.state[self.state]
         return (state if slots is None else state.gather(2, slots)) + self.correction(layer)
 
-    def merged(
-        self,
-        layer: CompressedLayer,
-        log_score: torch.Tensor,
-        log_votes: torch.Tensor,
-        target: torch.Tensor,
-        groups: int,
-        slots: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The state of merged slots from the merge's ``ln s_hat`` ``log_score``."""
+    def merged(self, layer: CompressedLayer, log_score: torch.Tensor, plan: MergeGroups) -> torch.Tensor:
+        """The state of merged slots ``[batch, kv_heads, groups]`` from the merge's ``ln s_hat``
+        ``log_score`` (the groups ``plan`` are not needed)."""
         return (log_score - self.correction(layer)).float()
 
 
@@ -129,19 +122,10 @@ class WindowMeanEstimator:
         count = torch.isfinite(rows).sum(dim=-1).clamp(min=1)
         return torch.logsumexp(rows, dim=-1) - count.log()
 
-    def merged(
-        self,
-        layer: CompressedLayer,
-        log_score: torch.Tensor,
-        log_votes: torch.Tensor,
-        target: torch.Tensor,
-        groups: int,
-        slots: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Vote-weighted average of the rows within each merge group (official code), in the log
-        domain; ``slots`` ``[batch, kv_heads, k]`` restricts the rows to the merged ones."""
-        rows = layer.store.state[self.state]
-        rows = rows if slots is None else gather_slots(rows, slots)
-        weighted = log_votes.unsqueeze(-1) + rows  # dropped members have ln p = -inf
-        log_p = group_logsumexp(log_votes, target, groups)
-        return (group_logsumexp(weighted, target, groups) - log_p.unsqueeze(-1)).float()
+    def merged(self, layer: CompressedLayer, log_score: torch.Tensor, plan: MergeGroups) -> torch.Tensor:
+        """Vote-weighted average of the members' rows within each merge group of ``plan`` (official
+        code), in the log domain: ``[batch, kv_heads, groups, w]`` (``log_score`` is not needed)."""
+        rows = gather_slots(layer.store.state[self.state], plan.members)
+        weighted = plan.log_votes.unsqueeze(-1) + rows  # dropped members have ln p = -inf
+        log_p = group_logsumexp(plan.log_votes, plan.target, plan.groups)
+        return (group_logsumexp(weighted, plan.target, plan.groups) - log_p.unsqueeze(-1)).float()

@@ -37,7 +37,7 @@ import torch
 
 from methods.evict import ScoreEvict
 from methods.keepkv.estimators import EMAEstimator, WindowMeanEstimator
-from methods.keepkv.zip_merge import merge_groups, small_logsumexp
+from methods.keepkv.zip_merge import MergeGroups, merge_groups, small_logsumexp
 from methods.scoring import complement, window_logits
 from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
@@ -289,7 +289,7 @@ class KeepKV(ScoreEvict):
             dtype=torch.float32 if in_place else torch.float64,  # a pair: float32 suffices
         )
         slots = partner if in_place else members
-        state = self.scores.merged(layer, out.log_score, log_votes, target, groups, slots=members)
+        state = self.scores.merged(layer, out.log_score, MergeGroups(members, log_votes, target, groups))
         for name, count in (
             ("merges", merge),
             ("evictions", not_merged),

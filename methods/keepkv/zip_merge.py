@@ -47,6 +47,28 @@ class GroupMerge:
     fallback: torch.Tensor
 
 
+@dataclass
+class MergeGroups:
+    """A merge's groups: the slots taking part, their votes and the merged slot each goes to.
+
+    Attributes
+    ----------
+    members : torch.Tensor
+        ``[batch, kv_heads, n]`` int64 slots taking part.
+    log_votes : torch.Tensor
+        ``[batch, kv_heads, n]`` ``ln p`` of each member; ``-inf`` excludes it (evicted, not merged).
+    target : torch.Tensor
+        ``[batch, kv_heads, n]`` int64 group of each member in ``[0, groups)``.
+    groups : int
+        Number of merged slots.
+    """
+
+    members: torch.Tensor
+    log_votes: torch.Tensor
+    target: torch.Tensor
+    groups: int
+
+
 def group_sum(x: torch.Tensor, target: torch.Tensor, groups: int) -> torch.Tensor:
     """Sum of ``x`` ``[b, h, n, *extra]`` over members with equal ``target`` ``[b, h, n]``:
     ``[b, h, groups, *extra]`` (one group: a plain sum, the decode step's pair)."""
