@@ -78,16 +78,22 @@ def _configs() -> dict[str, object]:
 FAMILIES = tuple(_configs())
 
 
+def tiny_config(name: str, attn_implementation: str = "kvbench", **overrides):
+    """The config of family ``name``'s tiny model; ``overrides`` set its fields (``vocab_size`` ...)."""
+    config = _configs()[name]
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    config._attn_implementation = attn_implementation
+    return config
+
+
 def tiny_family(
     name: str, attn_implementation: str = "kvbench", seed: int = 0, **overrides
 ) -> torch.nn.Module:
     """The tiny model of family ``name`` (fp32, eval), with weights scaled so greedy logits are peaked
     (random init is nearly uniform); the same ``seed`` gives the same weights for every
-    ``attn_implementation``; ``overrides`` set config fields (``vocab_size`` ...)."""
-    config = _configs()[name]
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    config._attn_implementation = attn_implementation
+    ``attn_implementation``; ``overrides`` set config fields (:func:`tiny_config`)."""
+    config = tiny_config(name, attn_implementation, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
     with torch.no_grad():

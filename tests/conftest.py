@@ -19,28 +19,21 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # pytest -n N: the cores shared a
 
 import pytest
 from omegaconf import OmegaConf
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 import methods  # noqa: F401  (registers the "kvbench" attention implementation)
+from tests.architectures import tiny_config
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("KVBENCH_DATA_DIR") or REPO.parent / "shared" / "data")
 
 
 def tiny_llama(seed: int = 0, layers: int = 2) -> LlamaForCausalLM:
-    """Random Llama with GQA (6 query heads on 2 KV heads, head_dim 16), fp32, 'kvbench' attention."""
+    """Random Llama with GQA (6 query heads on 2 KV heads, head_dim 16), fp32, 'kvbench' attention: the
+    llama family's tiny config (``tests.architectures``) resized."""
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=96,
-        intermediate_size=192,
-        num_hidden_layers=layers,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        eos_token_id=2,
-        attn_implementation="kvbench",
-    )
+    sizes = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=layers, num_attention_heads=6)
+    config = tiny_config("llama", **sizes, max_position_embeddings=1024, pad_token_id=None)
     model = LlamaForCausalLM(config).eval()
     # Larger weights give peaked, input-dependent logits (random init is nearly uniform).
     with torch.no_grad():
