@@ -88,7 +88,7 @@ def ragged_decode_attention(
 
             RAN.note("ragged", "triton")
             return triton_ragged.triton_ragged_decode_attention(
-                query, keys, values, offsets, lengths, segment, valid, log_weight, scaling, return_probs
+                query, keys, values, offsets, lengths, log_weight, scaling, return_probs
             )
     if not spec:
         RAN.note("ragged", "torch")
@@ -190,11 +190,11 @@ def _proof_case(
     from kernels import triton_ragged  # looked up per proof: a test may swap the kernel
 
     case = packed_case([70, 1, 12], group, head_dim, 3, torch.Generator().manual_seed(0))
-    query, keys, values, *index, log_weight = (t.to(device) for t in case)
+    query, keys, values, offsets, lengths, segment, valid, log_weight = (t.to(device) for t in case)
     query, keys, values = (t.to(dtype) for t in (query, keys, values))
-    args = (query, keys, values, *index, log_weight if bias else None, head_dim**-0.5)
-    got = triton_ragged.triton_ragged_decode_attention(*args, probs)  # called as the dispatch does
-    want = ragged_decode_attention_torch(*args, None, probs)
+    packed, rest = (query, keys, values, offsets, lengths), (log_weight if bias else None, head_dim**-0.5)
+    got = triton_ragged.triton_ragged_decode_attention(*packed, *rest, probs)  # called as the dispatch does
+    want = ragged_decode_attention_torch(*packed, segment, valid, *rest, None, probs)
     return [(got[0], want[0])] + ([(got[1], want[1])] if probs else [])
 
 

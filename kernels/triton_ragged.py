@@ -70,8 +70,6 @@ def triton_ragged_decode_attention(
     values: torch.Tensor,
     offsets: torch.Tensor,
     lengths: torch.Tensor,
-    segment: torch.Tensor,
-    valid: torch.Tensor,
     log_weight: torch.Tensor | None,
     scaling: float,
     return_probs: bool = True,
@@ -88,10 +86,8 @@ def triton_ragged_decode_attention(
     offsets, lengths : torch.Tensor
         ``[segments]`` integer: the first buffer slot of each segment and its number of valid slots
         (at least 1: a decode step has appended its token); the kernel reads slots
-        ``offsets[s] .. offsets[s] + lengths[s]`` only.
-    segment, valid : torch.Tensor
-        ``[slots]`` segment of each slot and whether it holds a token; unused here (the lengths say
-        the same), taken for the PyTorch path's signature.
+        ``offsets[s] .. offsets[s] + lengths[s]`` only (the PyTorch path's ``segment`` and ``valid``
+        say the same).
     log_weight : torch.Tensor | None
         ``[slots]`` float32 bias added to the logits, or None.
     scaling : float

@@ -88,7 +88,7 @@ def measure(args: argparse.Namespace, slots: int) -> dict:
 
         row["triton_uniform_ms"], row["triton_ragged_ms"] = time_pair(
             lambda: triton_decode_attention(*uniform, scale),
-            lambda: triton_ragged_decode_attention(*ragged, None, scale, True),
+            lambda: triton_ragged_decode_attention(*ragged[:5], None, scale, True),
             args.repeats,
             True,
         )

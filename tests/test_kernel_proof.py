@@ -43,7 +43,10 @@ def uniform_off(query, keys, values, log_weight, scaling, return_logits=False, s
     return out * 1.01, aux
 
 
-def ragged_off(query, keys, values, offsets, lengths, segment, valid, log_weight, scaling, return_probs=True):
+def ragged_off(query, keys, values, offsets, lengths, log_weight, scaling, return_probs=True):
+    slot = torch.arange(keys.shape[0], device=keys.device)  # the packing's segment and valid slots again
+    segment = torch.searchsorted(offsets, slot, right=True) - 1
+    valid = slot - offsets[segment] < lengths[segment]
     args = (query, keys, values, offsets, lengths, segment, valid, log_weight, scaling)
     out, probs = ragged_decode_attention_torch(*args, return_probs=return_probs)
     return out, None if probs is None else probs + 0.01

@@ -94,13 +94,14 @@ triton_ragged = pytest.importorskip("kernels.triton_ragged", reason="triton is n
 @pytest.mark.parametrize("bias", [True, False])
 def test_kernel_equals_the_pytorch_path(dtype, bias):
     inputs = make(LENGTHS, 3, 16, dtype, bias=bias)
-    out, probs = triton_ragged.triton_ragged_decode_attention(*inputs, 0.25, True)
+    q, k, v, offsets, lengths, _, valid, lw = inputs
+    out, probs = triton_ragged.triton_ragged_decode_attention(q, k, v, offsets, lengths, lw, 0.25, True)
     ref_out, ref_probs = ragged_decode_attention_torch(*inputs, 0.25)
     assert out.dtype == dtype and out.shape == inputs[0].shape and probs.shape == ref_probs.shape
     torch.testing.assert_close(out.float(), ref_out.float(), atol=TOL[dtype] * 4, rtol=TOL[dtype] * 4)
     torch.testing.assert_close(probs, ref_probs, atol=TOL[dtype], rtol=TOL[dtype] * 4)
-    assert torch.all(probs[~inputs[6]] == 0)  # the invalid tail of every segment
-    only_out, none = triton_ragged.triton_ragged_decode_attention(*inputs, 0.25, False)
+    assert torch.all(probs[~valid] == 0)  # the invalid tail of every segment
+    only_out, none = triton_ragged.triton_ragged_decode_attention(q, k, v, offsets, lengths, lw, 0.25, False)
     assert none is None and torch.equal(only_out, out)
 
 
