@@ -86,6 +86,18 @@ BAD_INPUT = [
     (["runner=efficiency", "runner.batch=8"], "error: runner.batch is now runner.batch_size (write runner."),
     (["runner=oom", "+runner.batch=8"], "runner.batch is now runner.batch_size (write runner.batch_size=8)"),
     (["hydra.searchpath=[file://{tmp}/conf]", "experiment=old_batch"], "a config file still sets runner."),
+    (
+        ["method=zsmerge", "method.proximity_ratio=1.5"],
+        "proximity_ratio must be a fraction below 1 or a whole",
+    ),
+    (["method=keepkv", "method.threshold=5"], "threshold is a cosine similarity in [-1, 1]"),
+    (["method=keepkv", "method.guard=-1"], "guard must be >= 0"),
+    (["method=keepkv", "method.max_factor=0"], "max_factor must be finite and > 0"),
+    (
+        ["task=niah", "task.lengths=[10000]", "+task.max_new_tokens=4"],
+        "task.lengths [10000] exceed the model's context",
+    ),
+    (["+model.device_map=everywhere"], "model.device_map must be one of"),
 ]
 if not torch.cuda.is_available():
     BAD_INPUT.append((["device=cuda"], "device=cuda, but CUDA is not available"))
