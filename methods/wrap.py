@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 
 from methods.evict import ScoreEvict
-from methods.seam.contract import Traits
+from methods.seam.contract import AssetRequest, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 
@@ -90,10 +90,8 @@ class ScorerWrapper(ScoreEvict):
     def check_budget(self, budget: int, tokens: int) -> None:
         self.scorer.check_budget(budget, tokens)
 
-    def attach_assets(
-        self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str
-    ) -> None:
-        self.scorer.attach_assets(checkpoints_dir, model, budget, budget_unit)
+    def attach_assets(self, request: AssetRequest) -> None:
+        self.scorer.attach_assets(request)
 
     def check_model(self, config) -> None:
         super().check_model(config)

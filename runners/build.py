@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from methods import METHOD_REGISTRY, CompressionMethod
 from methods.probing import is_probing
+from methods.seam.contract import AssetRequest
 from reports.store import renamed_in_config
 from runners.budget import validate_budget
 from runners.kernel_proof import check_kernels
@@ -215,7 +216,9 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
         raise KVBenchError(f"method {method.label}: {err}") from err
     check_kernels(cfg, text)
     try:
-        method.attach_assets(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
+        method.attach_assets(
+            AssetRequest(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
+        )
     except FileNotFoundError as err:
         raise KVBenchError(str(err).replace("<model options>", model_options(cfg.model))) from err
     if is_probing(method):  # KVzip's reconstruction prompt: the tokenizer's chat template

@@ -29,7 +29,7 @@ from methods.h2o import H2O
 from methods.less.checkpoints import kernel_set_dir, load_kernel_set
 from methods.less.kernels import LessKernels
 from methods.scoring import complement, softcap_logits
-from methods.seam.contract import CompressionMethod, Traits
+from methods.seam.contract import AssetRequest, CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 
@@ -134,10 +134,9 @@ class LESS(CompressionMethod):
         """The policy's plan."""
         return self.sparse.plan(layer)
 
-    def attach_assets(
-        self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str
-    ) -> None:
-        """Load the kernel set trained for (model, policy, budget), or the one in ``checkpoint``.
+    def attach_assets(self, request: AssetRequest) -> None:
+        """Load the kernel set trained for (model, policy, budget) of ``request``, or the one in
+        ``checkpoint``.
 
         Raises
         ------
@@ -147,10 +146,11 @@ class LESS(CompressionMethod):
         """
         if self.checkpoint == RANDOM:
             return
+        budget, budget_unit = request.budget, request.budget_unit
         path = (
             Path(self.checkpoint)
             if self.checkpoint
-            else kernel_set_dir(checkpoints_dir, model, self.policy, budget, budget_unit)
+            else kernel_set_dir(request.checkpoints_dir, request.model, self.policy, budget, budget_unit)
         )
         try:
             self.kernels, self.kernel_meta = load_kernel_set(path)

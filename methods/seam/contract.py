@@ -88,6 +88,28 @@ class Traits:
 NO_DECODE_RULE = Traits(decode_rule=False, decode_input="none", uses_log_weight=False)
 
 
+@dataclass(frozen=True)
+class AssetRequest:
+    """Which assets a run needs of its method (:meth:`CompressionMethod.attach_assets`).
+
+    Attributes
+    ----------
+    checkpoints_dir : str
+        Where trained assets live (``paths.checkpoints_dir``).
+    model : str
+        The run's model name.
+    budget : float | int | None
+        The run's budget, in ``budget_unit``.
+    budget_unit : str
+        ``prompt`` or ``context`` (``runners.budget``).
+    """
+
+    checkpoints_dir: str
+    model: str
+    budget: float | int | None
+    budget_unit: str
+
+
 @dataclass
 class CompressionMethod:
     """Base class of every KV-cache method.
@@ -165,10 +187,9 @@ class CompressionMethod:
         if split is not None and tokens > budget:
             split(budget)
 
-    def attach_assets(
-        self, checkpoints_dir: str, model: str, budget: float | int | None, budget_unit: str
-    ) -> None:
-        """Load what the method needs besides the model (LESS: its trained kernels); no-op by default.
+    def attach_assets(self, request: AssetRequest) -> None:
+        """Load what the method needs besides the model (LESS: its trained kernels) for ``request``;
+        no-op by default.
 
         Raises
         ------
