@@ -72,7 +72,7 @@ def triton_ragged_decode_attention(
     lengths: torch.Tensor,
     log_weight: torch.Tensor | None,
     scaling: float,
-    return_probs: bool = True,
+    return_probs: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The Triton kernel behind :func:`kernels.ragged_decode.ragged_decode_attention` (one decode
     step over packed ragged segments; no soft-cap, which takes the PyTorch path).

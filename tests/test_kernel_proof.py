@@ -43,7 +43,7 @@ def uniform_off(query, keys, values, log_weight, scaling, return_logits=False, s
     return out * 1.01, aux
 
 
-def ragged_off(query, keys, values, offsets, lengths, log_weight, scaling, return_probs=True):
+def ragged_off(query, keys, values, offsets, lengths, log_weight, scaling, return_probs):
     slot = torch.arange(keys.shape[0], device=keys.device)  # the packing's segment and valid slots again
     segment = torch.searchsorted(offsets, slot, right=True) - 1
     valid = slot - offsets[segment] < lengths[segment]
