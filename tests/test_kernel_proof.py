@@ -13,7 +13,12 @@ import torch
 
 from kernels import RAN, KernelProofError, decode_attention, proof, prove_all, set_backend
 from kernels.decode_attention import decode_attention_torch
-from kernels.ragged_decode import packed_case, ragged_decode_attention, ragged_decode_attention_torch
+from kernels.ragged_decode import (
+    packed_case,
+    per_segment_attention,
+    ragged_decode_attention,
+    ragged_decode_attention_torch,
+)
 from runners.generate import ModelRun
 from tests.conftest import tiny_llama
 
@@ -58,9 +63,14 @@ def uniform_call():
     return (query, keys, values, torch.zeros(1, 2, 20), 0.25), decode_attention, decode_attention_torch
 
 
+def ragged_cpu_path(query, keys, values, offsets, lengths, segment, valid, log_weight, scaling):
+    """What the dispatch falls back to on the CPU: the per-segment products."""
+    return per_segment_attention(query, keys, values, offsets, lengths, log_weight, scaling, None, True)
+
+
 def ragged_call():
     args = (*packed_case([5, 1, 9], 3, 16, 2, torch.Generator().manual_seed(1))[:7], None, 0.25)
-    return args, ragged_decode_attention, ragged_decode_attention_torch
+    return args, ragged_decode_attention, ragged_cpu_path
 
 
 CALLS = {"uniform": uniform_call, "ragged": ragged_call}
