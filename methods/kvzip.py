@@ -165,17 +165,17 @@ class KVzip(Probing, CompressionMethod):
         start, stop = probe.span
         sink, n, hkv = min(self.n_sink, start), keys.shape[2], keys.shape[1]
         cached = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, start:stop], keys], dim=2).float()
+        context = cached.shape[2] - n  # the sinks and the span; the chunk's own keys follow
         own = torch.arange(n, device=keys.device)
         score = None
         for a in range(0, n, 512):
-            q = group_queries(query[:, :, a : a + 512], hkv).float()
-            logits = softcap_logits(
-                torch.einsum("bhgqd,bhkd->bhgqk", q, cached) * scaling, layer.spec.softcap
-            )
-            future = own[None, :] > own[a : a + 512, None]  # the chunk's own later tokens
-            future = torch.cat([future.new_zeros((future.shape[0], cached.shape[2] - n)), future], dim=1)
-            probs = logits.masked_fill(future, -torch.inf).softmax(dim=-1)
-            best = probs[..., sink : sink + stop - start].amax(dim=(2, 3))
+            q, last = group_queries(query[:, :, a : a + 512], hkv).float(), min(a + 512, n)
+            # keys up to the block's last query: the chunk's later tokens take no part in any softmax
+            logits = torch.einsum("bhgqd,bhkd->bhgqk", q, cached[:, :, : context + last]).mul_(scaling)
+            logits = softcap_logits(logits, layer.spec.softcap)
+            logits[..., context + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
+            # the largest probability is exp of the largest log-probability
+            best = torch.log_softmax(logits, dim=-1)[..., sink:context].amax(dim=(2, 3)).exp_()
             score = best if score is None else torch.maximum(score, best)
         scores = layer.store.state["scores"].clone()
         scores[:, :, start:stop] = score

@@ -62,16 +62,19 @@ def probe_attention(
     q_pos = torch.arange(layer.get_seq_length(), layer.get_seq_length() + n, device=key.device)
     k_pos = torch.cat([store.positions, q_pos.expand(b, hkv, n)], dim=2)[:, :, None]  # [b, hkv, 1, keys]
     bias = torch.cat([store.log_weight, key.new_zeros((b, hkv, n), dtype=torch.float32)], dim=2)[:, :, None]
+    if torch.equal(k_pos, k_pos[:, :1].expand_as(k_pos)) and torch.equal(bias, bias[:, :1].expand_as(bias)):
+        k_pos, bias = k_pos[:, :1], bias[:, :1]  # every head holds the same slots: one mask for all heads
     out = torch.empty_like(query)
     for start in range(0, n, block):
         stop = min(start + block, n)
         rows = q_pos[start:stop, None]
-        allowed = k_pos <= rows  # [batch, kv_heads, block, keys]
+        allowed = k_pos <= rows  # [batch, kv_heads or 1, block, keys]
         if spec.window is not None:
             allowed &= k_pos > rows - spec.window
         q, mask = group_queries(query[:, :, start:stop], hkv).float(), bias.masked_fill(~allowed, -torch.inf)
         if spec.softcap is None:  # fused (the mask's group axis broadcast to the query heads)
-            mask = mask[:, :, None].expand(*q.shape[:-1], keys.shape[2]).flatten(1, 2)
+            if mask.shape[1] > 1:
+                mask = mask[:, :, None].expand(*q.shape[:-1], keys.shape[2]).flatten(1, 2)
             chunk = F.scaled_dot_product_attention(
                 q.flatten(1, 2), keys, values, attn_mask=mask, scale=scaling, enable_gqa=True
             )
