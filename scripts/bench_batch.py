@@ -13,6 +13,11 @@ device's allocated peak (CUDA) over each cell, the model included.
     python scripts/bench_batch.py --device cuda --batches 1,8,16 --json results/bench/batch.json
     python scripts/bench_batch.py --methods all --batches 1,8 --skip-timing   # the identity check only
 
+After the table, the ceiling of the decode part: the model's own one-token forward (transformers'
+SDPA attention over a 16-token ``DynamicCache``, so the weights' products are nearly all of it) at the
+largest batch against batch 1, alternating, median of 20: what batching can give at most on this
+machine whatever the cache does.
+
 Targets: batch 8 >= 2.5x the samples/s of batch 1 on a 2-core CPU, >= 6x
 on a GPU. Exit code 1 if any cell's predictions differ from batch 1's.
 """
@@ -21,12 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from transformers import DynamicCache
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -117,9 +124,38 @@ def main() -> None:
                     Path(args.json).write_text(json.dumps(out, indent=2))
     if not args.skip_timing:
         print_table(out, batches)
+        one, big = forward_ceiling(model, batches[-1])
+        out["ceiling"] = {"batch_1_ms": one, f"batch_{batches[-1]}_ms": big, "ratio": batches[-1] * one / big}
+        print(f"\nceiling of the decode part: the model's forward at batch {batches[-1]} {big:.1f} ms, at "
+              f"batch 1 {one:.1f} ms: at most {batches[-1] * one / big:.2f}x per sample")  # fmt: skip
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2))
     if differ:
         print("predictions differ from batch 1: " + ", ".join(differ))
         sys.exit(1)
+
+
+def forward_ceiling(model, batch: int, steps: int = 20) -> tuple[float, float]:
+    """Median ms of the model's one-token forward at batch 1 and at ``batch`` (transformers' SDPA
+    attention, a 16-token ``DynamicCache`` cropped back after each step), calls alternating."""
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    caches, times = {}, {1: [], batch: []}
+    for b in times:
+        caches[b] = DynamicCache()
+        model(input_ids=torch.randint(100, 1000, (b, 16), device=model.device), past_key_values=caches[b])
+    for i in range(steps + 3):
+        for b, cache in caches.items():
+            token = torch.full((b, 1), 100, device=model.device)
+            start = time.perf_counter()
+            model(input_ids=token, past_key_values=cache, logits_to_keep=1)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= 3:  # 3 untimed warm-up steps
+                times[b].append((time.perf_counter() - start) * 1e3)
+            cache.crop(-1)
+    model.set_attn_implementation(implementation)
+    return statistics.median(times[1]), statistics.median(times[batch])
 
 
 def print_table(out: dict, batches: list[int]) -> None:
