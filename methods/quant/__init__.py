@@ -73,8 +73,8 @@ def check_method(method: CompressionMethod, quant: str) -> None:
     ragged = ragged_parts(method)
     if quant != "none" and ragged:
         raise ValueError(
-            f"quant={quant} holds every head of a layer to one slot count; {ragged[0]} gives heads their own "
-            "(ragged heads), which quantized storage does not hold: use quant=none with it"
+            f"{ragged[0]} gives heads their own slot counts (ragged heads), which quantized storage does "
+            "not hold; use quant=none with it"
         )
 
 
