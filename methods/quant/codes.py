@@ -24,20 +24,21 @@ def check_bits(bits: int) -> None:
 def stats(x: torch.Tensor, dim: int, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero point of the groups of ``x`` reduced over ``dim`` (kept, size 1):
     ``s = (max - min) / (2^bits - 1)``, ``z = min``; in ``x``'s dtype."""
-    lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
+    lo, hi = torch.aminmax(x, dim=dim, keepdim=True)
     return (hi - lo) / (2**bits - 1), lo
 
 
 def encode(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
     """Integer codes ``clamp(round((x - zero) / scale), 0, 2^bits - 1)`` as uint8 (one per value; a
     zero scale, a constant group, gives code 0). ``scale``/``zero`` broadcast against ``x``."""
-    q = torch.where(scale > 0, (x - zero) / torch.where(scale > 0, scale, 1), 0)
+    tiny = torch.finfo(scale.dtype).tiny  # a constant group: x - zero = 0 over any positive scale
+    q = (x - zero).div_(scale.clamp(min=tiny))
     return q.round_().clamp_(0, 2**bits - 1).to(torch.uint8)
 
 
 def decode(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """Values ``codes * scale + zero`` in ``scale``'s dtype."""
-    return codes.to(scale.dtype) * scale + zero
+    return codes.to(scale.dtype).mul_(scale).add_(zero)
 
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -49,6 +50,8 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
         If ``d`` is not a multiple of ``8 / bits``.
     """
     per = 8 // bits
+    if per == 1:
+        return codes
     if codes.shape[-1] % per:
         raise ValueError(f"{codes.shape[-1]} codes do not fill whole bytes of {per}")
     parts = codes.view(*codes.shape[:-1], -1, per).to(torch.int32)
@@ -58,6 +61,8 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """The ``[..., d]`` uint8 codes of ``[..., d * bits / 8]`` bytes (:func:`pack`'s inverse)."""
+    if bits == 8:
+        return packed
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
     codes = (packed.unsqueeze(-1) >> shifts) & (2**bits - 1)
     return codes.reshape(*packed.shape[:-1], -1)
