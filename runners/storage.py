@@ -25,10 +25,15 @@ def set_storage(cfg: DictConfig, method: CompressionMethod) -> None:
     Raises
     ------
     KVBenchError
-        For an unknown name, parameters its kind refuses, or a method with ragged heads
-        (``methods.quant.check_method``).
+        For an unknown name, parameters its kind refuses, a method with ragged heads
+        (``methods.quant.check_method``), or quantized storage with ``backend=compiled`` (not proven:
+        KIVI's residual bookkeeping is host-side).
     """
     name = quant_name(cfg)
+    if name != "none" and cfg.get("backend", "eager") != "eager":
+        raise KVBenchError(
+            f"quant={name} runs eager decode steps; backend={cfg.backend} is not supported with it"
+        )
     node = cfg.get("quant")
     params = {} if node is None else {k: v for k, v in OmegaConf.to_container(node).items() if k != "name"}
     if name not in QUANT_REGISTRY:

@@ -16,6 +16,7 @@ from reports.pairing import pair
 from reports.runs import row
 from reports.store import setting_id
 from runners.storage import set_storage
+from tasks.errors import KVBenchError
 from tests.conftest import REPO
 
 QUANTS = sorted(p.stem for p in (REPO / "configs" / "quant").glob("*.yaml"))
@@ -76,6 +77,11 @@ def test_a_ragged_method_over_quantized_storage_is_one_error_line(run_py):
         "error: quant=int8: adakv gives heads their own slot counts (ragged heads), which quantized storage "
         "does not hold; use quant=none with it"
     ]
+
+
+def test_compiled_decode_steps_are_refused_over_quantized_storage():
+    with pytest.raises(KVBenchError, match="backend=compiled"):
+        set_storage(config("method=snapkv", "quant=int8", "backend=compiled"), FullKV())
 
 
 def test_kind_parameters_reach_the_store():
