@@ -63,9 +63,21 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """The ``[..., d]`` uint8 codes of ``[..., d * bits / 8]`` bytes (:func:`pack`'s inverse)."""
     if bits == 8:
         return packed
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
-    codes = (packed.unsqueeze(-1) >> shifts) & (2**bits - 1)
-    return codes.reshape(*packed.shape[:-1], -1)
+    table = _unpacked(bits, packed.device)  # [256, 8 / bits]: the codes of every byte
+    return table.index_select(0, packed.reshape(-1).int()).view(*packed.shape[:-1], -1)
+
+
+_TABLES: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _unpacked(bits: int, device: torch.device) -> torch.Tensor:
+    """``[256, 8 / bits]`` uint8: the codes each byte value holds (:func:`unpack`'s lookup table)."""
+    key = (bits, device)
+    if key not in _TABLES:
+        shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=device)
+        byte = torch.arange(256, dtype=torch.int32, device=device).unsqueeze(-1)
+        _TABLES[key] = ((byte >> shifts) & (2**bits - 1)).to(torch.uint8)
+    return _TABLES[key]
 
 
 def per_token(x: torch.Tensor, group: int, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -34,8 +34,12 @@ GROUP, RESIDUAL = 32, 128
 
 
 def _rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``table[b, h, index[b, h, j]]`` for a table ``[batch, kv_heads, rows, d]``: ``[b, h, k, d]``."""
-    return table.gather(2, index.unsqueeze(-1).expand(*index.shape, table.shape[-1]))
+    """``table[b, h, index[b, h, j]]`` for a table ``[batch, kv_heads, rows, d]``: ``[b, h, k, d]``
+    (one ``index_select`` of whole rows: far cheaper on a CPU than a gather of every element)."""
+    b, h, rows, d = table.shape
+    base = torch.arange(0, b * h * rows, rows, device=index.device).view(b, h, 1)
+    flat = (index.long() + base).reshape(-1)
+    return table.reshape(b * h * rows, d).index_select(0, flat).view(*index.shape, d)
 
 
 class KiviStore(QuantizedStore):
@@ -137,8 +141,9 @@ class KiviStore(QuantizedStore):
             s, z = (self.buffers[f"values.{p}"].narrow(2, 0, n) for p in ("scale", "zero"))
             full = q.per_token_values(packed, s, z, self.bits)
             rows = self.value_rows
-        held = _rows(rows, (-1 - ref).clamp(min=0))
-        return torch.where((ref < 0).unsqueeze(-1), held, full)
+        b, h, slot = (ref < 0).nonzero(as_tuple=True)  # the residual slots (at most R + 1 per head)
+        full[b, h, slot] = rows[b, h, -1 - ref[b, h, slot]]
+        return full
 
     # ------------------------------------------------------------------ writing
     def _value_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -203,12 +208,14 @@ class KiviStore(QuantizedStore):
         if t >= r:  # arrival t - r leaves the value residual
             row = (t - r) % (r + 1)
             ref = self.buffers["values.ref"].narrow(2, 0, n)
-            leaving = ref == -1 - row
+            leaving = ref == -1 - row  # at most one slot per head (none where it was evicted)
+            found, at = leaving.any(-1, keepdim=True), leaving.int().argmax(-1, keepdim=True)
             c, s, z = self._value_codes(self.value_rows[:, :, row : row + 1])
             for part, new in (("codes", c), ("scale", s), ("zero", z)):
-                buf = self.buffers[f"values.{part}"].narrow(2, 0, n)
-                buf.copy_(torch.where(leaving.unsqueeze(-1), new, buf))
-            ref.masked_fill_(leaving, 0)
+                buf = self.buffers[f"values.{part}"]
+                index = slot_index(buf, at)
+                buf.scatter_(2, index, torch.where(found.unsqueeze(-1), new, buf.gather(2, index)))
+            ref.scatter_(2, at, torch.where(found, 0, ref.gather(2, at)))
         if self.arrived - self.base == r:
             self._flush(n)
 
