@@ -107,3 +107,12 @@ def group_size(dim: int, group: int) -> int:
     if dim % size:
         raise ValueError(f"head_dim {dim} is not a multiple of the quantization group size {size}")
     return size
+
+
+def rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[b, h, index[b, h, j]]`` for a table ``[batch, kv_heads, rows, d]``: ``[b, h, k, d]``
+    (one ``index_select`` of whole rows: far cheaper on a CPU than a gather of every element)."""
+    b, h, rows, d = table.shape
+    base = torch.arange(0, b * h * rows, rows, device=index.device).view(b, h, 1)
+    flat = (index.long() + base).reshape(-1)
+    return table.reshape(b * h * rows, d).index_select(0, flat).view(*index.shape, d)

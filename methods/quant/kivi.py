@@ -15,8 +15,8 @@ none). Side tables: key scales and zero points ``[batch, kv_heads, groups, head_
 some held slot refers to are counted as held; unreferenced rows are released when a block is
 quantized and after a ``keep``), and the residual rows ``[batch, kv_heads, R + 1, head_dim]`` of keys
 and ``[batch, kv_heads, R + 2, head_dim]`` of values in the model's dtype (one scratch row each).
-A slot written after it was quantized (merging, key re-rotation) is re-quantized: a value per token,
-a key with its group's scale and zero point (clamped to the group's range).
+A slot written after it was quantized (merging, key re-rotation) is re-quantized
+(``methods.quant.kivi_writes``).
 """
 
 from __future__ import annotations
@@ -27,22 +27,14 @@ import torch
 
 from methods.quant import codes as q
 from methods.quant.base import QuantizedStore
+from methods.quant.kivi_writes import KiviWrites
 from methods.seam.store import slot_index
 
 #: The paper's group size G and residual length R (Sec. 4.1: "group size 32, residual length 128").
 GROUP, RESIDUAL = 32, 128
 
 
-def _rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``table[b, h, index[b, h, j]]`` for a table ``[batch, kv_heads, rows, d]``: ``[b, h, k, d]``
-    (one ``index_select`` of whole rows: far cheaper on a CPU than a gather of every element)."""
-    b, h, rows, d = table.shape
-    base = torch.arange(0, b * h * rows, rows, device=index.device).view(b, h, 1)
-    flat = (index.long() + base).reshape(-1)
-    return table.reshape(b * h * rows, d).index_select(0, flat).view(*index.shape, d)
-
-
-class KiviStore(QuantizedStore):
+class KiviStore(KiviWrites, QuantizedStore):
     """KIVI storage of keys and values (module docstring).
 
     Parameters
@@ -135,7 +127,7 @@ class KiviStore(QuantizedStore):
         packed = self.buffers[f"{name}.codes"].narrow(2, 0, n)
         if name == "keys":
             g = ref.clamp(min=0)
-            full = q.decode(q.unpack(packed, self.bits), _rows(self.key_scale, g), _rows(self.key_zero, g))
+            full = q.decode(q.unpack(packed, self.bits), q.rows(self.key_scale, g), q.rows(self.key_zero, g))
             rows = self.key_rows
         else:
             s, z = (self.buffers[f"values.{p}"].narrow(2, 0, n) for p in ("scale", "zero"))
@@ -152,7 +144,7 @@ class KiviStore(QuantizedStore):
     def _key_codes(self, x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
         """Packed codes of keys ``x`` ``[b, h, k, d]`` with the scale and zero point of their key
         group rows ``group`` ``[b, h, k]`` (clamped to the group's range)."""
-        scale, zero = _rows(self.key_scale, group), _rows(self.key_zero, group)
+        scale, zero = q.rows(self.key_scale, group), q.rows(self.key_zero, group)
         return q.pack(q.encode(x.to(self.dtype), scale, zero, self.bits), self.bits)
 
     def _key_stats(self, x: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,7 +224,7 @@ class KiviStore(QuantizedStore):
         self.key_scale = torch.cat([self.key_scale, scale], 2)
         self.key_zero = torch.cat([self.key_zero, zero], 2)
         g = first + row // self.group
-        codes = self._key_codes(_rows(self.key_rows, row), g)
+        codes = self._key_codes(q.rows(self.key_rows, row), g)
         packed = self.buffers["keys.codes"].narrow(2, 0, n)
         packed.copy_(torch.where(res.unsqueeze(-1), codes, packed))
         ref.copy_(torch.where(res, g.int(), ref))
@@ -248,7 +240,7 @@ class KiviStore(QuantizedStore):
         order = (~used).to(torch.uint8).argsort(dim=-1, stable=True)[..., :keep]
         new_index = torch.zeros(used.shape, dtype=torch.long, device=used.device)
         new_index.scatter_(2, order, torch.arange(keep, device=order.device).expand_as(order))
-        self.key_scale, self.key_zero = _rows(self.key_scale, order), _rows(self.key_zero, order)
+        self.key_scale, self.key_zero = q.rows(self.key_scale, order), q.rows(self.key_zero, order)
         ref = self.buffers["keys.ref"].narrow(2, 0, n)
         ref.copy_(torch.where(ref >= 0, new_index.gather(2, ref.long().clamp(min=0)).int(), ref))
 
@@ -256,62 +248,3 @@ class KiviStore(QuantizedStore):
         """``SlotStore.keep``, then the key groups no kept slot refers to released."""
         super().keep(index)
         self._compact()
-
-    def _put(self, name: str, slot: torch.Tensor | None, value: torch.Tensor) -> None:
-        n = self.n
-        if slot is None:
-            slot = torch.arange(n, device=value.device).expand(*value.shape[:3])
-        ref = self.buffers[f"{name}.ref"].narrow(2, 0, n).gather(2, slot).long()
-        res = ref < 0
-        rows = self.key_rows if name == "keys" else self.value_rows
-        scratch = rows.shape[2] - 1
-        target = torch.where(res, -1 - ref, scratch)
-        rows.scatter_(2, target.unsqueeze(-1).expand_as(value), value.to(rows.dtype))
-        if name == "keys":
-            new = {"codes": self._key_codes(value, ref.clamp(min=0))}
-        else:
-            new = dict(zip(("codes", "scale", "zero"), self._value_codes(value), strict=True))
-        for part, t in new.items():
-            buf = self.buffers[f"{name}.{part}"]
-            old = buf.gather(2, slot_index(buf, slot))
-            buf.scatter_(2, slot_index(buf, slot), torch.where(res.unsqueeze(-1), old, t))
-
-    def _encode_all(
-        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor | None
-    ) -> dict[str, torch.Tensor]:
-        """A compact set (``reset``): slots whose token is still in a residual (by position) stay
-        there; the other keys are quantized in groups of G slots in slot order, the other values per
-        token."""
-        b, h, k, d = keys.shape
-        r = self.residual
-        pos = positions.long() if positions is not None else torch.full((b, h, k), -1, device=keys.device)
-        kres = pos >= self.base
-        vres = pos >= self.arrived - r
-        pad = -k % self.group
-        quantized = torch.cat([~kres, kres.new_zeros((b, h, pad))], 2)
-        x = torch.cat([keys, keys.new_zeros((b, h, pad, d))], 2).to(self.dtype)
-        # quantized keys first, in slot order, so groups of G are made of quantized slots only
-        order = (~quantized).to(torch.uint8).argsort(dim=-1, stable=True)
-        sorted_keys = _rows(x, order)
-        scale, zero = self._key_stats(sorted_keys, quantized.gather(2, order))
-        if not scale.shape[2]:
-            scale = zero = keys.new_zeros((b, h, 1, d))
-        self.key_scale, self.key_zero = scale, zero
-        slots = torch.arange(k + pad, device=keys.device).expand_as(order)
-        rank = torch.empty_like(order).scatter_(2, order, slots)[:, :, :k]
-        g = rank // self.group
-        key_ref = torch.where(kres, -1 - (pos - self.base), g).int()
-        krow = torch.where(kres, pos - self.base, r)
-        self.key_rows.scatter_(2, krow.unsqueeze(-1).expand(b, h, k, d), keys.to(self.dtype))
-        key_codes = self._key_codes(keys, g.clamp(max=self.key_scale.shape[2] - 1))
-        vrow = torch.where(vres, pos % (r + 1), r + 1)
-        self.value_rows.scatter_(2, vrow.unsqueeze(-1).expand(b, h, k, d), values.to(self.dtype))
-        c, s, z = self._value_codes(values)
-        return {
-            "keys.codes": key_codes,
-            "keys.ref": key_ref,
-            "values.codes": c,
-            "values.scale": s,
-            "values.zero": z,
-            "values.ref": torch.where(vres, -1 - vrow, 0).int(),
-        }
