@@ -37,7 +37,7 @@ def encode(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) 
 
 
 def decode(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """Values ``codes * scale + zero`` in ``scale``'s dtype."""
+    """Values ``codes * scale + zero`` in ``scale``'s dtype (``codes`` of that dtype are overwritten)."""
     return codes.to(scale.dtype).mul_(scale).add_(zero)
 
 
@@ -59,24 +59,25 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return (parts << shifts).sum(-1).to(torch.uint8)
 
 
-def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """The ``[..., d]`` uint8 codes of ``[..., d * bits / 8]`` bytes (:func:`pack`'s inverse)."""
+def unpack(packed: torch.Tensor, bits: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """The ``[..., d]`` codes of ``[..., d * bits / 8]`` bytes (:func:`pack`'s inverse), as ``dtype``
+    (a float dtype saves :func:`decode` a conversion)."""
     if bits == 8:
-        return packed
-    table = _unpacked(bits, packed.device)  # [256, 8 / bits]: the codes of every byte
+        return packed.to(dtype)
+    table = _unpacked(bits, packed.device, dtype)  # [256, 8 / bits]: the codes of every byte
     return table.index_select(0, packed.reshape(-1).int()).view(*packed.shape[:-1], -1)
 
 
-_TABLES: dict[tuple[int, torch.device], torch.Tensor] = {}
+_TABLES: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def _unpacked(bits: int, device: torch.device) -> torch.Tensor:
-    """``[256, 8 / bits]`` uint8: the codes each byte value holds (:func:`unpack`'s lookup table)."""
-    key = (bits, device)
+def _unpacked(bits: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``[256, 8 / bits]``: the codes each byte value holds, as ``dtype`` (:func:`unpack`'s table)."""
+    key = (bits, device, dtype)
     if key not in _TABLES:
         shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=device)
         byte = torch.arange(256, dtype=torch.int32, device=device).unsqueeze(-1)
-        _TABLES[key] = ((byte >> shifts) & (2**bits - 1)).to(torch.uint8)
+        _TABLES[key] = ((byte >> shifts) & (2**bits - 1)).to(dtype)
     return _TABLES[key]
 
 
@@ -91,7 +92,7 @@ def per_token(x: torch.Tensor, group: int, bits: int) -> tuple[torch.Tensor, tor
 
 def per_token_values(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
     """:func:`per_token`'s inverse: ``[..., d]`` in ``scale``'s dtype."""
-    q = unpack(codes, bits).unflatten(-1, (scale.shape[-1], -1))
+    q = unpack(codes, bits, scale.dtype).unflatten(-1, (scale.shape[-1], -1))
     return decode(q, scale.unsqueeze(-1), zero.unsqueeze(-1)).flatten(-2)
 
 

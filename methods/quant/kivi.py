@@ -127,7 +127,8 @@ class KiviStore(KiviWrites, QuantizedStore):
         packed = self.buffers[f"{name}.codes"].narrow(2, 0, n)
         if name == "keys":
             g = ref.clamp(min=0)
-            full = q.decode(q.unpack(packed, self.bits), q.rows(self.key_scale, g), q.rows(self.key_zero, g))
+            codes = q.unpack(packed, self.bits, self.dtype)
+            full = q.decode(codes, q.rows(self.key_scale, g), q.rows(self.key_zero, g))
             rows = self.key_rows
         else:
             s, z = (self.buffers[f"values.{p}"].narrow(2, 0, n) for p in ("scale", "zero"))
