@@ -188,8 +188,10 @@ def pair(runs: pd.DataFrame, keys: Mapping[str, SampleKey], by: Sequence[str] = 
     ----------
     runs : pandas.DataFrame
         One row per run with columns ``run_id``, ``method`` (registry name), ``label`` (display)
-        and the ``by`` columns (model, task); with ``other_inputs`` (:func:`newest_per_setting`)
-        the runs of their settings on other inputs are named in the notes.
+        and the ``by`` columns (model, task); ``reference`` (optional, else FullKV by ``method``)
+        marks the reference runs (``reports.runs.row``: FullKV over unquantized storage); with
+        ``other_inputs`` (:func:`newest_per_setting`) the runs of their settings on other inputs
+        are named in the notes.
     keys : Mapping[str, SampleKey]
         The sample key of each run id (:func:`sample_key`).
     by : Sequence[str]
@@ -207,17 +209,20 @@ def pair(runs: pd.DataFrame, keys: Mapping[str, SampleKey], by: Sequence[str] = 
         return out
     for group, part in runs.groupby(list(by), sort=False, dropna=False):
         group = tuple(str(g) for g in (group if isinstance(group, tuple) else (group,)))
-        methods = part[~part["method"].map(is_reference)]
+        reference = (
+            part["reference"].astype(bool) if "reference" in part else part["method"].map(is_reference)
+        )
+        methods = part[~reference]
         pool = methods if len(methods) else part
         counts = Counter(keys[rid] for rid in pool["run_id"])
         chosen = max(counts, key=lambda k: (counts[k], _size(k), describe(k)))
         out.samples[group] = chosen
         has_reference = False
-        for run in part.itertuples():
+        for run, is_ref in zip(part.itertuples(), reference, strict=True):
             key = keys[run.run_id]
             if key == chosen:
                 out.kept.append(run.run_id)
-                has_reference |= is_reference(run.method)
+                has_reference |= bool(is_ref)
                 continue
             why = f"scored on {describe(key)}; the compared runs of {', '.join(group)} on {describe(chosen)}"
             shared = len(key & chosen) if not isinstance(key, str) and not isinstance(chosen, str) else 0

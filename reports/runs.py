@@ -20,7 +20,7 @@ from scipy import stats
 
 from reports.pairing import is_reference, model_key, newest_per_setting
 from reports.presets import identify
-from reports.store import ResultStore
+from reports.store import ResultStore, quant_of
 from reports.style import metric_range, preset_label
 
 CONFIDENCE = 0.95
@@ -56,17 +56,24 @@ def decoding_tag(record: dict) -> str:
 
 def protocol_tag(record: dict) -> str:
     """``query_aware=false`` for a compressing run whose question was appended after compression
-    (``config.task.query_aware``), so reports never pool it with query-aware runs, and its
-    :func:`decoding_tag`; else empty."""
+    (``config.task.query_aware``), so reports never pool it with query-aware runs, its
+    :func:`decoding_tag`, and ``quant=<name>`` for quantized storage; else empty."""
     task = (record.get("config") or {}).get("task") or {}
     agnostic = task.get("query_aware") is False and not is_reference(record.get("method") or "")
-    return " ".join(t for t in ("query_aware=false" if agnostic else "", decoding_tag(record)) if t)
+    quant = quant_of(record.get("config") or {})
+    tags = (
+        "query_aware=false" if agnostic else "",
+        decoding_tag(record),
+        "" if quant == "none" else f"quant={quant}",
+    )
+    return " ".join(t for t in tags if t)
 
 
 def row(record: dict) -> dict:
     """One flat row of a record for the reports (see the module docstring for the columns).
 
-    ``reference`` is True for FullKV only. A run whose method ignores the budget (record budget
+    ``reference`` is True for FullKV only (over unquantized storage: FullKV with ``quant=int8`` is
+    compared with it, as a method). A run whose method ignores the budget (record budget
     null, e.g. KVMerger at a fixed theta) but recorded ``prefill_kept_fraction`` gets that
     realised fraction of the prompt as its budget, with ``budget_realised`` True."""
     cfg = record.get("config") or {}
@@ -95,7 +102,7 @@ def row(record: dict) -> dict:
         "budget": budget,
         "budget_unit": budget_axis(budget, unit),
         "budget_realised": realised,
-        "reference": is_reference(method),
+        "reference": is_reference(method) and quant_of(cfg) == "none",
         "seed": cfg.get("seed"),
         "status": record.get("status"),
         "error": record.get("error"),

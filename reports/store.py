@@ -71,7 +71,14 @@ def run_identity(config: dict) -> dict:
         identity["kernels"] = config["kernels"]
     if config.get("backend", "eager") != "eager":  # compiled decode steps are another run
         identity["backend"] = config["backend"]
+    if quant_of(config) != "none":  # quantized storage is another run; none keeps the ids before quant=
+        identity["quant"] = config["quant"]
     return identity
+
+
+def quant_of(config: dict) -> str:
+    """The ``quant.name`` of a resolved config (``none`` for runs stored before the option)."""
+    return str((config.get("quant") or {}).get("name", "none"))
 
 
 def renamed_override(overrides: list[str]) -> str | None:
@@ -323,7 +330,7 @@ class ResultStore:
 
 def flat_summary(record: dict) -> dict:
     """One flat row of a record: identity columns (model, method, task, runner, budget and its unit,
-    seed), status and error, provenance (git sha, created), metrics and efficiency figures."""
+    quant, seed), status and error, provenance (git sha, created), metrics and efficiency figures."""
     cfg = record.get("config") or {}
     row = {
         "run_id": record["run_id"],
@@ -335,6 +342,7 @@ def flat_summary(record: dict) -> dict:
         "runner": (cfg.get("runner") or {}).get("name"),
         "budget": cfg.get("budget"),
         "budget_unit": cfg.get("budget_unit"),
+        "quant": quant_of(cfg),
         "seed": cfg.get("seed"),
         "n_samples": record.get("n_samples"),
         "git_sha": record.get("git_sha"),

@@ -25,6 +25,7 @@ from runners.kernel_proof import check_kernels
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
+from runners.storage import set_storage
 from tasks import TASK_REGISTRY, Task
 from tasks.chat import template_kwargs
 from tasks.errors import KVBenchError
@@ -199,7 +200,8 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
     KVBenchError
         For a bad budget, unknown method target, bad hyperparameters, bad model config, an
         unsupported architecture, a Triton kernel that fails its proof with ``kernels=triton``
-        (``runners.kernel_proof.check_kernels``) or a missing method asset (LESS kernels: the
+        (``runners.kernel_proof.check_kernels``), a ``quant=`` the method cannot run over
+        (``runners.storage.set_storage``) or a missing method asset (LESS kernels: the
         message gives the training command, with this run's :func:`model_options`). Fills the
         model config's null fields from the model's own config
         (``runners.models.resolve_model_config``).
@@ -215,6 +217,7 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
     except ValueError as err:
         raise KVBenchError(f"method {method.label}: {err}") from err
     check_kernels(cfg, text)
+    set_storage(cfg, method)
     try:
         method.attach_assets(
             AssetRequest(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)

@@ -1,0 +1,119 @@
+"""Asymmetric integer quantization and bit packing, shared by the quantized storage kinds.
+
+A group of values ``x`` is stored as ``b``-bit codes ``q = clamp(round((x - z) / s), 0, 2^b - 1)``
+with ``s = (max x - min x) / (2^b - 1)`` and ``z = min x``, and read back as ``q s + z`` (KIVI, Liu
+et al. ICML 2024, arXiv 2402.02750, Sec. 3.1; the same arithmetic as optimum-quanto's
+``MaxOptimizer`` behind transformers' ``QuantizedCache``). Codes of ``8 / b`` values share one byte,
+the first value in the low bits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Bit widths the packing supports (whole codes per byte).
+BITS = (2, 4, 8)
+
+
+def check_bits(bits: int) -> None:
+    """Raise ``ValueError`` for a bit width :data:`BITS` does not list."""
+    if bits not in BITS:
+        raise ValueError(f"quantized codes take {BITS} bits, got {bits}")
+
+
+def stats(x: torch.Tensor, dim: int, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point of the groups of ``x`` reduced over ``dim`` (kept, size 1):
+    ``s = (max - min) / (2^bits - 1)``, ``z = min``; in ``x``'s dtype."""
+    lo, hi = torch.aminmax(x, dim=dim, keepdim=True)
+    return (hi - lo) / (2**bits - 1), lo
+
+
+def encode(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    """Integer codes ``clamp(round((x - zero) / scale), 0, 2^bits - 1)`` as uint8 (one per value; a
+    zero scale, a constant group, gives code 0). ``scale``/``zero`` broadcast against ``x``."""
+    tiny = torch.finfo(scale.dtype).tiny  # a constant group: x - zero = 0 over any positive scale
+    q = (x - zero).div_(scale.clamp(min=tiny))
+    return q.round_().clamp_(0, 2**bits - 1).to(torch.uint8)
+
+
+def decode(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """Values ``codes * scale + zero`` in ``scale``'s dtype (``codes`` of that dtype are overwritten)."""
+    return codes.to(scale.dtype).mul_(scale).add_(zero)
+
+
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """``[..., d]`` uint8 codes of ``bits`` bits as ``[..., d * bits / 8]`` bytes.
+
+    Raises
+    ------
+    ValueError
+        If ``d`` is not a multiple of ``8 / bits``.
+    """
+    per = 8 // bits
+    if per == 1:
+        return codes
+    if codes.shape[-1] % per:
+        raise ValueError(f"{codes.shape[-1]} codes do not fill whole bytes of {per}")
+    parts = codes.view(*codes.shape[:-1], -1, per).to(torch.int32)
+    shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=codes.device)
+    return (parts << shifts).sum(-1).to(torch.uint8)
+
+
+def unpack(packed: torch.Tensor, bits: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """The ``[..., d]`` codes of ``[..., d * bits / 8]`` bytes (:func:`pack`'s inverse), as ``dtype``
+    (a float dtype saves :func:`decode` a conversion)."""
+    if bits == 8:
+        return packed.to(dtype)
+    table = _unpacked(bits, packed.device, dtype)  # [256, 8 / bits]: the codes of every byte
+    return table.index_select(0, packed.reshape(-1).int()).view(*packed.shape[:-1], -1)
+
+
+_TABLES: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _unpacked(bits: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``[256, 8 / bits]``: the codes each byte value holds, as ``dtype`` (:func:`unpack`'s table)."""
+    key = (bits, device, dtype)
+    if key not in _TABLES:
+        shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=device)
+        byte = torch.arange(256, dtype=torch.int32, device=device).unsqueeze(-1)
+        _TABLES[key] = ((byte >> shifts) & (2**bits - 1)).to(dtype)
+    return _TABLES[key]
+
+
+def per_token(x: torch.Tensor, group: int, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` ``[..., d]`` in groups of ``group`` consecutive channels of each token:
+    packed codes ``[..., d * bits / 8]`` uint8, scale and zero ``[..., d / group]`` (``x``'s dtype)."""
+    g = x.unflatten(-1, (-1, group))
+    scale, zero = stats(g, -1, bits)
+    codes = pack(encode(g, scale, zero, bits).flatten(-2), bits)
+    return codes, scale.squeeze(-1), zero.squeeze(-1)
+
+
+def per_token_values(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    """:func:`per_token`'s inverse: ``[..., d]`` in ``scale``'s dtype."""
+    q = unpack(codes, bits, scale.dtype).unflatten(-1, (scale.shape[-1], -1))
+    return decode(q, scale.unsqueeze(-1), zero.unsqueeze(-1)).flatten(-2)
+
+
+def group_size(dim: int, group: int) -> int:
+    """The group size used for ``dim`` channels: ``group``, or ``dim`` when it is smaller.
+
+    Raises
+    ------
+    ValueError
+        If ``dim`` is not a multiple of the group size.
+    """
+    size = min(group, dim)
+    if dim % size:
+        raise ValueError(f"head_dim {dim} is not a multiple of the quantization group size {size}")
+    return size
+
+
+def rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[b, h, index[b, h, j]]`` for a table ``[batch, kv_heads, rows, d]``: ``[b, h, k, d]``
+    (one ``index_select`` of whole rows: far cheaper on a CPU than a gather of every element)."""
+    b, h, rows, d = table.shape
+    base = torch.arange(0, b * h * rows, rows, device=index.device).view(b, h, 1)
+    flat = (index.long() + base).reshape(-1)
+    return table.reshape(b * h * rows, d).index_select(0, flat).view(*index.shape, d)

@@ -1,0 +1,251 @@
+"""``quant=kivi2`` and ``quant=kivi4``: KIVI (Liu et al. ICML 2024, arXiv 2402.02750, Sec. 3.2 and
+Algorithm 1): keys quantized per channel, values per token, the most recent tokens in full precision.
+
+- Keys: tokens are quantized in blocks of ``residual`` (R) tokens, each block in groups of ``group``
+  (G) consecutive tokens, one scale and zero point per channel and group (``X_K`` grouped along the
+  token axis). The prompt's first ``L - L mod R`` tokens are quantized at once; the last ``L mod R``
+  and every later token wait in the full-precision residual until it holds R tokens, then the block
+  is quantized (the groups' statistics over the block's tokens still held by each head).
+- Values: per token, in groups of G consecutive channels; the R most recent tokens in full precision,
+  the oldest leaving it (quantized) when a new one arrives.
+
+Storage (per slot and KV head): packed key and value codes, the value's scales and zero points, and
+two int32 references: the key's group row (or its residual row) and the value's residual row (or
+none). Side tables: key scales and zero points ``[batch, kv_heads, groups, head_dim]`` (only groups
+some held slot refers to are counted as held; unreferenced rows are released when a block is
+quantized and after a ``keep``), and the residual rows ``[batch, kv_heads, R + 1, head_dim]`` of keys
+and ``[batch, kv_heads, R + 2, head_dim]`` of values in the model's dtype (one scratch row each).
+A slot written after it was quantized (merging, key re-rotation) is re-quantized
+(``methods.quant.kivi_writes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from methods.quant import codes as q
+from methods.quant.base import QuantizedStore
+from methods.quant.kivi_writes import KiviWrites
+from methods.seam.store import slot_index
+
+#: The paper's group size G and residual length R (Sec. 4.1: "group size 32, residual length 128").
+GROUP, RESIDUAL = 32, 128
+
+
+class KiviStore(KiviWrites, QuantizedStore):
+    """KIVI storage of keys and values (module docstring).
+
+    Parameters
+    ----------
+    fills, capacity
+        As :class:`~methods.seam.store.SlotStore`.
+    bits : int
+        Bits per code (2 or 4 in the paper).
+    group : int
+        G: tokens per key group, channels per value group (``head_dim`` when it is smaller).
+    residual : int
+        R: tokens held in full precision; a multiple of ``group``.
+
+    Raises
+    ------
+    ValueError
+        For a bit width the packing does not take, or R not a multiple of G.
+    """
+
+    kind = "kivi"
+    code_fields = ("keys.codes", "keys.ref", "values.codes", "values.scale", "values.zero", "values.ref")
+
+    def __init__(
+        self,
+        fills: dict[str, float],
+        capacity: Callable[[int], int],
+        bits: int = 2,
+        group: int = GROUP,
+        residual: int = RESIDUAL,
+    ) -> None:
+        q.check_bits(bits)
+        if residual % group:
+            raise ValueError(f"KIVI's residual length {residual} is not a multiple of its group size {group}")
+        super().__init__(fills, capacity)
+        self.bits, self.group, self.residual = bits, group, residual
+        self.arrived = 0  # tokens appended so far (a token's arrival index is its residual row's key)
+        self.base = 0  # arrivals whose keys are quantized: the key residual holds arrivals base..arrived-1
+
+    # ------------------------------------------------------------------ allocation
+    def _allocate(self, keys: torch.Tensor, values: torch.Tensor, cap: int) -> dict[str, torch.Tensor]:
+        b, h, _, d = keys.shape
+        width = d * self.bits // 8
+        self.key_scale = keys.new_zeros((b, h, 1, d))
+        self.key_zero = keys.new_zeros((b, h, 1, d))
+        self.key_rows = keys.new_zeros((b, h, self.residual + 1, d))
+        self.value_rows = keys.new_zeros((b, h, self.residual + 2, d))
+        groups = d // q.group_size(d, self.group)
+        u8, i32 = {"dtype": torch.uint8, "device": keys.device}, {"dtype": torch.int32, "device": keys.device}
+        return {
+            "keys.codes": torch.empty((b, h, cap, width), **u8),
+            "keys.ref": torch.empty((b, h, cap), **i32),
+            "values.codes": torch.empty((b, h, cap, width), **u8),
+            "values.scale": keys.new_empty((b, h, cap, groups)),
+            "values.zero": keys.new_empty((b, h, cap, groups)),
+            "values.ref": torch.empty((b, h, cap), **i32),
+        }
+
+    # ------------------------------------------------------------------ bytes
+    def _referenced_groups(self, n: int | None = None) -> torch.Tensor:
+        """``[batch, kv_heads, groups]`` bool: key groups one of the first ``n`` slots (default: the
+        held ones) refers to."""
+        ref = self.buffers["keys.ref"].narrow(2, 0, self.n if n is None else n).long()
+        used = torch.zeros(self.key_scale.shape[:3], dtype=torch.long, device=ref.device)
+        return used.scatter_add_(2, ref.clamp(min=0), (ref >= 0).long()) > 0
+
+    def kv_bytes(self) -> int:
+        """Bytes held: both references of every slot; the codes of quantized keys, the codes,
+        scales and zero points of quantized values; the full-precision rows of residual keys and
+        values; the scale and zero point rows of referenced key groups."""
+        if not self.buffers:
+            return 0
+        kref, vref = self.view("keys.ref"), self.view("values.ref")
+        row = self.shape[2] * self.key_rows.element_size()
+        code = self.buffers["keys.codes"].shape[-1]
+        per_value = code + 2 * self.buffers["values.scale"].shape[-1] * self.key_rows.element_size()
+        kq, vq = int((kref >= 0).sum()), int((vref >= 0).sum())
+        refs = (kref.numel() + vref.numel()) * 4
+        residual = (kref.numel() - kq + vref.numel() - vq) * row
+        return refs + kq * code + vq * per_value + residual + int(self._referenced_groups().sum()) * 2 * row
+
+    def side_allocated(self) -> int:
+        """Bytes of the key group tables and the residual rows."""
+        tables = (self.key_scale, self.key_zero, self.key_rows, self.value_rows) if self.buffers else ()
+        return sum(t.untyped_storage().nbytes() for t in tables)
+
+    # ------------------------------------------------------------------ reading
+    def _read(self, name: str) -> torch.Tensor:
+        n = self.n
+        ref = self.buffers[f"{name}.ref"].narrow(2, 0, n).long()
+        packed = self.buffers[f"{name}.codes"].narrow(2, 0, n)
+        if name == "keys":
+            g = ref.clamp(min=0)
+            codes = q.unpack(packed, self.bits, self.dtype)
+            full = q.decode(codes, q.rows(self.key_scale, g), q.rows(self.key_zero, g))
+            rows = self.key_rows
+        else:
+            s, z = (self.buffers[f"values.{p}"].narrow(2, 0, n) for p in ("scale", "zero"))
+            full = q.per_token_values(packed, s, z, self.bits)
+            rows = self.value_rows
+        b, h, slot = (ref < 0).nonzero(as_tuple=True)  # the residual slots (at most R + 1 per head)
+        full[b, h, slot] = rows[b, h, -1 - ref[b, h, slot]]
+        return full
+
+    # ------------------------------------------------------------------ writing
+    def _value_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return q.per_token(x.to(self.dtype), q.group_size(x.shape[-1], self.group), self.bits)
+
+    def _key_codes(self, x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        """Packed codes of keys ``x`` ``[b, h, k, d]`` with the scale and zero point of their key
+        group rows ``group`` ``[b, h, k]`` (clamped to the group's range)."""
+        scale, zero = q.rows(self.key_scale, group), q.rows(self.key_zero, group)
+        return q.pack(q.encode(x.to(self.dtype), scale, zero, self.bits), self.bits)
+
+    def _key_stats(self, x: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel scale and zero point ``[b, h, k / G, d]`` of ``x`` ``[b, h, k, d]`` in groups of
+        G tokens over the ``present`` ``[b, h, k]`` ones (a group with none: 0 and 0)."""
+        b, h, k, d = x.shape
+        mask = present.view(b, h, k // self.group, self.group, 1)
+        grouped = x.view(b, h, k // self.group, self.group, d)
+        lo = torch.where(mask, grouped, torch.inf).amin(3)
+        hi = torch.where(mask, grouped, -torch.inf).amax(3)
+        empty = ~mask.any(3)
+        lo, hi = lo.masked_fill(empty, 0), hi.masked_fill(empty, 0)
+        return (hi - lo) / (2**self.bits - 1), lo
+
+    def _append_codes(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
+        if self.n == 0 and self.arrived == 0:
+            self._prefill(keys, values)
+            return
+        for i in range(keys.shape[2]):
+            self._append_one(keys[:, :, i : i + 1], values[:, :, i : i + 1], self.n + i)
+
+    def _prefill(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Algorithm 1's prefill: the first ``L - L mod R`` keys and ``L - R`` values quantized."""
+        b, h, L = keys.shape[:3]
+        r = self.residual
+        nq = L - L % r
+        g = torch.arange(L, device=keys.device) // self.group
+        if nq:
+            ones = keys.new_ones((b, h, nq), dtype=torch.bool)
+            self.key_scale, self.key_zero = self._key_stats(keys[:, :, :nq], ones)
+            self.buffers["keys.codes"][:, :, :nq] = self._key_codes(keys[:, :, :nq], g[:nq].expand(b, h, nq))
+        self.key_rows[:, :, : L - nq] = keys[:, :, nq:]
+        arrival = torch.arange(L, device=keys.device, dtype=torch.int32)
+        self.buffers["keys.ref"][:, :, :L] = torch.where(arrival < nq, g.int(), nq - 1 - arrival)
+        nv = max(L - r, 0)
+        for part, t in zip(("codes", "scale", "zero"), self._value_codes(values), strict=True):
+            self.buffers[f"values.{part}"][:, :, :L] = t
+        row = arrival % (r + 1)
+        self.value_rows[:, :, row[nv:].long()] = values[:, :, nv:]
+        self.buffers["values.ref"][:, :, :L] = torch.where(arrival < nv, 0, -1 - row)
+        self.arrived, self.base = L, nq
+
+    def _append_one(self, key: torch.Tensor, value: torch.Tensor, slot: int) -> None:
+        """One decode step's token at ``slot``: into both residuals; the value that leaves the
+        value residual is quantized; a full key residual is quantized as one block."""
+        r, t = self.residual, self.arrived
+        self.key_rows[:, :, t - self.base] = key[:, :, 0]
+        self.value_rows[:, :, t % (r + 1)] = value[:, :, 0]
+        self.buffers["keys.ref"][:, :, slot] = self.base - 1 - t
+        self.buffers["values.ref"][:, :, slot] = -1 - t % (r + 1)
+        self.arrived = t + 1
+        n = slot + 1
+        if t >= r:  # arrival t - r leaves the value residual
+            row = (t - r) % (r + 1)
+            ref = self.buffers["values.ref"].narrow(2, 0, n)
+            leaving = ref == -1 - row  # at most one slot per head (none where it was evicted)
+            found, at = leaving.any(-1, keepdim=True), leaving.int().argmax(-1, keepdim=True)
+            c, s, z = self._value_codes(self.value_rows[:, :, row : row + 1])
+            for part, new in (("codes", c), ("scale", s), ("zero", z)):
+                buf = self.buffers[f"values.{part}"]
+                index = slot_index(buf, at)
+                buf.scatter_(2, index, torch.where(found.unsqueeze(-1), new, buf.gather(2, index)))
+            ref.scatter_(2, at, torch.where(found, 0, ref.gather(2, at)))
+        if self.arrived - self.base == r:
+            self._flush(n)
+
+    def _flush(self, n: int) -> None:
+        """Quantize the full key residual as one block of R tokens (module docstring)."""
+        r = self.residual
+        ref = self.buffers["keys.ref"].narrow(2, 0, n)
+        res = ref < 0
+        row = (-1 - ref.long()).clamp(min=0)
+        present = torch.zeros((*ref.shape[:2], r + 1), dtype=torch.bool, device=ref.device)
+        present.scatter_(2, torch.where(res, row, r), True)
+        scale, zero = self._key_stats(self.key_rows[:, :, :r], present[:, :, :r])
+        first = self.key_scale.shape[2]
+        self.key_scale = torch.cat([self.key_scale, scale], 2)
+        self.key_zero = torch.cat([self.key_zero, zero], 2)
+        g = first + row // self.group
+        codes = self._key_codes(q.rows(self.key_rows, row), g)
+        packed = self.buffers["keys.codes"].narrow(2, 0, n)
+        packed.copy_(torch.where(res.unsqueeze(-1), codes, packed))
+        ref.copy_(torch.where(res, g.int(), ref))
+        self.base += r
+        self._compact(n)
+
+    def _compact(self, n: int | None = None) -> None:
+        """Release the key group rows none of the first ``n`` slots (default: the held ones) refers
+        to (rows packed per head, the table as long as the head that refers to most)."""
+        n = self.n if n is None else n
+        used = self._referenced_groups(n)
+        keep = max(int(used.sum(-1).max()), 1)
+        order = (~used).to(torch.uint8).argsort(dim=-1, stable=True)[..., :keep]
+        new_index = torch.zeros(used.shape, dtype=torch.long, device=used.device)
+        new_index.scatter_(2, order, torch.arange(keep, device=order.device).expand_as(order))
+        self.key_scale, self.key_zero = q.rows(self.key_scale, order), q.rows(self.key_zero, order)
+        ref = self.buffers["keys.ref"].narrow(2, 0, n)
+        ref.copy_(torch.where(ref >= 0, new_index.gather(2, ref.long().clamp(min=0)).int(), ref))
+
+    def keep(self, index: torch.Tensor) -> None:
+        """``SlotStore.keep``, then the key groups no kept slot refers to released."""
+        super().keep(index)
+        self._compact()

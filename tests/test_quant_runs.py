@@ -1,0 +1,89 @@
+"""``quant=`` in runs and reports: every quant config builds its kind; quantized storage is another run
+(``quant=none`` keeps the ids of runs stored before the option), named in report labels and never the
+FullKV reference; a head-adaptive method over quantized storage is one ``error:`` line before any work."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from methods import FullKV
+from methods.quant import PerTokenStore, storage_kind
+from methods.seam import cache as seam_cache
+from reports.pairing import pair
+from reports.runs import row
+from reports.store import setting_id
+from runners.storage import set_storage
+from tasks.errors import KVBenchError
+from tests.conftest import REPO
+
+QUANTS = sorted(p.stem for p in (REPO / "configs" / "quant").glob("*.yaml"))
+
+
+def config(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_every_quant_config_sets_its_kind(quant):
+    cfg = config(f"quant={quant}", "method=fullkv")
+    before = list(seam_cache.DEFAULT_STORAGE)
+    try:
+        set_storage(cfg, FullKV())
+        store = seam_cache.DEFAULT_STORAGE[0]({}, lambda n: n)
+        assert store.kind == ("uniform" if quant == "none" else "per-token" if "int" in quant else "kivi")
+        assert getattr(store, "bits", None) == (None if quant == "none" else int(quant[-1]))
+    finally:
+        seam_cache.DEFAULT_STORAGE[:] = before
+
+
+def test_quant_none_keeps_the_ids_and_a_quantized_run_is_another_setting():
+    plain = OmegaConf.to_container(config("method=snapkv"), resolve=True)
+    older = {k: v for k, v in plain.items() if k != "quant"}  # a record stored before quant= existed
+    assert setting_id(plain) == setting_id(older)
+    int8 = OmegaConf.to_container(config("method=snapkv", "quant=int8"), resolve=True)
+    int4 = OmegaConf.to_container(config("method=snapkv", "quant=int4"), resolve=True)
+    assert len({setting_id(plain), setting_id(int8), setting_id(int4)}) == 3
+
+
+def record(method: str, quant: str, rid: str) -> dict:
+    cfg = OmegaConf.to_container(config(f"method={method}", f"quant={quant}"), resolve=True)
+    return {"run_id": rid, "method": method, "task": "xsum", "status": "ok", "config": cfg, "n_samples": 2}
+
+
+def test_labels_name_the_quantization_and_only_unquantized_fullkv_is_the_reference():
+    rows = pd.DataFrame(
+        [
+            row(record("fullkv", "none", "a")),
+            row(record("fullkv", "int8", "b")),
+            row(record("snapkv", "int8", "c")),
+        ]
+    )
+    assert [("quant=int8" in label) for label in rows["label"]] == [False, True, True]
+    assert rows["reference"].tolist() == [True, False, False]
+    paired = pair(rows, dict.fromkeys(rows["run_id"], frozenset({"1", "2"})))
+    assert paired.kept == ["a", "b", "c"] and not paired.no_reference
+    alone = pair(rows[rows["run_id"] != "a"], dict.fromkeys("bc", frozenset({"1", "2"})))
+    assert alone.no_reference == [("smollm2-135m", "xsum")]  # FullKV int8 is no reference
+
+
+def test_a_ragged_method_over_quantized_storage_is_one_error_line(run_py):
+    res = run_py("method=adakv_snapkv", "quant=int8", "task.limit=1")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "error: quant=int8: adakv gives heads their own slot counts (ragged heads), which quantized storage "
+        "does not hold; use quant=none with it"
+    ]
+
+
+def test_compiled_decode_steps_are_refused_over_quantized_storage():
+    with pytest.raises(KVBenchError, match="backend=compiled"):
+        set_storage(config("method=snapkv", "quant=int8", "backend=compiled"), FullKV())
+
+
+def test_kind_parameters_reach_the_store():
+    store = storage_kind("int4", {"bits": 4, "group": 32})({}, lambda n: n)
+    assert isinstance(store, PerTokenStore) and (store.bits, store.group) == (4, 32)
