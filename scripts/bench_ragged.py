@@ -4,9 +4,11 @@ Uniform: every KV head holds ``--slots`` slots (``kernels.decode_attention``, ``
 slots, head_dim]``). Ragged: the same total, spread over the heads of each batch row in proportion
 to 1, 2, ..., kv_heads (SmolLM2's 3 heads at 512 hold 256, 512 and 768), packed in one buffer
 (``kernels.ragged_decode``). Both return the group-mean probabilities (what H2O-like methods
-score with), without a log-weight bias. Rows: the PyTorch paths, and on CUDA the Triton kernels
-(``kernels.triton_decode`` vs ``kernels.triton_ragged``). Each figure is the median of ``--repeats``
-calls, the uniform and ragged calls alternating (a shared machine's drift hits both alike).
+score with), without a log-weight bias. Rows: the PyTorch paths (the ragged specification, and on the
+CPU the per-segment products its dispatch runs, ``kernels.ragged_decode.per_segment_attention``), and on
+CUDA the Triton kernels (``kernels.triton_decode`` vs ``kernels.triton_ragged``). Each figure is the
+median of ``--repeats`` calls, the uniform and ragged calls alternating (a shared machine's drift hits
+both alike).
 
     python scripts/bench_ragged.py                                 # CPU, SmolLM2 shape, 512 and 2048
     python scripts/bench_ragged.py --device cuda --shape llama3-8b --slots 4096 --dtype bfloat16
@@ -25,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels.decode_attention import decode_attention_torch
-from kernels.ragged_decode import ragged_decode_attention_torch
+from kernels.ragged_decode import per_segment_attention, ragged_decode_attention_torch
 from runners.environment import device_info
 from runners.timing import call_ms
 
@@ -82,6 +84,15 @@ def measure(args: argparse.Namespace, slots: int) -> dict:
         args.device == "cuda",
     )
     row["torch_ratio"] = row["torch_ragged_ms"] / row["torch_uniform_ms"]
+    if args.device == "cpu":
+        query, keys, values, offsets, lengths, *_ = ragged
+        row["torch_uniform_ms_2"], row["cpu_ragged_ms"] = time_pair(
+            lambda: decode_attention_torch(*uniform, scale),
+            lambda: per_segment_attention(query, keys, values, offsets, lengths, None, scale, None, True),
+            args.repeats,
+            False,
+        )
+        row["cpu_ratio"] = row["cpu_ragged_ms"] / row["torch_uniform_ms_2"]
     if args.device == "cuda":
         from kernels.triton_decode import triton_decode_attention
         from kernels.triton_ragged import triton_ragged_decode_attention
@@ -131,6 +142,8 @@ def main() -> int:
         line = (f"slots/head {slots:>5} (ragged {row['ragged_lengths']}): torch uniform "
                 f"{row['torch_uniform_ms']:.4f}  ragged {row['torch_ragged_ms']:.4f}  "
                 f"({row['torch_ratio']:.2f}x)")  # fmt: skip
+        if "cpu_ratio" in row:
+            line += f"; per-segment (the CPU's path) {row['cpu_ragged_ms']:.4f} ({row['cpu_ratio']:.2f}x)"
         if "triton_ratio" in row:
             line += (f"; triton uniform {row['triton_uniform_ms']:.4f}  ragged "
                      f"{row['triton_ragged_ms']:.4f}  ({row['triton_ratio']:.2f}x)")  # fmt: skip
