@@ -88,6 +88,7 @@ def quality_points(
                 "budget_unit": first["budget_unit"],
                 "budget_realised": bool(first["budget_realised"]),
                 "reference": bool(first["reference"]),
+                "quant": first["quant"],
                 "protocol": first["protocol"],
                 "metric": metric,
                 "n": n,

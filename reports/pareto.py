@@ -45,7 +45,8 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing
     if memory == "peak" and (points["peak_kind"] == "process").any():
         xlabel = "peak process memory of the run (RSS, model included; MiB)"
     models = list(dict.fromkeys(points["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(6.4 * len(models), 4.6), squeeze=False)
+    many = points["label"].nunique() > 6  # the legend goes beside the axes, not over the points
+    fig, axes = plt.subplots(1, len(models), figsize=((6.4 + 3.2 * many) * len(models), 4.6), squeeze=False)
     spread = points[x].max() / max(points[x].min(), 1e-9)
     log = spread >= 10  # a log axis only where the memory spans a decade or more
     for ax, model in zip(axes[0], models, strict=True):
@@ -59,13 +60,18 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing
         ax.set_xlabel(xlabel + (", log scale" if log else ""))
         ax.set_ylabel(style.metric_label(metric))
         ax.grid(alpha=0.3, which="both")
-        ax.legend(title="method (preset)", fontsize=7, title_fontsize=7)
+        outside = {"loc": "upper left", "bbox_to_anchor": (1.01, 1)} if many else {}
+        ax.legend(title="method (preset)", fontsize=7, title_fontsize=7, **outside)
         if len(models) > 1:
             ax.set_title(model, fontsize=9)
     task = points["task"].iloc[0]
     against = "KV memory" if memory == "kv" else "peak memory"
     style.title(fig, f"{task} ({', '.join(models)}): {style.metric_label(metric)} vs {against}")
     note = "Points: mean over samples, labelled with the budget; bars: 95% t-interval; star: FullKV."
+    quants = [q for q in style.QUANT_MARKERS if q in set(points["quant"])]
+    if quants != ["none"]:
+        shapes = (f"{style.MARKER_NAMES[style.QUANT_MARKERS[q]]} {q}" for q in quants)
+        note += " KV storage (quant=): " + ", ".join(shapes) + "."
     if points["budget_realised"].any():
         note += (
             " Diamonds: methods whose budget is an outcome, labelled with the fraction of the prompt kept."
@@ -92,7 +98,7 @@ def _panel(ax, points: pd.DataFrame, x: str) -> None:
             group["mean"],
             yerr=yerr,
             color=color,
-            marker="*" if is_ref else "D" if outcome else "o",
+            marker="*" if is_ref else "D" if outcome else style.quant_marker(group["quant"].iloc[0]),
             markersize=11 if is_ref else 5,
             linestyle="none" if is_ref or outcome else "-",
             capsize=2,

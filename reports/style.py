@@ -110,6 +110,20 @@ def method_color(method: str) -> str:
     return style.color if style else _SPARE[zlib.crc32(method.encode()) % len(_SPARE)]
 
 
+#: Marker of each ``quant=`` storage kind in the memory figures (FullKV's star and the diamonds of
+#: budgets that are outcomes take precedence).
+QUANT_MARKERS = {"none": "o", "int8": "s", "int4": "^", "kivi2": "v", "kivi4": "P"}
+#: What a caption calls each marker.
+MARKER_NAMES = {
+    "o": "circle", "s": "square", "^": "triangle up", "v": "triangle down", "P": "plus", "X": "cross",
+}  # fmt: skip
+
+
+def quant_marker(quant: str) -> str:
+    """The marker of a ``quant=`` kind (:data:`QUANT_MARKERS`; ``X`` for an unlisted one)."""
+    return QUANT_MARKERS.get(quant, "X")
+
+
 def preset_label(method: str, preset: str | None, settings: str = "") -> str:
     """Display label of a run's method: ``ZSMerge``, ``ZSMerge (xsum_paper)`` for the preset
     ``zsmerge_xsum_paper``, plus hyperparameters set on the command line (``residual_ratio=0``)."""

@@ -87,3 +87,30 @@ def test_compiled_decode_steps_are_refused_over_quantized_storage():
 def test_kind_parameters_reach_the_store():
     store = storage_kind("int4", {"bits": 4, "group": 32})({}, lambda n: n)
     assert isinstance(store, PerTokenStore) and (store.bits, store.group) == (4, 32)
+
+
+def test_the_memory_figure_marks_each_storage_kind_and_stars_only_unquantized_fullkv(tmp_path):
+    from reports import pareto
+    from reports.runs import Filters
+    from reports.store import ResultStore
+    from tests.report_fixtures import write_run
+
+    store = ResultStore(tmp_path / "results")
+    for i, (method, quant, budget) in enumerate(
+        [("fullkv", "none", "null"), ("fullkv", "int8", "null"), ("snapkv", "int4", 0.5)]
+    ):
+        cfg = OmegaConf.to_container(
+            config(f"method={method}", f"quant={quant}", f"budget={budget}"), resolve=True
+        )
+        predictions = [
+            {"id": str(s), "prediction": "x", "metrics": {"rouge1": 10.0 + s + i}} for s in range(3)
+        ]
+        write_run(
+            store, cfg, method, "xsum", f"2026-11-21T11:0{i}:00+00:00", predictions=predictions,
+            metrics={"rouge1": 11.0 + i}, efficiency={"kv_bytes_end_mean": 1e6 * (3 - i)},
+        )  # fmt: skip
+    (plot,) = pareto.build(store, Filters(task="xsum"))
+    markers = {c.get_label().split(" (")[0]: c.lines[0].get_marker() for c in plot.fig.axes[0].containers}
+    assert markers == {"FullKV": "*", "FullKV quant=int8": "s", "SnapKV quant=int4": "^"}
+    caption = " ".join(t.get_text() for t in plot.fig.texts)
+    assert "KV storage (quant=): circle none, square int8, triangle up int4." in " ".join(caption.split())
