@@ -32,7 +32,7 @@ def ragged_decode_attention(
     offsets: torch.Tensor,
     lengths: torch.Tensor,
     segment: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     log_weight: torch.Tensor | None,
     scaling: float,
     softcap: float | None = None,
@@ -55,8 +55,10 @@ def ragged_decode_attention(
         are valid (the Triton kernel reads these; the PyTorch path the next two).
     segment : torch.Tensor
         ``[slots]`` int64 segment of each buffer slot.
-    valid : torch.Tensor
-        ``[slots]`` bool: whether the slot holds a token (invalid slots get probability 0).
+    valid : torch.Tensor | None
+        ``[slots]`` bool: whether the slot holds a token (invalid slots get probability 0); None:
+        derived from ``offsets``, ``lengths`` and ``segment`` where needed (only the specification
+        reads it, so a caller that may take the CPU or Triton path need not build it every step).
     log_weight : torch.Tensor | None
         ``[slots]`` float32 bias added to the logits, or None.
     scaling : float
@@ -97,6 +99,9 @@ def ragged_decode_attention(
                 query, keys, values, offsets, lengths, log_weight, scaling, softcap, return_probs
             )
     n_seg, group, head_dim = query.shape
+    if valid is None:
+        local = torch.arange(len(segment), device=segment.device) - offsets.index_select(0, segment)
+        valid = local < lengths.index_select(0, segment)
     # One [slots, group, head_dim] float32 buffer: the scaled query gathered to each slot, multiplied
     # by the slot's key in place (logits = its sum over head_dim), then reused for p * v.
     buf = (query.float() * scaling).index_select(0, segment)
@@ -133,21 +138,26 @@ def per_segment_attention(
     offsets and lengths on the host (a synchronisation, free on the CPU); the CPU's eager path.
     Arguments and returns as :func:`ragged_decode_attention`'s (the segments' valid slots are their
     first ``lengths[s]``, so ``segment`` and ``valid`` are not needed)."""
-    n_seg, group, head_dim = query.shape
-    q = query.float() * scaling
-    out = q.new_empty((n_seg, group, head_dim))
-    probs = q.new_zeros(keys.shape[0]) if return_probs else None
+    q = (query.float() * scaling).unbind(0)
+    rows = []
+    probs = q[0].new_zeros(keys.shape[0]) if return_probs else None
+    # float32 buffers are read as they are (a .float() per slice would dispatch an op per segment)
+    widen = keys.dtype != torch.float32 or values.dtype != torch.float32
     for s, (start, n) in enumerate(zip(offsets.tolist(), lengths.tolist(), strict=True)):
-        logits = torch.mm(q[s], keys[start : start + n].t().float())  # [group, n]
+        k, v = keys[start : start + n], values[start : start + n]
+        if widen:
+            k, v = k.float(), v.float()
+        logits = torch.mm(q[s], k.t())  # [group, n]
         if softcap is not None:
             logits.div_(softcap).tanh_().mul_(softcap)
         if log_weight is not None:
             logits.add_(log_weight[start : start + n])
         p = torch.softmax(logits, -1)
-        torch.mm(p, values[start : start + n].float(), out=out[s])
+        rows.append(torch.mm(p, v))
         if probs is not None:
             torch.mean(p, 0, out=probs[start : start + n])
-    return out.to(query.dtype), probs
+    out = torch.stack(rows)
+    return (out if query.dtype == torch.float32 else out.to(query.dtype)), probs
 
 
 #: :func:`ragged_decode_attention` with ``spec=True``, same arguments: the specification, the reference

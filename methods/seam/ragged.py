@@ -226,7 +226,7 @@ class RaggedStore(SlotStorage):
         at = self.offsets + self.lengths
         self.buffers["keys"].index_copy_(0, at, keys.reshape(-1, keys.shape[-1]))
         self.buffers["values"].index_copy_(0, at, values.reshape(-1, values.shape[-1]))
-        self.buffers["positions"].index_copy_(0, at, positions.to(at.device).expand(len(at)))
+        self.buffers["positions"].index_copy_(0, at, positions.expand(len(at)))
         self.lengths.add_(1)
         self._appended += 1
 
@@ -293,7 +293,7 @@ class RaggedStore(SlotStorage):
             self.offsets,
             self.lengths,
             self.segment,
-            self.valid(),
+            None,  # the valid slots, derived only where the path reads them
             None,
             scaling,
             softcap,
