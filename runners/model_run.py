@@ -163,14 +163,21 @@ def _cache_keyword(function) -> str:
     return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
 
 
+def cache_keyword(forward) -> str:
+    """The keyword under which ``forward`` (a model, or its compiled forward) takes its cache: ``cache``
+    in current transformers (where ``past_key_values`` is deprecated), ``past_key_values`` in earlier
+    5.x releases; looked up once per forward function."""
+    function = inspect.unwrap(forward.forward if isinstance(forward, torch.nn.Module) else forward)
+    return _cache_keyword(getattr(function, "__func__", function))
+
+
 def cache_arguments(forward, cache: CompressedCache | RowsCache) -> dict:
     """The keyword arguments that hand ``cache`` to ``forward`` (a model, or its compiled forward):
     under the name the model's own forward declares (``cache`` in current transformers, where
     ``past_key_values`` is deprecated; ``past_key_values`` in earlier 5.x releases), looked up once
     per forward function, and as ``kvbench_cache`` for the attention function
     (``methods.seam.attention``)."""
-    function = inspect.unwrap(forward.forward if isinstance(forward, torch.nn.Module) else forward)
-    return {_cache_keyword(getattr(function, "__func__", function)): cache, "kvbench_cache": cache}
+    return {cache_keyword(forward): cache, "kvbench_cache": cache}
 
 
 def model_forward(

@@ -42,6 +42,7 @@ from runners.batched import decode_rows  # noqa: E402
 from runners.build import build_components, load_prompts  # noqa: E402
 from runners.environment import device_info, peak_device_bytes, peak_rss_bytes, reset_peak_memory  # noqa: E402
 from runners.generate import eos_token_ids  # noqa: E402
+from runners.model_run import cache_keyword  # noqa: E402
 from runners.models import load_model  # noqa: E402
 from runners.quality import check_budgets, question_starts, sample_rows  # noqa: E402
 
@@ -140,15 +141,15 @@ def forward_ceiling(model, batch: int, steps: int = 20) -> tuple[float, float]:
     attention, a 16-token ``DynamicCache`` cropped back after each step), calls alternating."""
     implementation = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
-    caches, times = {}, {1: [], batch: []}
+    caches, times, keyword = {}, {1: [], batch: []}, cache_keyword(model)
     for b in times:
         caches[b] = DynamicCache()
-        model(input_ids=torch.randint(100, 1000, (b, 16), device=model.device), past_key_values=caches[b])
+        model(input_ids=torch.randint(100, 1000, (b, 16), device=model.device), **{keyword: caches[b]})
     for i in range(steps + 3):
         for b, cache in caches.items():
             token = torch.full((b, 1), 100, device=model.device)
             start = time.perf_counter()
-            model(input_ids=token, past_key_values=cache, logits_to_keep=1)
+            model(input_ids=token, logits_to_keep=1, **{keyword: cache})
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
             if i >= 3:  # 3 untimed warm-up steps
