@@ -11,6 +11,7 @@ from transformers import LlamaConfig
 from transformers.cache_utils import QuantizedCache
 
 from methods.quant import KiviStore, PerTokenStore
+from methods.quant import codes as q
 
 B, H, D = 1, 2, 64
 
@@ -86,3 +87,15 @@ def test_eviction_keeps_the_codes(kind):
     torch.testing.assert_close(store.keys, before_k[:, :, [3, 140, 200, 290, 7]], rtol=0, atol=0)
     store.drop(torch.zeros(B, H, dtype=torch.long))  # slot 0 leaves, the last slot takes its place
     torch.testing.assert_close(store.values, before_v[:, :, [7, 140, 200, 290]], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.uint8])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_packed_codes_read_back_in_every_dtype(bits, dtype):
+    """``unpack`` is ``pack``'s inverse in each dtype a store reads codes in (one-element table lookups
+    where a dtype is as wide as a byte's codes, rows of codes otherwise): the first code in the low bits."""
+    codes = torch.randint(0, 2**bits, (2, 3, 5, 64), generator=torch.Generator().manual_seed(bits))
+    packed = q.pack(codes.to(torch.uint8), bits)
+    assert packed.dtype == torch.uint8 and packed.shape[-1] == 64 * bits // 8
+    assert int(packed[0, 0, 0, 0]) & (2**bits - 1) == int(codes[0, 0, 0, 0])
+    torch.testing.assert_close(q.unpack(packed, bits, dtype), codes.to(dtype), rtol=0, atol=0)

@@ -64,20 +64,27 @@ def unpack(packed: torch.Tensor, bits: int, dtype: torch.dtype = torch.uint8) ->
     (a float dtype saves :func:`decode` a conversion)."""
     if bits == 8:
         return packed.to(dtype)
-    table = _unpacked(bits, packed.device, dtype)  # [256, 8 / bits]: the codes of every byte
-    return table.index_select(0, packed.reshape(-1).int()).view(*packed.shape[:-1], -1)
+    table = _unpacked(bits, packed.device, dtype)  # the codes of every byte value (one wide element each)
+    return table.index_select(0, packed.reshape(-1).int()).view(dtype).view(*packed.shape[:-1], -1)
 
 
 _TABLES: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+#: A dtype of each byte width: a table entry holding a byte's ``8 / bits`` codes is one element of it,
+#: so the lookup is a one-dimensional ``index_select`` (3-4x faster on a CPU than one of short rows).
+_WIDE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
 
 
 def _unpacked(bits: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``[256, 8 / bits]``: the codes each byte value holds, as ``dtype`` (:func:`unpack`'s table)."""
+    """``[256]``: the ``8 / bits`` codes each byte value holds, as ``dtype``, viewed as one element of
+    the dtype of their total width; ``[256, 8 / bits]`` where no dtype is that wide (:func:`unpack`'s
+    table)."""
     key = (bits, device, dtype)
     if key not in _TABLES:
         shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=device)
         byte = torch.arange(256, dtype=torch.int32, device=device).unsqueeze(-1)
-        _TABLES[key] = ((byte >> shifts) & (2**bits - 1)).to(dtype)
+        codes = ((byte >> shifts) & (2**bits - 1)).to(dtype)
+        wide = _WIDE.get(codes.shape[-1] * codes.element_size())
+        _TABLES[key] = codes if wide is None else codes.view(wide).reshape(256)
     return _TABLES[key]
 
 
