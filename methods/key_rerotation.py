@@ -23,7 +23,6 @@ import torch
 
 from methods.evict import ScoreEvict
 from methods.seam.layer import CompressedLayer
-from methods.seam.ragged import RaggedStore
 from methods.seam.rope import rotate
 from methods.snapkv import SnapKV
 from methods.wrap import ScorerWrapper
@@ -93,10 +92,4 @@ class KeyRerotation(ScorerWrapper):
         for h in range(keys.shape[1]):
             turn = shift[:, h]
             keys[:, h] = rotate(layer.keys[:, h].float(), cos[turn], sin[turn]).to(keys.dtype)
-        store = layer.store
-        if isinstance(store, RaggedStore):  # packed heads have no write: repack them with the new keys
-            fields = {"keys": keys, "values": store.values, "positions": store.positions}
-            bounds = store.bounds.view(store.shape)
-            layer.store = RaggedStore.from_mask(fields, store.positions >= 0, store.room, bounds)
-        else:
-            store.write("keys", keys)
+        layer.store.write("keys", keys)

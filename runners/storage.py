@@ -25,7 +25,7 @@ def set_storage(cfg: DictConfig, method: CompressionMethod) -> None:
     Raises
     ------
     KVBenchError
-        For an unknown name, parameters its kind refuses, a method with ragged heads
+        For an unknown name, parameters its kind refuses, a method with ragged heads over a kind without them
         (``methods.quant.check_method``), or quantized storage with ``backend=compiled`` (not proven:
         KIVI's residual bookkeeping is host-side).
     """

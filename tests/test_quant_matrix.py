@@ -1,6 +1,7 @@
 """Quantized storage (``quant=``) x every method: the method's budget holds at every step, the layers
 really hold codes, and the bytes are the codes, scales, zero points, references and full-precision
-rows of the held slots; head-adaptive allocators are refused before any work."""
+rows of the held slots; head-adaptive allocators hold their ragged heads as codes over the per-token
+kinds and are refused before any work over KIVI."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from methods import METHOD_REGISTRY
 from methods.quant import QUANT_REGISTRY, KiviStore, PerTokenStore, check_method, storage_kind
 from methods.quant.base import QuantizedStore
+from methods.quant.ragged import QuantizedRaggedStore
 from methods.seam import cache as seam_cache
 from runners.generate import greedy_generate
 from tests.test_method_matrix import NEW, PROMPT, SETTINGS, prompt
@@ -31,9 +33,9 @@ def per_token_slot_bytes(bits: int, group: int) -> int:
     return 2 * (HEAD_DIM * bits // 8 + 2 * (HEAD_DIM // group) * FP32)
 
 
-def ragged(name: str, kwargs: dict) -> bool:
+def refused(kind: str, name: str, kwargs: dict) -> bool:
     try:
-        check_method(METHOD_REGISTRY[name](**kwargs), "int8")
+        check_method(METHOD_REGISTRY[name](**kwargs), kind)
     except ValueError:
         return True
     return False
@@ -44,7 +46,7 @@ CASES = [
     for kind in KINDS
     for name, pair in SETTINGS.items()
     for level, kwargs, budget in (("mild", pair[0], 40), ("harsh", pair[1], 10))
-    if not ragged(name, kwargs)
+    if not refused(kind, name, kwargs)
 ]
 
 
@@ -64,21 +66,24 @@ def storage():
 def test_budget_and_bytes_at_every_step(tiny_model, storage, kind, name, kwargs, budget):
     storage(KINDS[kind])
     method = METHOD_REGISTRY[name](**kwargs)
-    steps = []
+    steps, kinds = [], set()
     pooled = getattr(method, "layerwise", True) is False
 
     def check(cache) -> None:
         steps.append(cache.n_slots)
         for layer in cache.layers:
             store = layer.store
-            assert isinstance(store, QuantizedStore), type(store)  # never silently full precision
+            kinds.add(type(store))
+            assert isinstance(store, (QuantizedStore, QuantizedRaggedStore)), type(store)
+            assert "keys" not in store.buffers and store.buffers["keys.codes"].dtype == torch.uint8  # codes
             allowed = PROMPT + len(steps) - 1
             if method.traits.budget_applies:
                 allowed = layer.budget + (0 if method.traits.holds_in_decode else len(steps) - 1)
-            assert store.n_slots <= allowed or pooled
+            assert store.head_slots().float().mean() <= allowed or pooled  # the layer's mean over heads
             held = int(store.head_slots().sum())
-            if isinstance(store, PerTokenStore):
-                assert store.kv_bytes() == held * per_token_slot_bytes(store.bits, store.group)
+            if isinstance(store, (PerTokenStore, QuantizedRaggedStore)):
+                bits, group = store.codec.bits, store.codec.group
+                assert store.kv_bytes() == held * per_token_slot_bytes(bits, group)
             else:  # references, the smaller of codes and a full-precision row, one group row per slot
                 assert store.kv_bytes() <= held * (2 * 4 + 2 * HEAD_DIM * FP32 + 2 * HEAD_DIM * FP32)
             assert store.token_bytes() == KV_HEADS * 2 * HEAD_DIM * FP32  # FullKV's bytes per token
@@ -90,18 +95,21 @@ def test_budget_and_bytes_at_every_step(tiny_model, storage, kind, name, kwargs,
     )
     assert len(steps) == NEW
     assert res.kv_bytes < res.fullkv_bytes  # codes: less than the uncompressed cache, even for FullKV
+    if refused("kivi2", name, kwargs) and budget == 40:  # head-adaptive: ragged heads, as codes (DMS's
+        assert QuantizedRaggedStore in kinds  # harsh setting keeps one count per head: no ragged swap)
 
 
-def test_head_adaptive_allocators_are_refused():
-    refused = {name for name, pair in SETTINGS.items() if ragged(name, pair[0]) or ragged(name, pair[1])}
-    assert refused == {"adakv", "duo_attention", "simlayerkv", "kvzip", "dms", "key_rerotation"}
-    check_method(METHOD_REGISTRY["adakv"](**SETTINGS["adakv"][0]), "none")  # full precision: ragged is fine
+@pytest.mark.parametrize("kind", ["kivi2", "kivi4", "int8", "int4", "none"])
+def test_head_adaptive_allocators_are_refused_over_kivi_only(kind):
+    found = {name for name, pair in SETTINGS.items() if any(refused(kind, name, kw) for kw in pair)}
+    ragged = {"adakv", "duo_attention", "simlayerkv", "kvzip", "dms", "key_rerotation"}
+    assert found == (ragged if kind.startswith("kivi") else set())
 
 
 @pytest.mark.parametrize("name", ["adakv", "dms"])
 def test_a_ragged_swap_is_never_made_unquantized(tiny_model, storage, name):
-    """Past the runner's check (``methods.quant.check_method``), the store itself refuses ragged heads."""
-    storage(KINDS["int8"])
+    """Past the runner's check (``methods.quant.check_method``), KIVI's store itself refuses ragged heads."""
+    storage(KINDS["kivi2"])
     with pytest.raises(NotImplementedError, match="ragged"):
         greedy_generate(tiny_model, prompt(0), METHOD_REGISTRY[name](**SETTINGS[name][0]), 10, NEW, set())
 

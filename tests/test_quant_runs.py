@@ -70,12 +70,12 @@ def test_labels_name_the_quantization_and_only_unquantized_fullkv_is_the_referen
     assert alone.no_reference == [("smollm2-135m", "xsum")]  # FullKV int8 is no reference
 
 
-def test_a_ragged_method_over_quantized_storage_is_one_error_line(run_py):
-    res = run_py("method=adakv_snapkv", "quant=int8", "task.limit=1")
+def test_a_ragged_method_over_kivi_is_one_error_line(run_py):
+    res = run_py("method=adakv_snapkv", "quant=kivi2", "task.limit=1")
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "error: quant=int8: adakv gives heads their own slot counts (ragged heads), which quantized storage "
-        "does not hold; use quant=none with it"
+        "error: quant=kivi2: adakv gives heads their own slot counts (ragged heads), which quant=kivi2 "
+        "storage does not hold; use one of quant=none, int8, int4 with it"
     ]
 
 

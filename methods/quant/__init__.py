@@ -3,7 +3,8 @@ keys and values as integer codes, for any method (docs/quantization.md).
 
 ``QUANT_REGISTRY`` maps the ``quant=`` name (``configs/quant/<name>.yaml``) to its store class (None:
 the uniform full-precision store); :func:`storage_kind` makes the kind from the config's parameters.
-Head-adaptive allocators (ragged heads) are refused over quantized storage (:func:`check_method`).
+Head-adaptive allocators (ragged heads) are refused over the kinds that do not hold ragged heads
+(KIVI; :func:`check_method`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ QUANT_REGISTRY: dict[str, type | None] = {
     "kivi4": KiviStore,
 }
 #: Registry names of the methods that give heads their own slot counts (ragged heads: AdaKV,
-#: DuoAttention, SimLayerKV, KVzip, DMS), which quantized storage does not hold.
+#: DuoAttention, SimLayerKV, KVzip, DMS), which only some quantized kinds hold (``ragged_heads``).
 RAGGED_METHODS = frozenset({"adakv", "duo_attention", "simlayerkv", "kvzip", "dms"})
 
 
@@ -63,18 +64,20 @@ def storage_kind(name: str, params: Mapping[str, int]) -> StorageKind | None:
 
 
 def check_method(method: CompressionMethod, quant: str) -> None:
-    """Refuse a method that makes ragged heads over quantized storage.
+    """Refuse a method that makes ragged heads over a quantized kind that does not hold them.
 
     Raises
     ------
     ValueError
-        If ``quant`` is not ``none`` and the method (or a scorer it wraps) is head-adaptive.
+        If the kind of ``quant`` has no ``ragged_heads`` and the method (or a scorer it wraps) is
+        head-adaptive.
     """
     ragged = ragged_parts(method)
-    if quant != "none" and ragged:
+    if ragged and not getattr(QUANT_REGISTRY.get(quant), "ragged_heads", True):
+        held = ", ".join(n for n, cls in QUANT_REGISTRY.items() if getattr(cls, "ragged_heads", True))
         raise ValueError(
-            f"{ragged[0]} gives heads their own slot counts (ragged heads), which quantized storage does "
-            "not hold; use quant=none with it"
+            f"{ragged[0]} gives heads their own slot counts (ragged heads), which quant={quant} storage "
+            f"does not hold; use one of quant={held} with it"
         )
 
 

@@ -33,12 +33,15 @@ class QuantizedStore(SlotStore):
     ----------
     code_fields : tuple[str, ...]
         The per-slot buffers of the encoding (counted as key/value bytes, never as method state).
+    ragged_heads : bool
+        Whether the kind holds ragged heads (:meth:`ragged`; head-adaptive allocators).
     dtype : torch.dtype | None
         The model's dtype of keys and values (set by the first append): views are read back in it.
     """
 
     kind = "quantized"
     code_fields: tuple[str, ...] = ()
+    ragged_heads = False
 
     def __init__(self, fills: dict[str, float], capacity: Callable[[int], int]) -> None:
         super().__init__(fills, capacity)
@@ -201,8 +204,8 @@ class QuantizedStore(SlotStore):
         slots (``reset``), side tables rebuilt for them."""
 
     def ragged(self, keep: torch.Tensor, bounds: torch.Tensor | None = None):
-        """Not offered: head-adaptive allocators are refused over quantized storage
-        (``methods.quant.check_method``).
+        """Not offered by a kind without :attr:`ragged_heads`: head-adaptive allocators are refused
+        over it (``methods.quant.check_method``).
 
         Raises
         ------

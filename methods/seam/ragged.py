@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from methods.seam.contract import Traits
 
 #: Fields a ragged layer keeps (method state is not carried: ragged layers are written by allocators
-#: that rank once, at prefill, or by position).
+#: that rank once, at prefill, or by position); a quantized kind holds codes for keys and values.
 FIELDS = ("keys", "values", "positions")
+KV = ("keys", "values")
 #: Slots of room added at least when a growing segment runs out (run length unknown).
 GROWTH = 64
 
@@ -64,6 +65,8 @@ class RaggedStore(SlotStorage):
     """
 
     kind = "ragged"
+    #: The buffers counted as key/value bytes.
+    kv_fields: tuple[str, ...] = KV
 
     def __init__(
         self,
@@ -78,14 +81,17 @@ class RaggedStore(SlotStorage):
         self.buffers, self.offsets, self.capacity, self.lengths = buffers, offsets, capacity, lengths
         self.shape, self.bounds, self.room = shape, bounds, room
         self.grows = bounds < 0
-        total = buffers["keys"].shape[0]
-        self.segment = torch.repeat_interleave(
-            torch.arange(len(offsets), device=offsets.device), capacity, output_size=total
-        )
-        self.local = torch.arange(total, device=offsets.device) - offsets.index_select(0, self.segment)
+        self._index()
         # host copy of (kept, bound) per segment and the appends since: the longest head without a sync
         self._segments = list(zip(lengths.tolist(), bounds.tolist(), strict=True))
         self._appended = 0
+
+    def _index(self) -> None:
+        """``segment`` and ``local`` of every buffer slot, from ``offsets`` and ``capacity``."""
+        offsets, total = self.offsets, self.buffers["positions"].shape[0]
+        segments = torch.arange(len(offsets), device=offsets.device)
+        self.segment = torch.repeat_interleave(segments, self.capacity, output_size=total)
+        self.local = torch.arange(total, device=offsets.device) - offsets.index_select(0, self.segment)
 
     @classmethod
     def from_mask(
@@ -94,14 +100,16 @@ class RaggedStore(SlotStorage):
         keep: torch.Tensor,
         room: int,
         bounds: torch.Tensor | None = None,
+        **kind: object,
     ) -> RaggedStore:
-        """Pack the slots ``keep`` selects, per head, in slot order.
+        """Pack the slots ``keep`` selects, per head, in slot order (every field given, as it is).
 
         Parameters
         ----------
         fields : dict[str, torch.Tensor]
             ``keys``/``values`` ``[batch, kv_heads, n, head_dim]`` and ``positions``
-            ``[batch, kv_heads, n]`` of the uniform layer.
+            ``[batch, kv_heads, n]`` of the uniform layer (a quantized kind: its code fields
+            ``[batch, kv_heads, n, *extra]`` instead of keys and values).
         keep : torch.Tensor
             ``[batch, kv_heads, n]`` bool: the slots each head keeps (at least one per head).
         room : int
@@ -110,6 +118,8 @@ class RaggedStore(SlotStorage):
             ``[batch, kv_heads]`` int64: a segment's bound (it evicts back to it after each append
             and holds ``max(kept, bound) + 1`` slots), or -1 for a segment that keeps what it
             receives (default: every segment grows).
+        **kind
+            What the class takes besides (a quantized kind's codec).
 
         Raises
         ------
@@ -129,13 +139,13 @@ class RaggedStore(SlotStorage):
         rank = torch.cumsum(flat, -1) - 1  # index of each kept slot inside its segment
         dest = (offsets.unsqueeze(-1) + rank)[flat]  # packed index of every kept slot, segment order
         buffers = {}
-        for name in FIELDS:
+        for name in fields:
             src = fields[name].reshape(b * h, n, *fields[name].shape[3:])
             fill = -1 if name == "positions" else 0
             buf = src.new_full((total, *src.shape[2:]), fill)
             buf[dest] = src[flat]
             buffers[name] = buf
-        return cls(buffers, offsets, capacity, counts.clone(), (b, h), bounds, room)
+        return cls(buffers, offsets, capacity, counts.clone(), (b, h), bounds, room, **kind)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -169,9 +179,17 @@ class RaggedStore(SlotStorage):
         """
         if name == "log_weight":
             return self._padded(torch.zeros(len(self.segment), device=self.offsets.device), float("-inf"))
+        return self._padded(self._packed(name), -1 if name == "positions" else 0)
+
+    def _packed(self, name: str) -> torch.Tensor:
+        """Field ``name`` over the whole buffer ``[total, *extra]`` (a quantized kind dequantizes)."""
         if name not in self.buffers:
             raise KeyError(f"a ragged store holds {FIELDS} and log_weight, not {name!r}")
-        return self._padded(self.buffers[name], -1 if name == "positions" else 0)
+        return self.buffers[name]
+
+    def _encode(self, name: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The buffers' rows of keys or values ``x`` ``[rows, head_dim]`` (a quantized kind: codes)."""
+        return {name: x}
 
     def state_names(self) -> tuple[str, ...]:
         """None: method state is not carried into ragged heads."""
@@ -203,8 +221,7 @@ class RaggedStore(SlotStorage):
         return len(self.offsets) * self._slot_bytes()
 
     def _slot_bytes(self) -> int:
-        k, v = self.buffers["keys"], self.buffers["values"]
-        return k.shape[-1] * k.element_size() + v.shape[-1] * v.element_size()
+        return sum(self.buffers[f][0].nbytes for f in self.kv_fields)
 
     # ------------------------------------------------------------------ operations
     def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
@@ -224,8 +241,9 @@ class RaggedStore(SlotStorage):
             self._grow(max(GROWTH, int(self.capacity.max()) // 4))
         self.room -= 1
         at = self.offsets + self.lengths
-        self.buffers["keys"].index_copy_(0, at, keys.reshape(-1, keys.shape[-1]))
-        self.buffers["values"].index_copy_(0, at, values.reshape(-1, values.shape[-1]))
+        for name, x in zip(KV, (keys, values), strict=True):
+            for field, rows in self._encode(name, x.reshape(-1, x.shape[-1])).items():
+                self.buffers[field].index_copy_(0, at, rows)
         self.buffers["positions"].index_copy_(0, at, positions.expand(len(at)))
         self.lengths.add_(1)
         self._appended += 1
@@ -241,11 +259,16 @@ class RaggedStore(SlotStorage):
             new = buf.new_full((total, *buf.shape[1:]), -1 if name == "positions" else 0)
             new[dest[valid]] = buf[valid]
             self.buffers[name] = new
-        segments, appended = self._segments, self._appended
-        self.__init__(
-            self.buffers, offsets, capacity, self.lengths, self.shape, self.bounds, self.room + more
-        )
-        self._segments, self._appended = segments, appended
+        self.offsets, self.capacity, self.room = offsets, capacity, self.room + more
+        self._index()
+
+    def write(self, name: str, value: torch.Tensor) -> None:
+        """Set ``keys`` or ``values`` of the held slots to ``value`` ``[batch, kv_heads, n_slots,
+        head_dim]`` (padded as the views; padding is not read), in place (key re-rotation)."""
+        valid = self.valid()
+        rows = value.reshape(-1, value.shape[-1])[(self.segment * self.n_slots + self.local)[valid]]
+        for field, t in self._encode(name, rows).items():
+            self.buffers[field][valid] = t.to(self.buffers[field].dtype)
 
     def keep(self, index: torch.Tensor) -> None:
         """Not offered: ragged heads are selected once, when the store is made.
@@ -288,8 +311,8 @@ class RaggedStore(SlotStorage):
         h = self.shape[1]
         out, probs = ragged_decode_attention(
             query.reshape(b * h, hq // h, d),
-            self.buffers["keys"],
-            self.buffers["values"],
+            self._packed("keys"),
+            self._packed("values"),
             self.offsets,
             self.lengths,
             self.segment,

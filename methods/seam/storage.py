@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 class SlotStorage(ABC):
     """Where one layer's slots live (module docstring): append, keep, drop, views, per-head slot
     counts, bytes and decode attention. The operations merging methods use (``swap``, ``replace``,
-    ``merge_into``, ``write``, ``reset``) and ``ragged`` (a head-adaptive allocator's swap) belong to
-    the kinds that offer them (the uniform store)."""
+    ``merge_into``, ``reset``) and ``ragged`` (a head-adaptive allocator's swap) belong to the kinds
+    that offer them (the uniform store); ``write`` (a field over every held slot) to both."""
 
     kind: str = "storage"
 
