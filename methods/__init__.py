@@ -7,6 +7,7 @@
 from methods.adakv import AdaKV
 from methods.chunkkv import ChunkKV
 from methods.criticalkv import CriticalKV
+from methods.cur import CurDKV
 from methods.dms import DMS
 from methods.duo_attention import DuoAttention
 from methods.evict import ScoreEvict
@@ -47,6 +48,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         DMS,
         DuoAttention,
         CriticalKV,
+        CurDKV,
         ExpectedAttention,
         FullKV,
         H2O,
@@ -85,6 +87,7 @@ __all__ = [
     "CompressedLayer",
     "CompressionMethod",
     "CriticalKV",
+    "CurDKV",
     "DuoAttention",
     "ExpectedAttention",
     "FullKV",

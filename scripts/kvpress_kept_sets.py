@@ -58,6 +58,8 @@ def kvpress_cases() -> dict:
         ),
         "leverage_score": (kp.LeverageScorePress(compression_ratio=0.5), "sdpa"),
         "leverage_score_s8": (kp.LeverageScorePress(compression_ratio=0.5, sketch_dimension=8), "sdpa"),
+        "cur": (kp.CURPress(compression_ratio=0.5), "sdpa"),
+        "cur_kv_avg": (kp.CURPress(compression_ratio=0.5, leverage_type="kv_avg"), "sdpa"),
         "key_rerotation": (kp.KeyRerotationPress(press=snap()), "sdpa"),
         "dms_knorm": (kp.DMSPress(press=kp.KnormPress(), threshold=-12.3, sliding_window_size=64), "sdpa"),
         "dms": (kp.DMSPress(press=kp.SnapKVPress(), threshold=0.005, sliding_window_size=100), "sdpa"),
@@ -71,6 +73,7 @@ def kvbench_cases() -> dict:
     from methods import (
         DMS,
         ChunkKV,
+        CurDKV,
         KeyRerotation,
         KNorm,
         LeverageScore,
@@ -86,6 +89,8 @@ def kvbench_cases() -> dict:
         "chunkkv_knorm": (ChunkKV(scorer=KNorm(), chunk_length=20), N // 2),
         "leverage_score": (LeverageScore(), N // 2),  # a sketch wider than head_dim 16: exact leverage
         "leverage_score_s8": (LeverageScore(sketch_dimension=8), N // 2),  # the sketches differ (seeds)
+        "cur": (CurDKV(), N // 2),
+        "cur_kv_avg": (CurDKV(leverage_type="kv_avg"), N // 2),
         "key_rerotation": (KeyRerotation(scorer=snap()), N // 2),
         "dms_knorm": (DMS(scorer=KNorm(), threshold=-12.3, sliding_window_size=64), None),
         "dms": (DMS(scorer=snap(), threshold=0.005, sliding_window_size=100), None),

@@ -1,4 +1,4 @@
-"""ObservedAttention, ChunkKV, DMS, LeverageScore, SimLayerKV and KeyRerotation against references
+"""ObservedAttention, ChunkKV, DMS, LeverageScore, CurDKV, SimLayerKV and KeyRerotation against references
 written here from each rule (the paper's, or kvpress's press where the method is kvpress's).
 
 Each test prefills one layer of tiny random tensors (2 KV heads, 3 query heads each) and compares
@@ -13,7 +13,17 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotate_half
 
-from methods import DMS, AdaKV, ChunkKV, KeyRerotation, KNorm, LeverageScore, ObservedAttention, SimLayerKV
+from methods import (
+    DMS,
+    AdaKV,
+    ChunkKV,
+    CurDKV,
+    KeyRerotation,
+    KNorm,
+    LeverageScore,
+    ObservedAttention,
+    SimLayerKV,
+)
 from methods.seam.architecture import LayerSpec
 from methods.seam.layer import CompressedLayer
 from methods.seam.rope import LayerRotary
@@ -122,6 +132,29 @@ def test_leverage_score_keeps_the_highest_leverage_of_the_pre_rope_keys(sketch):
         x = (pre[0, h] - pre[0, h].mean(0)).double() @ phi[h]
         lev = torch.diag(x @ torch.linalg.inv(x.T @ x + 1e-2 * torch.eye(sketch)) @ x.T)
         want.append(sorted(lev.topk(budget).indices.tolist()))
+    assert kept(layer) == want
+
+
+@pytest.mark.parametrize(("n", "leverage_type"), [(45, "kv_product"), (48, "kv_avg")])
+def test_cur_keeps_the_sinks_and_the_best_block_normalised_norms(n, leverage_type):
+    """CurDKV (arXiv 2509.15038; kvpress ``CURPress``): per head, ``||k||^2`` and ``||v||^2`` each divided
+    by their sum over blocks of 16 tokens from token 0 (a shorter last block at n = 45), combined, the
+    first 4 tokens kept, then the best scores; post-RoPE keys (their norms are the pre-RoPE ones)."""
+    budget = 14
+    pre, values, query = tensors(n, seed=5)
+    spec, emb = rotary_spec()
+    layer = prefilled(
+        CurDKV(leverage_type=leverage_type), rope(pre, torch.arange(n), emb), values, query, budget, spec
+    )
+    want = []
+    for h in range(HKV):
+        k2, v2 = pre[0, h].double().square().sum(-1), values[0, h].double().square().sum(-1)
+        for x in (k2, v2):
+            for s in range(0, n, 16):
+                x[s : s + 16] /= x[s : s + 16].sum().clone()
+        score = k2 * v2 if leverage_type == "kv_product" else (k2 + v2) / 2
+        score[:4] = float("inf")
+        want.append(sorted(score.topk(budget).indices.tolist()))
     assert kept(layer) == want
 
 
