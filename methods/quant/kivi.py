@@ -22,6 +22,7 @@ A slot written after it was quantized (merging, key re-rotation) is re-quantized
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,8 +31,27 @@ from methods.quant.base import QuantizedStore
 from methods.quant.kivi_writes import KiviWrites
 from methods.seam.store import slot_index
 
+if TYPE_CHECKING:
+    from methods.quant.kivi_ragged import KiviRaggedStore
+
 #: The paper's group size G and residual length R (Sec. 4.1: "group size 32, residual length 128").
 GROUP, RESIDUAL = 32, 128
+
+
+def key_stats(
+    x: torch.Tensor, present: torch.Tensor, group: int, bits: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KIVI's per-channel key scale and zero point ``[b, h, k / G, d]`` of ``x`` ``[b, h, k, d]`` in
+    groups of G = ``group`` tokens over the ``present`` ``[b, h, k]`` ones (Sec. 3.1: ``z = min``,
+    ``s = (max - min) / (2^bits - 1)`` per channel; a group with none: 0 and 0)."""
+    b, h, k, d = x.shape
+    mask = present.view(b, h, k // group, group, 1)
+    grouped = x.view(b, h, k // group, group, d)
+    lo = torch.where(mask, grouped, torch.inf).amin(3)
+    hi = torch.where(mask, grouped, -torch.inf).amax(3)
+    empty = ~mask.any(3)
+    lo, hi = lo.masked_fill(empty, 0), hi.masked_fill(empty, 0)
+    return (hi - lo) / (2**bits - 1), lo
 
 
 class KiviStore(KiviWrites, QuantizedStore):
@@ -56,6 +76,7 @@ class KiviStore(KiviWrites, QuantizedStore):
 
     kind = "kivi"
     code_fields = ("keys.codes", "keys.ref", "values.codes", "values.scale", "values.zero", "values.ref")
+    ragged_heads = True
 
     def __init__(
         self,
@@ -149,16 +170,7 @@ class KiviStore(KiviWrites, QuantizedStore):
         return q.pack(q.encode(x.to(self.dtype), scale, zero, self.bits), self.bits)
 
     def _key_stats(self, x: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-channel scale and zero point ``[b, h, k / G, d]`` of ``x`` ``[b, h, k, d]`` in groups of
-        G tokens over the ``present`` ``[b, h, k]`` ones (a group with none: 0 and 0)."""
-        b, h, k, d = x.shape
-        mask = present.view(b, h, k // self.group, self.group, 1)
-        grouped = x.view(b, h, k // self.group, self.group, d)
-        lo = torch.where(mask, grouped, torch.inf).amin(3)
-        hi = torch.where(mask, grouped, -torch.inf).amax(3)
-        empty = ~mask.any(3)
-        lo, hi = lo.masked_fill(empty, 0), hi.masked_fill(empty, 0)
-        return (hi - lo) / (2**self.bits - 1), lo
+        return key_stats(x, present, self.group, self.bits)
 
     def _append_codes(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
         if self.n == 0 and self.arrived == 0:
@@ -249,3 +261,12 @@ class KiviStore(KiviWrites, QuantizedStore):
         """``SlotStore.keep``, then the key groups no kept slot refers to released."""
         super().keep(index)
         self._compact()
+
+    def ragged(self, keep: torch.Tensor, bounds: torch.Tensor | None = None) -> KiviRaggedStore:
+        """``SlotStore.ragged`` over KIVI's fields: the kept slots' codes and references packed per head
+        as they are, the side tables per segment (``methods.quant.kivi_ragged``)."""
+        from methods.quant.kivi_ragged import KiviRaggedStore
+
+        room = self.capacity_for(self.n + 1) - self.n
+        fields = {name: self.view(name) for name in (*self.code_fields, "positions")}
+        return KiviRaggedStore.from_mask(fields, keep, room, bounds, source=self)
