@@ -1,7 +1,7 @@
 """Quantized storage (``quant=``) x every method: the method's budget holds at every step, the layers
 really hold codes, and the bytes are the codes, scales, zero points, references and full-precision
-rows of the held slots; head-adaptive allocators hold their ragged heads as codes over the per-token
-kinds and are refused before any work over KIVI."""
+rows of the held slots; head-adaptive allocators hold their ragged heads as codes over every kind (a
+kind without ragged heads would refuse them before any work)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from methods import METHOD_REGISTRY
-from methods.quant import QUANT_REGISTRY, KiviStore, PerTokenStore, check_method, storage_kind
+from methods.quant import QUANT_REGISTRY, KiviStore, PerTokenStore, check_method, ragged_parts, storage_kind
 from methods.quant.base import QuantizedStore
+from methods.quant.kivi_ragged import KiviRaggedStore
 from methods.quant.ragged import QuantizedRaggedStore
 from methods.seam import cache as seam_cache
 from runners.generate import greedy_generate
@@ -31,6 +32,22 @@ KINDS = {
 def per_token_slot_bytes(bits: int, group: int) -> int:
     """Bytes of one slot of one head: codes, scale and zero point per group, for keys and values."""
     return 2 * (HEAD_DIM * bits // 8 + 2 * (HEAD_DIM // group) * FP32)
+
+
+def kivi_bytes(store: KiviStore | KiviRaggedStore) -> int:
+    """KIVI's bytes counted head by head from the held slots' references: two int32 per slot, codes of a
+    quantized key, codes, scale and zero point of a quantized value, a full-precision row of a residual
+    key or value, the scale and zero rows of every distinct key group the head refers to."""
+    kref, vref, lengths = store.view("keys.ref"), store.view("values.ref"), store.head_slots()
+    code, row = HEAD_DIM * store.bits // 8, HEAD_DIM * FP32
+    value_q = code + 2 * (HEAD_DIM // store.group) * FP32
+    total = 0
+    for b, h in lengths.nonzero().tolist():
+        k, v = kref[b, h, : lengths[b, h]], vref[b, h, : lengths[b, h]]
+        n, kq, vq = len(k), int((k >= 0).sum()), int((v >= 0).sum())
+        groups = k[k >= 0].unique().numel()
+        total += n * 8 + kq * code + vq * value_q + (2 * n - kq - vq) * row + groups * 2 * row
+    return total
 
 
 def refused(kind: str, name: str, kwargs: dict) -> bool:
@@ -74,7 +91,7 @@ def test_budget_and_bytes_at_every_step(tiny_model, storage, kind, name, kwargs,
         for layer in cache.layers:
             store = layer.store
             kinds.add(type(store))
-            assert isinstance(store, (QuantizedStore, QuantizedRaggedStore)), type(store)
+            assert isinstance(store, (QuantizedStore, QuantizedRaggedStore, KiviRaggedStore)), type(store)
             assert "keys" not in store.buffers and store.buffers["keys.codes"].dtype == torch.uint8  # codes
             allowed = PROMPT + len(steps) - 1
             if method.traits.budget_applies:
@@ -84,8 +101,8 @@ def test_budget_and_bytes_at_every_step(tiny_model, storage, kind, name, kwargs,
             if isinstance(store, (PerTokenStore, QuantizedRaggedStore)):
                 bits, group = store.codec.bits, store.codec.group
                 assert store.kv_bytes() == held * per_token_slot_bytes(bits, group)
-            else:  # references, the smaller of codes and a full-precision row, one group row per slot
-                assert store.kv_bytes() <= held * (2 * 4 + 2 * HEAD_DIM * FP32 + 2 * HEAD_DIM * FP32)
+            else:
+                assert store.kv_bytes() == kivi_bytes(store)
             assert store.token_bytes() == KV_HEADS * 2 * HEAD_DIM * FP32  # FullKV's bytes per token
         state = sum(t.nbytes for layer in cache.layers for t in layer.aux.values())
         assert cache.kv_bytes() == sum(layer.store.kv_bytes() for layer in cache.layers) + state
@@ -95,23 +112,28 @@ def test_budget_and_bytes_at_every_step(tiny_model, storage, kind, name, kwargs,
     )
     assert len(steps) == NEW
     assert res.kv_bytes < res.fullkv_bytes  # codes: less than the uncompressed cache, even for FullKV
-    if refused("kivi2", name, kwargs) and budget == 40:  # head-adaptive: ragged heads, as codes (DMS's
-        assert QuantizedRaggedStore in kinds  # harsh setting keeps one count per head: no ragged swap)
+    if ragged_parts(method) and budget == 40:  # head-adaptive: ragged heads, as codes (DMS's harsh
+        assert kinds & {QuantizedRaggedStore, KiviRaggedStore}  # setting keeps one count per head: no swap)
 
 
 @pytest.mark.parametrize("kind", ["kivi2", "kivi4", "int8", "int4", "none"])
-def test_head_adaptive_allocators_are_refused_over_kivi_only(kind):
-    found = {name for name, pair in SETTINGS.items() if any(refused(kind, name, kw) for kw in pair)}
-    ragged = {"adakv", "duo_attention", "simlayerkv", "kvzip", "dms", "key_rerotation"}
-    assert found == (ragged if kind.startswith("kivi") else set())
+def test_every_kind_holds_ragged_heads(kind):
+    assert not {name for name, pair in SETTINGS.items() if any(refused(kind, name, kw) for kw in pair)}
 
 
-@pytest.mark.parametrize("name", ["adakv", "dms"])
-def test_a_ragged_swap_is_never_made_unquantized(tiny_model, storage, name):
-    """Past the runner's check (``methods.quant.check_method``), KIVI's store itself refuses ragged heads."""
-    storage(KINDS["kivi2"])
+def test_a_kind_without_ragged_heads_refuses_head_adaptive_allocators(monkeypatch):
+    """The check stays for a kind that does not hold ragged heads (the base store refuses the swap)."""
+    monkeypatch.setitem(QUANT_REGISTRY, "plain", QuantizedStore)
+    assert {name for name, pair in SETTINGS.items() if any(refused("plain", name, kw) for kw in pair)} == {
+        "adakv",
+        "duo_attention",
+        "simlayerkv",
+        "kvzip",
+        "dms",
+        "key_rerotation",
+    }
     with pytest.raises(NotImplementedError, match="ragged"):
-        greedy_generate(tiny_model, prompt(0), METHOD_REGISTRY[name](**SETTINGS[name][0]), 10, NEW, set())
+        QuantizedStore.ragged(KiviStore({}, lambda n: n), torch.ones(1, 1, 1, dtype=torch.bool))
 
 
 def test_registry_kinds_take_the_config_parameters():

@@ -1,12 +1,14 @@
-"""Ragged heads over per-token quantized storage (``methods.quant.ragged``): the kept slots' codes
-move as they are, appended and written tokens are quantized once, bytes are the codes, scales and zero
-points of the held slots, and decode attention reads the dequantized slots."""
+"""Ragged heads over quantized storage (``methods.quant.ragged``, ``methods.quant.kivi_ragged``): the
+kept slots' codes move as they are, appended and written tokens are quantized once, bytes are the codes,
+scales and zero points of the held slots, decode attention reads the dequantized slots, and KIVI's
+residuals and key-block flushes run per head."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from methods.quant.kivi import KiviStore
 from methods.quant.per_token import PerTokenCodec, PerTokenStore
 from methods.quant.ragged import QuantizedRaggedStore
 from methods.seam.contract import Traits
@@ -96,3 +98,67 @@ def test_decode_attention_reads_the_dequantized_slots():
             p = torch.softmax(query[b, hq, 0] @ keys[b, h, :n].T * D**-0.5, -1)
             torch.testing.assert_close(out[b, hq, 0], p @ values[b, h, :n])
     assert probs.shape == (B, H, ragged.n_slots)
+
+
+G, R = 4, 8  # KIVI over N = 21 tokens: keys 0..15 quantized (4 groups), 16..20 in the key residual
+
+
+def kivi(keep_count: int | None = None) -> tuple[KiviStore, torch.Tensor, torch.Generator]:
+    """A KIVI store of ``N`` random tokens and a keep mask: every head its own slots (``keep_count``
+    each, else its own count), the residual keys always kept."""
+    g = torch.Generator().manual_seed(5)
+    store = KiviStore({}, lambda n: n + 4 * R, bits=2, group=G, residual=R)
+    store.append(torch.randn(B, H, N, D, generator=g), torch.randn(B, H, N, D, generator=g), torch.arange(N))
+    score = torch.rand(B, H, N, generator=g) + (torch.arange(N) >= 16)
+    counts = torch.full((B, H), keep_count) if keep_count else torch.randint(6, N, (B, H), generator=g)
+    rank = score.argsort(-1, descending=True).argsort(-1)
+    return store, rank < counts.unsqueeze(-1), g
+
+
+def test_kivi_ragged_heads_are_the_uniform_store_bit_for_bit():
+    """Kept slots, 3 R decode steps (two key-block flushes, values leaving the residual): the ragged
+    heads' dequantized keys and values and bytes equal the uniform store's that keeps the same slots."""
+    store, keep, g = kivi(keep_count=12)
+    ragged = store.ragged(keep)
+    assert "keys" not in ragged.buffers and ragged.buffers["keys.codes"].dtype == torch.uint8
+    store.keep(keep.nonzero()[:, 2].view(B, H, 12))
+    for t in range(N, N + 3 * R):
+        for name in ("keys", "values"):
+            assert torch.equal(ragged.view(name), store.view(name))
+        assert ragged.kv_bytes() == store.kv_bytes() and ragged.token_bytes() == store.token_bytes()
+        key, value = torch.randn(B, H, 1, D, generator=g), torch.randn(B, H, 1, D, generator=g)
+        store.append(key, value, torch.tensor([t]))
+        ragged.append(key, value, torch.tensor([t]))
+
+
+def quantized(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """KIVI Sec. 3.1 over the tokens of ``x`` ``[tokens, d]``, per channel: ``z = min``,
+    ``s = (max - min) / (2^B - 1)``, ``round((x - z) / s) s + z``."""
+    z = x.amin(0)
+    s = (x.amax(0) - z) / (2**bits - 1)
+    return ((x - z) / s).round().clamp(0, 2**bits - 1) * s + z
+
+
+def test_kivi_flush_in_a_segment_follows_its_equations():
+    """Heads of their own lengths; heads (0, 0) and (1, 1) evict a residual key (arrival 17) before the
+    block of arrivals 16..23 is quantized: each head's block keys are per-channel codes over the G
+    arrivals of their group that the head still holds; later keys stay in full precision."""
+    store, keep, g = kivi()
+    ragged = store.ragged(keep)
+    keys = {t: store.keys[:, :, t] for t in range(16, N)}
+    slot = int((ragged.view("positions")[0, 0] == 17).nonzero())
+    ragged.drop(torch.full((B, H), slot), torch.eye(B, H, dtype=torch.bool))
+    for t in range(N, 16 + R + 2):
+        keys[t] = torch.randn(B, H, D, generator=g)
+        ragged.append(keys[t][:, :, None], torch.randn(B, H, 1, D, generator=g), torch.tensor([t]))
+    assert ragged.base == 16 + R
+    for b in range(B):
+        for h in range(H):
+            n = int(ragged.head_slots()[b, h])
+            pos, got = ragged.view("positions")[b, h, :n].tolist(), ragged.keys[b, h, :n]
+            for first in range(16, 16 + R, G):
+                held = [t for t in range(first, first + G) if t in pos]
+                want = quantized(torch.stack([keys[t][b, h] for t in held]), 2)
+                torch.testing.assert_close(got[[pos.index(t) for t in held]], want, rtol=0, atol=1e-5)
+            for t in (16 + R, 16 + R + 1):
+                assert torch.equal(got[pos.index(t)], keys[t][b, h])  # the new residual

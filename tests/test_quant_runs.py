@@ -1,6 +1,6 @@
 """``quant=`` in runs and reports: every quant config builds its kind; quantized storage is another run
 (``quant=none`` keeps the ids of runs stored before the option), named in report labels and never the
-FullKV reference; a head-adaptive method over quantized storage is one ``error:`` line before any work."""
+FullKV reference; a head-adaptive method over KIVI storage passes the runner's check."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from methods import FullKV
+from methods import METHOD_REGISTRY, FullKV
 from methods.quant import PerTokenStore, storage_kind
 from methods.seam import cache as seam_cache
 from reports.pairing import pair
@@ -18,6 +18,7 @@ from reports.store import setting_id
 from runners.storage import set_storage
 from tasks.errors import KVBenchError
 from tests.conftest import REPO
+from tests.test_method_matrix import SETTINGS
 
 QUANTS = sorted(p.stem for p in (REPO / "configs" / "quant").glob("*.yaml"))
 
@@ -70,13 +71,15 @@ def test_labels_name_the_quantization_and_only_unquantized_fullkv_is_the_referen
     assert alone.no_reference == [("smollm2-135m", "xsum")]  # FullKV int8 is no reference
 
 
-def test_a_ragged_method_over_kivi_is_one_error_line(run_py):
-    res = run_py("method=adakv_snapkv", "quant=kivi2", "task.limit=1")
-    assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == [
-        "error: quant=kivi2: adakv gives heads their own slot counts (ragged heads), which quant=kivi2 "
-        "storage does not hold; use one of quant=none, int8, int4 with it"
-    ]
+def test_a_ragged_method_over_kivi_is_accepted():
+    before = list(seam_cache.DEFAULT_STORAGE)
+    try:
+        set_storage(
+            config("method=adakv_snapkv", "quant=kivi2"), METHOD_REGISTRY["adakv"](**SETTINGS["adakv"][0])
+        )
+        assert seam_cache.DEFAULT_STORAGE[0]({}, lambda n: n).ragged_heads
+    finally:
+        seam_cache.DEFAULT_STORAGE[:] = before
 
 
 def test_compiled_decode_steps_are_refused_over_quantized_storage():
