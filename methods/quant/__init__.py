@@ -3,8 +3,8 @@ keys and values as integer codes, for any method (docs/quantization.md).
 
 ``QUANT_REGISTRY`` maps the ``quant=`` name (``configs/quant/<name>.yaml``) to its store class (None:
 the uniform full-precision store); :func:`storage_kind` makes the kind from the config's parameters.
-Head-adaptive allocators (ragged heads) are refused over the kinds that do not hold ragged heads
-(KIVI; :func:`check_method`).
+Head-adaptive allocators (ragged heads) are refused over a kind that does not hold ragged heads
+(``ragged_heads``; every registered kind holds them: :func:`check_method`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ QUANT_REGISTRY: dict[str, type | None] = {
     "kivi4": KiviStore,
 }
 #: Registry names of the methods that give heads their own slot counts (ragged heads: AdaKV,
-#: DuoAttention, SimLayerKV, KVzip, DMS), which only some quantized kinds hold (``ragged_heads``).
+#: DuoAttention, SimLayerKV, KVzip, DMS), which a quantized kind holds when it has ``ragged_heads``.
 RAGGED_METHODS = frozenset({"adakv", "duo_attention", "simlayerkv", "kvzip", "dms"})
 
 
