@@ -70,32 +70,23 @@ def kvpress_cases() -> dict:
 
 def kvbench_cases() -> dict:
     """KVBench's side: name -> (method, budget in slots: half the prompt, or None for an outcome)."""
-    from methods import (
-        DMS,
-        ChunkKV,
-        CurDKV,
-        KeyRerotation,
-        KNorm,
-        LeverageScore,
-        ObservedAttention,
-        SimLayerKV,
-        SnapKV,
-    )
+    from methods import METHOD_REGISTRY as M
 
-    snap = lambda: SnapKV(window_size=64, kernel_size=5, pooling="avg")  # noqa: E731
+    snap = lambda: M["snapkv"](window_size=64, kernel_size=5, pooling="avg")  # noqa: E731
     cases = {
-        "observed_attention": (ObservedAttention(), N // 2),
-        "chunkkv": (ChunkKV(scorer=snap(), chunk_length=20), N // 2),
-        "chunkkv_knorm": (ChunkKV(scorer=KNorm(), chunk_length=20), N // 2),
-        "leverage_score": (LeverageScore(), N // 2),  # a sketch wider than head_dim 16: exact leverage
-        "leverage_score_s8": (LeverageScore(sketch_dimension=8), N // 2),  # the sketches differ (seeds)
-        "cur": (CurDKV(), N // 2),
-        "cur_kv_avg": (CurDKV(leverage_type="kv_avg"), N // 2),
-        "key_rerotation": (KeyRerotation(scorer=snap()), N // 2),
-        "dms_knorm": (DMS(scorer=KNorm(), threshold=-12.3, sliding_window_size=64), None),
-        "dms": (DMS(scorer=snap(), threshold=0.005, sliding_window_size=100), None),
+        "observed_attention": (M["observed_attention"](), N // 2),
+        "chunkkv": (M["chunkkv"](scorer=snap(), chunk_length=20), N // 2),
+        "chunkkv_knorm": (M["chunkkv"](scorer=M["knorm"](), chunk_length=20), N // 2),
+        "leverage_score": (M["leverage_score"](), N // 2),  # a sketch wider than head_dim 16: exact leverage
+        "leverage_score_s8": (M["leverage_score"](sketch_dimension=8), N // 2),  # the sketches differ (seeds)
+        "cur": (M["cur"](), N // 2),
+        "cur_kv_avg": (M["cur"](leverage_type="kv_avg"), N // 2),
+        "key_rerotation": (M["key_rerotation"](scorer=snap()), N // 2),
+        "dms_knorm": (M["dms"](scorer=M["knorm"](), threshold=-12.3, sliding_window_size=64), None),
+        "dms": (M["dms"](scorer=snap(), threshold=0.005, sliding_window_size=100), None),
     }
-    cases["simlayerkv"] = (SimLayerKV(lazy_threshold=0.3, n_recent=64, n_initial=4), None)  # layer 0 lazy
+    lazy_layer_0 = M["simlayerkv"](lazy_threshold=0.3, n_recent=64, n_initial=4)
+    cases["simlayerkv"] = (lazy_layer_0, None)
     return cases
 
 

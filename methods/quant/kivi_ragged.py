@@ -18,13 +18,13 @@ store does (``methods.quant.kivi_writes``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from methods.quant import codes as q
 from methods.quant.kivi import key_stats
-from methods.seam.ragged import GROWTH, KV, RaggedStore
+from methods.seam.ragged import KV, RaggedStore
 
 if TYPE_CHECKING:
     from methods.quant.kivi import KiviStore
@@ -54,22 +54,12 @@ class KiviRaggedStore(RaggedStore):
     kind = "kivi-ragged"
     kv_fields = ("keys.codes", "keys.ref", "values.codes", "values.scale", "values.zero", "values.ref")
 
-    def __init__(
-        self,
-        buffers: dict[str, torch.Tensor],
-        offsets: torch.Tensor,
-        capacity: torch.Tensor,
-        lengths: torch.Tensor,
-        shape: tuple[int, int],
-        bounds: torch.Tensor,
-        room: int,
-        source: KiviStore,
-    ) -> None:
-        super().__init__(buffers, offsets, capacity, lengths, shape, bounds, room)
+    def __init__(self, *layout: Any, source: KiviStore) -> None:
+        super().__init__(*layout)
         self.bits, self.group, self.residual = source.bits, source.group, source.residual
         self.dtype = source.dtype
         self.arrived, self.base = source.arrived, source.base
-        s, d = len(offsets), source.shape[2]
+        s, d = len(self.offsets), source.shape[2]
         tables = (source.key_scale, source.key_zero, source.key_rows, source.value_rows)
         copies = (t.reshape(s, -1, d).clone() for t in tables)
         self.key_scale, self.key_zero, self.key_rows, self.value_rows = copies
@@ -138,13 +128,8 @@ class KiviRaggedStore(RaggedStore):
         ValueError
             For more than one token.
         """
-        if keys.shape[2] != 1:
-            raise ValueError("ragged heads take one token per decode step")
-        if self.room < 1:
-            self._grow(max(GROWTH, int(self.capacity.max()) // 4))
-        self.room -= 1
+        at = self._reserve(keys)
         r, t = self.residual, self.arrived
-        at = self.offsets + self.lengths
         self.key_rows[:, t - self.base] = keys.reshape(len(at), -1)
         self.value_rows[:, t % (r + 1)] = values.reshape(len(at), -1)
         self.buffers["keys.ref"].index_fill_(0, at, self.base - 1 - t)

@@ -13,7 +13,7 @@ the valid slots, summed over heads.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -47,20 +47,10 @@ class QuantizedRaggedStore(RaggedStore):
 
     kind = "quantized-ragged"
 
-    def __init__(
-        self,
-        buffers: dict[str, torch.Tensor],
-        offsets: torch.Tensor,
-        capacity: torch.Tensor,
-        lengths: torch.Tensor,
-        shape: tuple[int, int],
-        bounds: torch.Tensor,
-        room: int,
-        codec: Codec,
-    ) -> None:
-        super().__init__(buffers, offsets, capacity, lengths, shape, bounds, room)
+    def __init__(self, *layout: Any, codec: Codec) -> None:
+        super().__init__(*layout)
         self.codec = codec
-        self.kv_fields = tuple(name for name in buffers if name != "positions")
+        self.kv_fields = tuple(name for name in self.buffers if name != "positions")
 
     def _packed(self, name: str) -> torch.Tensor:
         """Keys or values dequantized over the whole buffer ``[total, head_dim]``; other fields as

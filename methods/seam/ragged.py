@@ -235,18 +235,29 @@ class RaggedStore(SlotStorage):
         ValueError
             For more than one token.
         """
-        if keys.shape[2] != 1:
-            raise ValueError("ragged heads take one token per decode step")
-        if self.room < 1:
-            self._grow(max(GROWTH, int(self.capacity.max()) // 4))
-        self.room -= 1
-        at = self.offsets + self.lengths
+        at = self._reserve(keys)
         for name, x in zip(KV, (keys, values), strict=True):
             for field, rows in self._encode(name, x.reshape(-1, x.shape[-1])).items():
                 self.buffers[field].index_copy_(0, at, rows)
         self.buffers["positions"].index_copy_(0, at, positions.expand(len(at)))
         self.lengths.add_(1)
         self._appended += 1
+
+    def _reserve(self, keys: torch.Tensor) -> torch.Tensor:
+        """The buffer slot ``[segments]`` of each segment's next token (``keys`` ``[batch, kv_heads,
+        1, head_dim]``), one slot of room taken (the buffers grown when it is used up).
+
+        Raises
+        ------
+        ValueError
+            For more than one token.
+        """
+        if keys.shape[2] != 1:
+            raise ValueError("ragged heads take one token per decode step")
+        if self.room < 1:
+            self._grow(max(GROWTH, int(self.capacity.max()) // 4))
+        self.room -= 1
+        return self.offsets + self.lengths
 
     def _grow(self, more: int) -> None:
         """Give every growing segment ``more`` slots of room (new buffers, the valid slots copied)."""
