@@ -43,8 +43,9 @@ class KiviRaggedStore(RaggedStore):
 
     Parameters
     ----------
-    buffers, offsets, capacity, lengths, shape, bounds, room
-        As :class:`~methods.seam.ragged.RaggedStore`; ``buffers`` holds ``positions`` and KIVI's
+    *layout
+        ``buffers, offsets, capacity, lengths, shape, bounds, room``, as
+        :class:`~methods.seam.ragged.RaggedStore` takes them; ``buffers`` holds ``positions`` and KIVI's
         code fields (``KiviStore.code_fields``) instead of ``keys`` and ``values``.
     source : KiviStore
         The uniform store the slots come from: its parameters, arrival counters and side tables

@@ -38,8 +38,9 @@ class QuantizedRaggedStore(RaggedStore):
 
     Parameters
     ----------
-    buffers, offsets, capacity, lengths, shape, bounds, room
-        As :class:`~methods.seam.ragged.RaggedStore`; ``buffers`` holds ``positions`` and the code
+    *layout
+        ``buffers, offsets, capacity, lengths, shape, bounds, room``, as
+        :class:`~methods.seam.ragged.RaggedStore` takes them; ``buffers`` holds ``positions`` and the code
         fields instead of ``keys`` and ``values``.
     codec : Codec
         The kind's encoding.
