@@ -77,7 +77,8 @@ def run_identity(config: dict) -> dict:
 
 
 def quant_of(config: dict) -> str:
-    """The ``quant.name`` of a resolved config (``none`` for runs stored before the option)."""
+    """The ``quant.name`` of a config, a record's dict or a run's DictConfig (``none`` without the
+    group: runs stored before the option)."""
     return str((config.get("quant") or {}).get("name", "none"))
 
 

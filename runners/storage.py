@@ -10,13 +10,8 @@ from methods import CompressionMethod
 from methods.quant import QUANT_REGISTRY, check_method, storage_kind
 from methods.seam.cache import DEFAULT_STORAGE
 from methods.seam.store import SlotStore
+from reports.store import quant_of
 from tasks.errors import KVBenchError
-
-
-def quant_name(cfg: DictConfig) -> str:
-    """The run's ``quant.name`` (``none`` for a config without the group)."""
-    node = cfg.get("quant")
-    return "none" if node is None else str(node.get("name", "none"))
 
 
 def set_storage(cfg: DictConfig, method: CompressionMethod) -> None:
@@ -29,7 +24,7 @@ def set_storage(cfg: DictConfig, method: CompressionMethod) -> None:
         (``methods.quant.check_method``), or quantized storage with ``backend=compiled`` (not proven:
         KIVI's residual bookkeeping is host-side).
     """
-    name = quant_name(cfg)
+    name = quant_of(cfg)
     if name != "none" and cfg.get("backend", "eager") != "eager":
         raise KVBenchError(
             f"quant={name} runs eager decode steps; backend={cfg.backend} is not supported with it"

@@ -54,6 +54,24 @@ def key_stats(
     return (hi - lo) / (2**bits - 1), lo
 
 
+def value_codes(x: torch.Tensor, group: int, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """KIVI's value codes: ``x`` ``[..., d]`` per token in groups of G = ``group`` channels (``head_dim``
+    when it is smaller), as ``codes.per_token``."""
+    return q.per_token(x, q.group_size(x.shape[-1], group), bits)
+
+
+def held_bytes(
+    key_ref: torch.Tensor, value_ref: torch.Tensor, code: int, value_extra: int, row: int, groups: int
+) -> int:
+    """Bytes KIVI holds for the held slots whose references are ``key_ref`` and ``value_ref`` (any
+    shape, the same count): 4 per reference; ``code`` per quantized key (reference >= 0); ``code +
+    value_extra`` (its scale and zero point) per quantized value; a full-precision ``row`` per residual
+    key or value; two rows (scale, zero point) per referenced key group (``groups`` of them)."""
+    kq, vq = int((key_ref >= 0).sum()), int((value_ref >= 0).sum())
+    refs = key_ref.numel() + value_ref.numel()
+    return refs * 4 + kq * code + vq * (code + value_extra) + (refs - kq - vq) * row + groups * 2 * row
+
+
 class KiviStore(KiviWrites, QuantizedStore):
     """KIVI storage of keys and values (module docstring).
 
@@ -127,14 +145,15 @@ class KiviStore(KiviWrites, QuantizedStore):
         values; the scale and zero point rows of referenced key groups."""
         if not self.buffers:
             return 0
-        kref, vref = self.view("keys.ref"), self.view("values.ref")
-        row = self.shape[2] * self.key_rows.element_size()
-        code = self.buffers["keys.codes"].shape[-1]
-        per_value = code + 2 * self.buffers["values.scale"].shape[-1] * self.key_rows.element_size()
-        kq, vq = int((kref >= 0).sum()), int((vref >= 0).sum())
-        refs = (kref.numel() + vref.numel()) * 4
-        residual = (kref.numel() - kq + vref.numel() - vq) * row
-        return refs + kq * code + vq * per_value + residual + int(self._referenced_groups().sum()) * 2 * row
+        size = self.key_rows.element_size()
+        return held_bytes(
+            self.view("keys.ref"),
+            self.view("values.ref"),
+            self.buffers["keys.codes"].shape[-1],
+            2 * self.buffers["values.scale"].shape[-1] * size,
+            self.shape[2] * size,
+            int(self._referenced_groups().sum()),
+        )
 
     def side_allocated(self) -> int:
         """Bytes of the key group tables and the residual rows."""
@@ -161,7 +180,7 @@ class KiviStore(KiviWrites, QuantizedStore):
 
     # ------------------------------------------------------------------ writing
     def _value_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return q.per_token(x.to(self.dtype), q.group_size(x.shape[-1], self.group), self.bits)
+        return value_codes(x.to(self.dtype), self.group, self.bits)
 
     def _key_codes(self, x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
         """Packed codes of keys ``x`` ``[b, h, k, d]`` with the scale and zero point of their key

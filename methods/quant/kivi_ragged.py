@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from methods.quant import codes as q
-from methods.quant.kivi import key_stats
+from methods.quant.kivi import held_bytes, key_stats, value_codes
 from methods.seam.ragged import KV, RaggedStore
 
 if TYPE_CHECKING:
@@ -102,13 +102,14 @@ class KiviRaggedStore(RaggedStore):
         slot, codes of its quantized key, codes, scales and zero points of its quantized value,
         full-precision rows of its residual key and value, scale and zero rows of referenced groups."""
         valid = self.valid()
-        kref, vref = self.buffers["keys.ref"][valid], self.buffers["values.ref"][valid]
-        row = self.key_rows[0, 0].nbytes
-        code = self.buffers["keys.codes"].shape[-1]
-        per_value = code + 2 * self.buffers["values.scale"][0].nbytes
-        n, kq, vq = kref.numel(), int((kref >= 0).sum()), int((vref >= 0).sum())
-        groups = int(self._referenced()[0].sum())
-        return n * 8 + kq * code + vq * per_value + (2 * n - kq - vq) * row + groups * 2 * row
+        return held_bytes(
+            self.buffers["keys.ref"][valid],
+            self.buffers["values.ref"][valid],
+            self.buffers["keys.codes"].shape[-1],
+            2 * self.buffers["values.scale"][0].nbytes,
+            self.key_rows[0, 0].nbytes,
+            int(self._referenced()[0].sum()),
+        )
 
     def token_bytes(self) -> int:
         """Key + value bytes of one token in the model's dtype, over the batch and every KV head."""
@@ -150,7 +151,7 @@ class KiviRaggedStore(RaggedStore):
         ref = self.buffers["values.ref"]
         leaving = (self.valid() & (ref == -1 - row)).unsqueeze(-1)
         x = self.value_rows[:, row]
-        new = q.per_token(x, q.group_size(x.shape[-1], self.group), self.bits)
+        new = value_codes(x, self.group, self.bits)
         for part, t in zip(("codes", "scale", "zero"), new, strict=True):
             buf = self.buffers[f"values.{part}"]
             buf.copy_(torch.where(leaving, t.index_select(0, self.segment), buf))
@@ -208,7 +209,7 @@ class KiviRaggedStore(RaggedStore):
         if name == "keys":
             self._encode_keys(quantized, x, ref.clamp(min=0))
             return
-        new = q.per_token(x, q.group_size(x.shape[-1], self.group), self.bits)
+        new = value_codes(x, self.group, self.bits)
         for part, t in zip(("codes", "scale", "zero"), new, strict=True):
             buf = self.buffers[f"values.{part}"]
             buf.copy_(torch.where(quantized.unsqueeze(-1), t, buf))
