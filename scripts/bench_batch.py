@@ -13,10 +13,13 @@ device's allocated peak (CUDA) over each cell, the model included.
     python scripts/bench_batch.py --device cuda --batches 1,8,16 --json results/bench/batch.json
     python scripts/bench_batch.py --methods all --batches 1,8 --skip-timing   # the identity check only
 
-After the table, the ceiling of the decode part: the model's own one-token forward (transformers'
-SDPA attention over a 16-token ``DynamicCache``, so the weights' products are nearly all of it) at the
-largest batch against batch 1, alternating, median of 20: what batching can give at most on this
-machine whatever the cache does.
+After the table, the ceilings of the decode part: the model's own one-token forward (transformers'
+SDPA attention over a ``DynamicCache``) at the largest batch against batch 1, alternating, median of
+20, with 16 tokens cached (the weights' products nearly all of it: what batching gives at most on this
+machine) and with the samples' mean prompt length cached (FullKV's attention too: what batching gives
+at most when every row attends its whole prompt, whatever the cache does). The whole run's ceiling
+follows from the decode ceiling and batch 1's prefill share (a prompt's prefill is one forward of its
+own, whatever the batch).
 
 Targets: batch 8 >= 2.5x the samples/s of batch 1 on a 2-core CPU, >= 6x
 on a GPU. Exit code 1 if any cell's predictions differ from batch 1's.
@@ -72,9 +75,9 @@ def presets(names: str) -> list[str]:
     return [n for n in found if n not in NOT_RUNNABLE and not n.startswith(variants)]
 
 
-def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None, float, float]:
+def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None, float, float, float]:
     """Generate every sample at ``batch``: (tokens per sample, samples/s, peak bytes, wall seconds,
-    seconds of the samples' prefills, question chunks included)."""
+    seconds of the samples' prefills, question chunks included, mean prompt tokens)."""
     method, task = build_components(cfg)
     tokenizer, samples, prompts = load_prompts(cfg, task)
     starts = question_starts(tokenizer, task, samples, prompts)
@@ -88,7 +91,9 @@ def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None
     seconds = time.perf_counter() - start
     peak = peak_device_bytes(model.device) if model.device.type == "cuda" else peak_rss_bytes()
     prefill = sum(r.prefill_seconds for r in out.values())
-    return [out[i].tokens for i in range(len(samples))], len(samples) / seconds, peak, seconds, prefill
+    mean_prompt = statistics.mean(p.shape[1] for p in prompts)
+    tokens = [out[i].tokens for i in range(len(samples))]
+    return tokens, len(samples) / seconds, peak, seconds, prefill, mean_prompt
 
 
 def main() -> None:
@@ -106,7 +111,7 @@ def main() -> None:
             cfg = compose("config", overrides=[*base, f"method={name}", f"budget={args.budget}"])
             reference = None
             for batch in batches:
-                tokens, rate, peak, wall, prefill = run_cell(model, cfg, batch)
+                tokens, rate, peak, wall, prefill, prompt_tokens = run_cell(model, cfg, batch)
                 reference = tokens if reference is None else reference
                 same = tokens == reference
                 if not same:
@@ -125,10 +130,7 @@ def main() -> None:
                     Path(args.json).write_text(json.dumps(out, indent=2))
     if not args.skip_timing:
         print_table(out, batches)
-        one, big = forward_ceiling(model, batches[-1])
-        out["ceiling"] = {"batch_1_ms": one, f"batch_{batches[-1]}_ms": big, "ratio": batches[-1] * one / big}
-        print(f"\nceiling of the decode part: the model's forward at batch {batches[-1]} {big:.1f} ms, at "
-              f"batch 1 {one:.1f} ms: at most {batches[-1] * one / big:.2f}x per sample")  # fmt: skip
+        print_ceilings(model, out, batches[-1], round(prompt_tokens))
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
     if differ:
@@ -136,15 +138,37 @@ def main() -> None:
         sys.exit(1)
 
 
-def forward_ceiling(model, batch: int, steps: int = 20) -> tuple[float, float]:
+def print_ceilings(model, out: dict, batch: int, prompt_tokens: int) -> None:
+    """Print (and store in ``out["ceiling"]``) the decode part's ceiling ``c`` with 16 and with
+    ``prompt_tokens`` cached (:func:`forward_ceiling`), and each method's whole-run ceilings: Amdahl's
+    law over its batch-1 prefill share ``p``, ``1 / (p + (1 - p) / c)``, for both ``c``."""
+    ceilings = {}
+    for context in (16, prompt_tokens):
+        one, big = forward_ceiling(model, batch, context=context)
+        ceilings[context] = batch * one / big
+        out.setdefault("ceiling", {})[f"context_{context}"] = {
+            "batch_1_ms": one, f"batch_{batch}_ms": big, "ratio": ceilings[context],
+        }  # fmt: skip
+        print(f"ceiling of the decode part, {context} tokens cached: the model's forward at batch {batch} "
+              f"{big:.1f} ms, at batch 1 {one:.1f} ms: at most {ceilings[context]:.2f}x")  # fmt: skip
+    for name in dict.fromkeys(c["method"] for c in out["cells"].values()):
+        one = out["cells"][f"{name}/1"]
+        share = one["prefill_s"] / one["wall_s"]
+        whole = {context: 1 / (share + (1 - share) / c) for context, c in ceilings.items()}
+        out["ceiling"][f"whole_{name}"] = whole
+        bounds = ", ".join(f"{w:.2f}x ({context} cached)" for context, w in whole.items())
+        print(f"ceiling of the whole run, {name} (prefill {share:.0%} of batch 1): at most {bounds}")
+
+
+def forward_ceiling(model, batch: int, steps: int = 20, context: int = 16) -> tuple[float, float]:
     """Median ms of the model's one-token forward at batch 1 and at ``batch`` (transformers' SDPA
-    attention, a 16-token ``DynamicCache`` cropped back after each step), calls alternating."""
+    attention, a ``context``-token ``DynamicCache`` cropped back after each step), calls alternating."""
     implementation = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     caches, times, keyword = {}, {1: [], batch: []}, cache_keyword(model)
     for b in times:
         caches[b] = DynamicCache()
-        model(input_ids=torch.randint(100, 1000, (b, 16), device=model.device), **{keyword: caches[b]})
+        model(input_ids=torch.randint(100, 1000, (b, context), device=model.device), **{keyword: caches[b]})
     for i in range(steps + 3):
         for b, cache in caches.items():
             token = torch.full((b, 1), 100, device=model.device)
