@@ -19,7 +19,8 @@ SDPA attention over a ``DynamicCache``) at the largest batch against batch 1, al
 machine) and with the samples' mean prompt length cached (FullKV's attention too: what batching gives
 at most when every row attends its whole prompt, whatever the cache does). The whole run's ceiling
 follows from the decode ceiling and batch 1's prefill share (a prompt's prefill is one forward of its
-own, whatever the batch).
+own, whatever the batch). Last, per method, one decode step of the first samples' rows together against
+the first row's alone: the cache's batching, without the run's batch draining at its end.
 
 Targets: batch 8 >= 2.5x the samples/s of batch 1 on a 2-core CPU, >= 6x
 on a GPU. Exit code 1 if any cell's predictions differ from batch 1's.
@@ -45,7 +46,7 @@ from runners.batched import decode_rows  # noqa: E402
 from runners.build import build_components, load_prompts  # noqa: E402
 from runners.environment import device_info, peak_device_bytes, peak_rss_bytes, reset_peak_memory  # noqa: E402
 from runners.generate import eos_token_ids  # noqa: E402
-from runners.model_run import cache_keyword  # noqa: E402
+from runners.model_run import cache_keyword, forward_rows  # noqa: E402
 from runners.models import load_model  # noqa: E402
 from runners.quality import check_budgets, question_starts, sample_rows  # noqa: E402
 
@@ -106,9 +107,9 @@ def main() -> None:
         model = load_model(compose("config", overrides=base).model, args.device)
         out = {"device": device_info(model.device), "args": vars(args), "cells": {}}
         torch.set_grad_enabled(False)
-        differ = []
+        differ, cfgs = [], {}
         for name in presets(args.methods):
-            cfg = compose("config", overrides=[*base, f"method={name}", f"budget={args.budget}"])
+            cfg = cfgs[name] = compose("config", overrides=[*base, f"method={name}", f"budget={args.budget}"])
             reference = None
             for batch in batches:
                 tokens, rate, peak, wall, prefill, prompt_tokens = run_cell(model, cfg, batch)
@@ -131,6 +132,16 @@ def main() -> None:
     if not args.skip_timing:
         print_table(out, batches)
         print_ceilings(model, out, batches[-1], round(prompt_tokens))
+        for name, cfg in cfgs.items():
+            one, big = step_times(model, cfg, batches[-1])
+            ratio = batches[-1] * one / big
+            out["ceiling"][f"step_{name}"] = {
+                "batch_1_ms": one,
+                f"batch_{batches[-1]}_ms": big,
+                "ratio": ratio,
+            }
+            print(f"one step of {name}'s first {batches[-1]} rows {big:.1f} ms, of its first row alone "
+                  f"{one:.1f} ms: {ratio:.2f}x")  # fmt: skip
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
     if differ:
@@ -158,6 +169,33 @@ def print_ceilings(model, out: dict, batch: int, prompt_tokens: int) -> None:
         out["ceiling"][f"whole_{name}"] = whole
         bounds = ", ".join(f"{w:.2f}x ({context} cached)" for context, w in whole.items())
         print(f"ceiling of the whole run, {name} (prefill {share:.0%} of batch 1): at most {bounds}")
+
+
+def step_times(model, cfg, batch: int, steps: int = 10) -> tuple[float, float]:
+    """Median ms of one decode step of the first sample's row alone and of the first ``batch`` samples'
+    rows together (``runners.model_run.forward_rows``), alternating after 3 untimed pairs: the cache's
+    batching without the run's draining batch (each step appends a token to every row it runs)."""
+    method, task = build_components(cfg)
+    tokenizer, samples, prompts = load_prompts(cfg, task)
+    samples, prompts = samples[:batch], prompts[:batch]
+    starts = question_starts(tokenizer, task, samples, prompts)
+    budgets = check_budgets(cfg, method, cfg.budget, samples, prompts, task, starts)
+    eos = eos_token_ids(model, tokenizer)
+    runs = [
+        start().run
+        for _, start in sample_rows(model, tokenizer, task, method, samples, prompts, budgets, starts, eos)
+    ]
+    tokens = torch.full((batch,), 100, device=model.device)
+    times = {1: [], batch: []}
+    for i in range(steps + 3):
+        for b in times:
+            start = time.perf_counter()
+            runs[0].step(tokens[:1]) if b == 1 else forward_rows(model, runs, tokens)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= 3:
+                times[b].append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[1]), statistics.median(times[batch])
 
 
 def forward_ceiling(model, batch: int, steps: int = 20, context: int = 16) -> tuple[float, float]:
