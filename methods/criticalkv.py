@@ -35,18 +35,22 @@ from methods.wrap import ScorerWrapper
 KEPT = torch.finfo(torch.float32).max
 
 
-def output_norm(values: torch.Tensor, out_proj: torch.Tensor, chunk: int = 1 << 26) -> torch.Tensor:
-    """``||v W_o^h||_1`` averaged over the query heads ``h`` of each KV group: ``[batch, kv_heads,
-    slots]`` float32 of ``values`` ``[batch, kv_heads, slots, head_dim]`` and ``out_proj``
-    (``o_proj.weight`` ``[hidden, q_heads * head_dim]``). Tokens go in chunks of at most ``chunk``
-    projected elements (memory only)."""
+def output_norm(
+    values: torch.Tensor, out_proj: torch.Tensor, chunk: int = 1 << 26, ord: int = 1, per_head: bool = False
+) -> torch.Tensor:
+    """``||v W_o^h||`` (``ord`` 1: L1, CriticalKV; 2: L2, KVzip+) of ``values`` ``[batch, kv_heads,
+    slots, head_dim]`` through each query head ``h``'s slice of ``out_proj`` (``o_proj.weight``
+    ``[hidden, q_heads * head_dim]``): float32 ``[batch, kv_heads, slots]`` averaged over the query heads
+    of each KV group, or ``[batch, kv_heads, group, slots]`` (``per_head``). Tokens go in chunks of at
+    most ``chunk`` projected elements (memory only)."""
     b, kv, n, d = values.shape
     weight = out_proj.to(values.dtype).view(out_proj.shape[0], kv, -1, d)  # [hidden, kv, group, d]
     step = max(1, chunk // (b * weight.shape[0] * weight.shape[1] * weight.shape[2]))
     parts = []
     for start in range(0, n, step):
         projected = torch.einsum("bhnd,ohgd->bhgno", values[:, :, start : start + step], weight)
-        parts.append(torch.linalg.vector_norm(projected, ord=1, dim=-1, dtype=torch.float32).mean(dim=2))
+        norm = torch.linalg.vector_norm(projected, ord=ord, dim=-1, dtype=torch.float32)
+        parts.append(norm if per_head else norm.mean(dim=2))
     return torch.cat(parts, dim=-1)
 
 

@@ -12,7 +12,10 @@ the official ``KVScore._get_score``). Each layer then keeps the top ``heads x B`
 heads, in ragged heads (the memory freed, where kvpress masks); with ``layerwise=false`` the top
 ``layers x heads x B`` across all layers and heads (kvpress's default). The ``n_sink`` first tokens
 and the chat template before the context (the system prompt, which no chunk repeats) are kept, as
-the official code keeps its system prompt. docs/methods.md, "KVzip", lists the choices.
+the official code keeps its system prompt. KVzip+ (``kvzip_plus_normalization``, kvpress's
+``KVzipPress`` option of that name) weighs each probability before the maximum by the pair's
+``||v W_o^h||_2`` through its query head's slice of ``o_proj`` over the query token's attention-input
+norm ``||h||_2``. docs/methods.md, "KVzip", lists the choices.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from typing import ClassVar
 
 import torch
 
+from methods.criticalkv import output_norm
 from methods.probing import Probe, Probing
+from methods.seam.architecture import UnsupportedArchitectureError
 from methods.seam.contract import NO_DECODE_RULE, CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.step import group_queries, softcap_logits
@@ -92,6 +97,8 @@ class KVzip(Probing, CompressionMethod):
         Tokens of the previous chunk a later chunk's instruction ends with.
     prompt : ReconstructionPrompt | None
         The prompt's token ids; set by :meth:`attach_tokenizer` (the runners call it).
+    kvzip_plus_normalization : bool
+        KVzip+ (module docstring): probabilities times ``||v W_o^h||_2 / ||h||_2`` before the maximum.
 
     Raises
     ------
@@ -112,6 +119,7 @@ class KVzip(Probing, CompressionMethod):
     chunk_size: int = 2048
     resume_tokens: int = 8
     prompt: ReconstructionPrompt | None = None
+    kvzip_plus_normalization: bool = False
 
     def __post_init__(self) -> None:
         if self.n_sink < 1 or self.chunk_size < 1 or self.resume_tokens < 0:
@@ -158,15 +166,32 @@ class KVzip(Probing, CompressionMethod):
         return probes
 
     def probe(
-        self, layer: CompressedLayer, query: torch.Tensor, keys: torch.Tensor, scaling: float, probe: Probe
+        self,
+        layer: CompressedLayer,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        scaling: float,
+        probe: Probe,
+        hidden_norm: torch.Tensor | None = None,
     ) -> None:
         """Scores of the chunk's context span: the largest attention any reconstruction query of the
-        group gives each pair, the softmax over the sinks, the span and the chunk's causal part."""
+        group gives each pair, the softmax over the sinks, the span and the chunk's causal part (KVzip+:
+        each probability weighed first, :meth:`plus_weights`).
+
+        Raises
+        ------
+        ValueError
+            For KVzip+ without ``hidden_norm`` ``[batch, tokens]``.
+        UnsupportedArchitectureError
+            For KVzip+ when the attention's ``o_proj`` could not be found.
+        """
         start, stop = probe.span
         sink, n, hkv = min(self.n_sink, start), keys.shape[2], keys.shape[1]
         cached = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, start:stop], keys], dim=2).float()
         context = cached.shape[2] - n  # the sinks and the span; the chunk's own keys follow
         own = torch.arange(n, device=keys.device)
+        plus = self.kvzip_plus_normalization
+        weights = self.plus_weights(layer, start, stop, hidden_norm) if plus else None
         score = None
         for a in range(0, n, 512):
             q, last = group_queries(query[:, :, a : a + 512], hkv).float(), min(a + 512, n)
@@ -174,12 +199,30 @@ class KVzip(Probing, CompressionMethod):
             logits = torch.einsum("bhgqd,bhkd->bhgqk", q, cached[:, :, : context + last]).mul_(scaling)
             logits = softcap_logits(logits, layer.spec.softcap)
             logits[..., context + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
-            # the largest probability is exp of the largest log-probability
-            best = torch.log_softmax(logits, dim=-1)[..., sink:context].amax(dim=(2, 3)).exp_()
+            span = torch.log_softmax(logits, dim=-1)[..., sink:context]  # [b, hkv, group, block, span]
+            if weights is None:  # the largest probability is exp of the largest log-probability
+                best = span.amax(dim=(2, 3)).exp_()
+            else:
+                column, row = weights
+                best = span.exp_().mul_(column[:, :, :, None]).div_(row[:, None, None, a:last, None])
+                best = best.amax(dim=(2, 3))
             score = best if score is None else torch.maximum(score, best)
         scores = layer.store.state["scores"].clone()
         scores[:, :, start:stop] = score
         layer.store.write("scores", scores)
+
+    def plus_weights(
+        self, layer: CompressedLayer, start: int, stop: int, hidden_norm: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """KVzip+'s weights (kvpress ``KVzipPress.score_kvzip``): ``||v W_o^h||_2`` ``[batch, kv_heads,
+        group, span]`` of the span's values per query head, and the rows' ``||h||_2`` ``[batch,
+        tokens]`` float32. Raises as :meth:`probe`."""
+        if hidden_norm is None:
+            raise ValueError("kvzip_plus_normalization needs the norms of the probe's attention inputs")
+        if layer.spec.out_proj is None:
+            raise UnsupportedArchitectureError("kvzip_plus_normalization needs the attention's o_proj")
+        values = layer.values[:, :, start:stop]
+        return output_norm(values, layer.spec.out_proj, ord=2, per_head=True), hidden_norm.float()
 
     def ranking(self, layer: CompressedLayer) -> torch.Tensor:
         """``[batch, kv_heads, prompt]`` scores with the kept tokens (sinks, unrepeated head) at +inf, at

@@ -50,11 +50,19 @@ class Probing:
         raise NotImplementedError
 
     def probe(
-        self, layer: CompressedLayer, query: torch.Tensor, keys: torch.Tensor, scaling: float, probe: Probe
+        self,
+        layer: CompressedLayer,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        scaling: float,
+        probe: Probe,
+        hidden_norm: torch.Tensor | None = None,
     ) -> None:
         """Read one probe forward on one layer: ``query`` ``[batch, q_heads, tokens, head_dim]`` and
-        ``keys`` ``[batch, kv_heads, tokens, head_dim]`` (post-RoPE) of ``probe.ids``; the layer holds
-        the uncompressed prompt and is left unchanged by the forward."""
+        ``keys`` ``[batch, kv_heads, tokens, head_dim]`` (post-RoPE) of ``probe.ids``, and
+        ``hidden_norm`` ``[batch, tokens]`` float32, the L2 norm of each token's input to the layer's
+        attention (None where the runner could not hook the attention module); the layer holds the
+        uncompressed prompt and is left unchanged by the forward."""
         raise NotImplementedError
 
     def compress(self, layers: list[CompressedLayer]) -> None:

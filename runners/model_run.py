@@ -138,11 +138,11 @@ class ModelRun:
         method = self.cache.method
         if not is_probing(method):
             return
-        cache = ProbeCache(self.cache)
-        for probe in method.probe_prompts(input_ids):
-            cache.probe, ids = probe, probe.ids.to(input_ids.device)
-            positions = torch.arange(self.seen, self.seen + ids.shape[1], device=ids.device)
-            model_forward(self.model, ids, positions.expand_as(ids), cache, logits_to_keep=1)
+        with ProbeCache(self.cache).hooked(self.model) as cache:
+            for probe in method.probe_prompts(input_ids):
+                cache.probe, ids = probe, probe.ids.to(input_ids.device)
+                positions = torch.arange(self.seen, self.seen + ids.shape[1], device=ids.device)
+                model_forward(self.model, ids, positions.expand_as(ids), cache, logits_to_keep=1)
         ruled = zip(self.cache.layers, self.cache.rules, strict=True)
         method.compress([layer for layer, rule in ruled if rule is method])
 

@@ -11,6 +11,9 @@ forwards, then the method compresses its layers (:meth:`Probing.compress`).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -132,6 +135,33 @@ class ProbeCache(Cache):
         super().__init__(layers=[ProbeLayer(layer) for layer in cache.layers])
         self.cache = cache
         self.probe: Probe | None = None
+        self.hidden_norms: dict[int, torch.Tensor] = {}  # by layer: the chunk's attention-input norms
+
+    @contextlib.contextmanager
+    def hooked(self, model: torch.nn.Module) -> Iterator[ProbeCache]:
+        """Within the block, each decoder layer's attention module records the L2 norm ``[batch,
+        tokens]`` of its input hidden states into :attr:`hidden_norms` (KVzip+'s row normalisation);
+        nothing is recorded where the decoder's ``layers[i].self_attn`` cannot be found."""
+        get_decoder = getattr(model, "get_decoder", None)
+        layers = getattr(get_decoder() if get_decoder is not None else None, "layers", None) or []
+        hooks = []
+        for i, layer in enumerate(layers):
+            attention = getattr(layer, "self_attn", None)
+            if attention is not None:
+                hooks.append(attention.register_forward_pre_hook(self._norm_hook(i), with_kwargs=True))
+        try:
+            yield self
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def _norm_hook(self, layer_idx: int):
+        def hook(module, args, kwargs):
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            if hidden is not None:
+                self.hidden_norms[layer_idx] = torch.linalg.vector_norm(hidden, dim=-1, dtype=torch.float32)
+
+        return hook
 
     def attend(
         self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
@@ -141,5 +171,5 @@ class ProbeCache(Cache):
         layer, rule = self.cache.layers[layer_idx], self.cache.rules[layer_idx]
         out = probe_attention(layer, query, key, value, scaling)
         if is_probing(rule):
-            rule.probe(layer, query, key, scaling, self.probe)
+            rule.probe(layer, query, key, scaling, self.probe, self.hidden_norms.pop(layer_idx, None))
         return out

@@ -2,17 +2,18 @@
 compression time against one prefill.
 
 The context is a RULER prompt up to its question (the leaderboard's query-agnostic protocol) in the
-embedded model's chat template. KVBench's ``method=kvzip`` (or ``kvzip_layerwise``) compresses it
-here; the same ids then go to ``KVzipPress`` in kvpress's own virtual environment (``--venv``: it
-pins its own transformers), which this script calls with ``--kvpress`` (nothing of KVBench imported
-there). kvpress masks instead of evicting: its kept set is the complement of ``masked_key_indices``.
-Printed per layer: the Jaccard index of the kept ``(head, position)`` pairs over the whole context and
-over the context after the chat template's head (what both score), and the largest difference of
-the reconstruction scores there. Timing: the median over ``--repeats`` of FullKV's prefill of the
-context and of KVzip's (prefill, reconstruction forwards, compression), alternating.
+embedded model's chat template. KVBench's ``method=kvzip`` (``--layerwise``; ``--plus``: KVzip+)
+compresses it here; the same ids then go to ``KVzipPress`` in kvpress's own virtual environment
+(``--venv``: it pins its own transformers), which this script calls with ``--kvpress`` (nothing of
+KVBench imported there). kvpress masks instead of evicting: its kept set is the complement of
+``masked_key_indices``. Printed per layer: the Jaccard index of the kept ``(head, position)`` pairs over
+the whole context and over the context after the chat template's head (what both score), and the largest
+difference of the reconstruction scores there. Timing: the median over ``--repeats`` of FullKV's prefill
+of the context and of KVzip's (prefill, reconstruction forwards, compression), alternating.
 
     python scripts/kvzip_vs_kvpress.py --length 4096 --ratio 0.5
     python scripts/kvzip_vs_kvpress.py --layerwise --timing 0
+    python scripts/kvzip_vs_kvpress.py --plus --timing 0
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def kvpress_side(inputs: Path, output: Path) -> None:
 
     job = torch.load(inputs)
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)  # sdpa
-    press = KVzipPress(compression_ratio=job["ratio"], layerwise=job["layerwise"], n_sink=job["n_sink"])
+    press = KVzipPress(
+        compression_ratio=job["ratio"], layerwise=job["layerwise"], n_sink=job["n_sink"],
+        kvzip_plus_normalization=job["plus"],
+    )  # fmt: skip
     scores, post = {}, press.compress_post
 
     def spy(model):  # the scores before the sinks are raised (compress_post resets them after)
@@ -63,7 +67,8 @@ def context_ids(args) -> tuple[object, torch.Tensor]:
 
     from runners.build import apply_compression_ratio, build_components, load_prompts
 
-    overrides = [f"method={'kvzip_layerwise' if args.layerwise else 'kvzip'}", "task=ruler"]
+    overrides = [f"method={'kvzip_plus' if args.plus else 'kvzip'}", f"method.layerwise={args.layerwise}"]
+    overrides += ["task=ruler"]
     overrides += [f"task.tasks=[{args.task}]", f"task.lengths=[{args.length}]", "task.limit=1"]
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, f"compression_ratio={args.ratio}"])
@@ -109,6 +114,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--ratio", type=float, default=0.5, help="kvpress's compression_ratio")
     parser.add_argument("--layerwise", action="store_true")
+    parser.add_argument("--plus", action="store_true", help="KVzip+ (kvzip_plus_normalization) on both sides")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timing", type=int, default=1, help="0: no timing")
     parser.add_argument("--venv", type=Path, default=VENV, help="python of kvpress's venv")
@@ -139,6 +145,7 @@ def main() -> None:
     ours, ours_scores = kept_mask(run, n), torch.stack(scores)
     with tempfile.TemporaryDirectory() as tmp:
         job = {"ids": ids, "ratio": args.ratio, "layerwise": args.layerwise, "n_sink": method.n_sink}
+        job["plus"] = args.plus
         torch.save({**job, "model": str(_source(cfg.model))}, Path(tmp) / "in.pt")
         script = [str(args.venv), __file__, "--kvpress", f"{tmp}/in.pt", f"{tmp}/out.pt"]
         subprocess.run(script, check=True, cwd=tmp)

@@ -28,11 +28,13 @@ def prompt_ids(seed: int = 0) -> torch.Tensor:
 
 
 @torch.no_grad()
-def reference_scores(model, ids: torch.Tensor) -> torch.Tensor:
+def reference_scores(model, ids: torch.Tensor, plus: bool = False) -> torch.Tensor:
     """Sec. 3.2 with transformers' own cache and attention: the context (after the template head) is
     repeated in chunks against the prefilled cache, and a pair scores the largest attention a repeat
     query of its group gives it, the softmax over the sinks, the chunk's context and the repeat's causal
-    part. ``[layers, kv_heads, prompt]``, NaN where nothing is scored (the head)."""
+    part; KVzip+ (``plus``, kvpress ``score_kvzip``): each probability times ``||v W_o^h||_2`` (query
+    head ``h``'s columns of ``o_proj``) over ``||h||_2`` of the query's attention input.
+    ``[layers, kv_heads, prompt]``, NaN where nothing is scored (the head)."""
     cfg, n, head = model.config, ids.shape[1], len(TEMPLATE.head)
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
     cache = DynamicCache(config=cfg)
@@ -69,7 +71,12 @@ def reference_scores(model, ids: torch.Tensor) -> torch.Tensor:
                 )
                 logits = q[0, h] @ k.T / d**0.5
                 logits[:, k.shape[0] - m :] += torch.full((m, m), float("-inf")).triu(1)
-                best = logits.softmax(-1)[:, min(SINKS, a) : min(SINKS, a) + b - a].amax(0)
+                best = logits.softmax(-1)[:, min(SINKS, a) : min(SINKS, a) + b - a]
+                if plus:
+                    values = cache.layers[layer].values[0][h // (hq // hkv), a:b]
+                    out = values @ module.self_attn.o_proj.weight[:, h * d : (h + 1) * d].T
+                    best = best * out.norm(dim=-1) / hidden[0].norm(dim=-1)[:, None]
+                best = best.amax(0)
                 old = scores[layer, h // (hq // hkv), a:b]
                 scores[layer, h // (hq // hkv), a:b] = torch.where(
                     old.isnan(), best, torch.maximum(old, best)
@@ -100,17 +107,31 @@ def kept_positions(cache) -> list[list[set[int]]]:
     return [[set(row[row >= 0].tolist()) for row in layer.store.positions[0]] for layer in cache.layers]
 
 
-@pytest.mark.parametrize("layerwise", [True, False], ids=["layerwise", "across_layers"])
-def test_kept_sets_are_the_papers_rule_and_the_heads_share_the_budget(layerwise):
+@pytest.mark.parametrize(
+    "layerwise, plus",
+    [(True, False), (False, False), (False, True)],
+    ids=["layerwise", "across_layers", "plus"],
+)
+def test_kept_sets_are_the_papers_rule_and_the_heads_share_the_budget(layerwise, plus):
     ours, reference = tiny_llama(layers=3), tiny_llama(layers=3)
     reference.set_attn_implementation("sdpa")
+    if plus:  # RMSNorm weights that differ by channel: tokens' attention inputs of different norms
+        for model in (ours, reference):
+            for i, layer in enumerate(model.model.layers):
+                weight = torch.rand(96, generator=torch.Generator().manual_seed(i)) * 8
+                layer.input_layernorm.weight.data.copy_(weight)
     ids = prompt_ids()
-    method = KVzip(n_sink=SINKS, layerwise=layerwise, chunk_size=CHUNK, resume_tokens=RESUME, prompt=TEMPLATE)
+    method = KVzip(
+        n_sink=SINKS, layerwise=layerwise, chunk_size=CHUNK, resume_tokens=RESUME, prompt=TEMPLATE,
+        kvzip_plus_normalization=plus,
+    )  # fmt: skip
     run = ModelRun(ours, method, BUDGET, PROMPT)
     with torch.inference_mode():
         run.prefill(ids)
     kept = kept_positions(run.cache)
-    assert kept == reference_kept(reference_scores(reference, ids), layerwise)
+    assert kept == reference_kept(reference_scores(reference, ids, plus), layerwise)
+    if plus:  # the weights change what is kept
+        assert kept != reference_kept(reference_scores(reference, ids), layerwise)
     per_layer = [sum(len(head) for head in layer) for layer in kept]
     heads = [len(head) for layer in kept for head in layer]
     if layerwise:  # each layer holds heads x B, the heads unequal

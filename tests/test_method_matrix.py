@@ -68,10 +68,17 @@ SETTINGS = {
         {"lazy_threshold": 0.0, "n_recent": 6, "n_initial": 1, "n_last": 2},
     ),
     "key_rerotation": ({"scorer": TOVA(recent=2)}, {"scorer": AdaKV(scorer=SnapKV(window_size=4))}),
-    # the budget shared by every layer and head; then each layer's heads, three reconstruction chunks
+    # the budget shared by every layer and head; then each layer's heads, three reconstruction chunks, KVzip+
     "kvzip": (
         {"prompt": TINY_PROMPT},
-        {"prompt": TINY_PROMPT, "layerwise": True, "n_sink": 1, "chunk_size": 24, "resume_tokens": 3},
+        {
+            "prompt": TINY_PROMPT,
+            "layerwise": True,
+            "n_sink": 1,
+            "chunk_size": 24,
+            "resume_tokens": 3,
+            "kvzip_plus_normalization": True,
+        },
     ),
 }
 CASES = [
