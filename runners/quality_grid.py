@@ -3,7 +3,9 @@
 ``python run.py runner=quality_grid task=ruler 'runner.methods=[fullkv,snapkv,tova]'
 'runner.compression_ratios=[0.25,0.5,0.75]'`` stores one quality record per (method, budget), under
 the run id that ``python run.py method=<m> compression_ratio=<r> task=ruler`` would give it (the same
-config: the job's other overrides, the method preset, the ratio or budget). Settings already finished
+config: the job's other overrides, the method preset, the ratio or budget). ``'runner.quants=[none,int8]'``
+adds the storage kind as an axis (``quant=<q>`` of each setting's own run; each setting's cache holds
+its kind, the shared forward's own cache full precision). Settings already finished
 are skipped; FullKV, which ignores the budget, runs once. Per sample the model's prefill forward runs
 once for every setting (``runners.shared_prefill``): the prompt's hidden states do not depend on the
 method, since every method computes prefill attention uncompressed; then the settings' decode steps
@@ -16,6 +18,7 @@ how many settings shared a decode forward).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +32,9 @@ from tqdm import tqdm
 from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
+from methods.seam.storage import StorageKind
 from reports.shards import whole_run_id
-from reports.store import ResultStore, setting_id
+from reports.store import ResultStore, quant_of, setting_id
 from runners.build import (
     build_components,
     check_run,
@@ -53,10 +57,12 @@ from runners.quality import (
 from runners.record import claim_run, failure, identify_run, new_record, presets, recording, run_config
 from runners.shards import check_shards, merge_when_complete, shard_samples
 from runners.shared_prefill import shared_generate
+from runners.storage import storage_of
 from tasks.errors import KVBenchError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-#: Overrides of the grid job that do not pass to its settings (the grid's own keys).
+#: Overrides of the grid job that do not pass to its settings (the grid's own keys; ``quant`` with
+#: ``runner.quants``).
 GRID_KEYS = ("runner", "method", "budget", "compression_ratio")
 #: Keys of the grid's runner that its settings take: every setting runs the same shard of the samples.
 SHARD_KEYS = ("num_shards", "shard_index")
@@ -66,7 +72,7 @@ PEAKS = ("peak_rss_bytes", "peak_rss_process_bytes", "peak_device_bytes", "peak_
 
 @dataclass
 class Setting:
-    """One (method, budget) of the grid and its run."""
+    """One (method, budget, storage kind) of the grid and its run."""
 
     cfg: DictConfig
     preset: str
@@ -74,6 +80,7 @@ class Setting:
     config: dict
     store: ResultStore
     rid: str
+    storage: StorageKind
     budgets: list[int | None] = field(default_factory=list)
     record: dict = field(default_factory=dict)
     results: list[GenerationResult] = field(default_factory=list)
@@ -95,16 +102,34 @@ def _values(cfg: DictConfig) -> tuple[str, list]:
     return key, list(values)
 
 
+def _quants(cfg: DictConfig, names: list[str], given: list[str]) -> list[str | None]:
+    """The grid's storage axis: ``runner.quants`` (None: every setting takes the job's ``quant``).
+
+    Raises
+    ------
+    KVBenchError
+        For a malformed ``runner.quants``, or one given with a ``quant=`` override.
+    """
+    quants = cfg.runner.get("quants")
+    if quants is None:
+        return [None]
+    if not isinstance(quants, ListConfig) or not quants or len(set(quants)) != len(quants):
+        raise KVBenchError(f"runner.quants must be a non-empty list of distinct quant names, got {quants!r}")
+    if bad := [o for o, n in zip(given, names, strict=True) if n == "quant"]:
+        raise KVBenchError(f"runner.quants gives each setting its quant; {bad[0]} would be ignored")
+    return [str(q) for q in quants]
+
+
 def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     """``(method preset, composed config)`` of every setting: the job's overrides (those of the grid
-    itself left out) plus ``method=<preset>`` and the ratio or budget, composed as ``run.py`` composes
-    them.
+    itself left out) plus ``method=<preset>``, the ratio or budget and (``runner.quants``) ``quant=<q>``,
+    composed as ``run.py`` composes them.
 
     Raises
     ------
     KVBenchError
         For an empty or malformed grid, ``method.*`` overrides (they would apply to every preset),
-        or a preset that does not compose.
+        a ``quant=`` override beside ``runner.quants``, or a preset that does not compose.
     """
     methods = cfg.runner.get("methods")
     if not isinstance(methods, ListConfig) or not methods:
@@ -121,20 +146,22 @@ def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
             "setting's method); run backend=compiled settings one by one"
         )
     key, values = _values(cfg)
+    quants = _quants(cfg, names, given)
     kept = [o for o, n in zip(given, names, strict=True) if n.split(".")[0] not in GRID_KEYS]
     kept += [f"runner.{key}={value}" for key, value in zip(SHARD_KEYS, check_shards(cfg), strict=True)]
     out = []
     with contextlib.ExitStack() as stack:
         if not GlobalHydra.instance().is_initialized():
             stack.enter_context(initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"))
-        for preset in methods:
-            for value in values:
-                try:
-                    overrides = [*kept, f"method={preset}", f"{key}={value}"]
-                    out.append((preset, compose("config", overrides=overrides)))
-                except Exception as err:
-                    first = str(err).splitlines()[0]
-                    raise KVBenchError(f"runner.methods: {preset} with {key}={value}: {first}") from err
+        for preset, value, quant in itertools.product(methods, values, quants):
+            overrides = [*kept, f"method={preset}", f"{key}={value}", *([f"quant={quant}"] if quant else [])]
+            try:
+                out.append((preset, compose("config", overrides=overrides)))
+            except Exception as err:
+                first = str(err).splitlines()[0]
+                raise KVBenchError(
+                    f"runner.methods: {preset} with {' '.join(overrides[-2:])}: {first}"
+                ) from err
     return out
 
 
@@ -154,7 +181,7 @@ def _prepare(cfg: DictConfig) -> tuple[list[Setting], list[dict], tuple]:
         if shared is None:
             shared = (scfg.model, task, *load_prompts(scfg, task))
         store, rid = identify_run(scfg, config, shared[3])
-        candidates.append(Setting(scfg, preset, method, config, store, rid))
+        candidates.append(Setting(scfg, preset, method, config, store, rid, storage_of(scfg, method)))
     done = {
         s.rid: claim_run(s.cfg, s.store, s.rid, s.config, lambda r: None)
         for s in sorted(candidates, key=lambda s: s.rid)
@@ -190,8 +217,8 @@ def run_quality_grid(cfg: DictConfig) -> dict:
     records = finished + [s.record for s in settings]
     for r in records:
         first = next(iter((r.get("metrics") or {}).values()), None)
-        print(f"  {r['method']:<28} budget={r['config']['budget']!s:<6} {r['status']:<6} "
-              f"first metric {first}  run {r['run_id']}")  # fmt: skip
+        print(f"  {r['method']:<28} budget={r['config']['budget']!s:<6} quant={quant_of(r['config']):<6} "
+              f"{r['status']:<6} first metric {first}  run {r['run_id']}")  # fmt: skip
     for r in sorted(records, key=lambda r: whole_run_id(r["config"], r.get("inputs"))):  # locks in order
         merge_when_complete(cfg, ResultStore(cfg.paths.results_dir), r["run_id"], task, every)
     bad = [r for r in records if r["status"] != "ok"]
@@ -227,6 +254,7 @@ def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts
                     model, ids.to(model.device), [(s.method, s.budgets[i]) for s in settings],
                     task.max_new(sample), eos | stop_token_ids(tokenizer, sample.stop_strings),
                     min_new_tokens=task.min_new_tokens, question_start=starts[i], batch_size=batch_size,
+                    storages=[s.storage for s in settings],
                 )  # fmt: skip
                 for s, res in zip(settings, results, strict=True):
                     s.results.append(res)

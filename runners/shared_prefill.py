@@ -20,6 +20,8 @@ import torch
 from methods import CompressedCache, CompressionMethod, FullKV
 from methods.score_memo import shared_scores
 from methods.seam.step import prefill_step
+from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 from runners.batched import decode_rows
 from runners.generate import GenerationResult, ModelRun, Row, begin_generation
 
@@ -61,6 +63,7 @@ def shared_generate(
     min_new_tokens: int = 0,
     question_start: int | None = None,
     batch_size: int = 1,
+    storages: list[StorageKind] | None = None,
 ) -> list[GenerationResult]:
     """Greedy decoding of one prompt under several settings with one prefill forward.
 
@@ -72,6 +75,9 @@ def shared_generate(
         As :func:`runners.generate.greedy_generate`.
     batch_size : int
         Settings whose decode steps run in one forward (``runners.batched``; 1: one by one).
+    storages : list[StorageKind] | None
+        Each setting's storage kind (a grid over ``quant=``); None: the process's
+        (``methods.seam.cache.DEFAULT_STORAGE``). The shared forward's own cache is full precision.
 
     Returns
     -------
@@ -84,16 +90,23 @@ def shared_generate(
     ------
     ValueError
         If the prompt batch is not 1, no setting is given, ``question_start`` is out of range or
-        ``batch_size`` < 1.
+        ``batch_size`` < 1, or ``storages`` is not one per setting.
     """
     if input_ids.shape[0] != 1 or not settings:
         raise ValueError("shared_generate takes one prompt and at least one setting")
     if question_start is not None and not 0 < question_start < input_ids.shape[1]:
         raise ValueError(f"question_start must be in [1, {input_ids.shape[1] - 1}], got {question_start}")
+    if storages is not None and len(storages) != len(settings):
+        raise ValueError(f"{len(storages)} storage kinds for {len(settings)} settings")
     most = input_ids.shape[1] + max_new_tokens - 1
-    caches = [CompressedCache.for_model(model, method, budget, most) for method, budget in settings]
+    kinds = storages or [None] * len(settings)
+    caches = [
+        CompressedCache.for_model(model, method, budget, most, kind)
+        for (method, budget), kind in zip(settings, kinds, strict=True)
+    ]
     prefix = input_ids if question_start is None else input_ids[:, :question_start]
-    driver = ModelRun(model, FullKV(), None, prefix.shape[1], observer=PrefillFanout(caches))
+    own = CompressedCache.for_model(model, FullKV(), None, prefix.shape[1], SlotStore)
+    driver = ModelRun(model, FullKV(), None, cache=own, observer=PrefillFanout(caches))
     start = time.perf_counter()
     logits = driver.prefill(prefix)
     del driver

@@ -9,13 +9,14 @@ from omegaconf import DictConfig, OmegaConf
 from methods import CompressionMethod
 from methods.quant import QUANT_REGISTRY, check_method, storage_kind
 from methods.seam.cache import DEFAULT_STORAGE
+from methods.seam.storage import StorageKind
 from methods.seam.store import SlotStore
 from reports.store import quant_of
 from tasks.errors import KVBenchError
 
 
-def set_storage(cfg: DictConfig, method: CompressionMethod) -> None:
-    """Check ``quant=`` against the method and make it the storage kind of every cache of this process.
+def storage_of(cfg: DictConfig, method: CompressionMethod) -> StorageKind:
+    """The storage kind ``quant=`` asks for, checked against the method.
 
     Raises
     ------
@@ -38,4 +39,9 @@ def set_storage(cfg: DictConfig, method: CompressionMethod) -> None:
         check_method(method, name)
     except (ValueError, TypeError) as err:
         raise KVBenchError(f"quant={name}: {err}") from err
-    DEFAULT_STORAGE[0] = kind or SlotStore
+    return kind or SlotStore
+
+
+def set_storage(cfg: DictConfig, method: CompressionMethod) -> None:
+    """Make :func:`storage_of` the storage kind of every cache of this process (raises as it does)."""
+    DEFAULT_STORAGE[0] = storage_of(cfg, method)

@@ -45,6 +45,41 @@ def test_shared_prefill_equals_each_settings_own_run(tiny_model, start, batch):
     assert len({tuple(r.tokens) for r in shared}) > 1  # the settings do differ
 
 
+def test_a_grid_over_storage_kinds_equals_each_settings_own_run(tiny_model):
+    """Settings of different ``quant=`` kinds (``runner.quants``) in one grid: each setting's tokens,
+    slots and bytes are those of its own run over its kind (the shared forward's cache is full
+    precision), its decode steps batched with rows of other kinds."""
+    from methods.quant import storage_kind
+    from methods.seam import cache as seam_cache
+    from methods.seam.store import SlotStore
+
+    ids = torch.randint(3, 128, (1, PROMPT), generator=torch.Generator().manual_seed(7))
+    kinds = [
+        SlotStore,
+        storage_kind("int8", {}),
+        storage_kind("int4", {}),
+        storage_kind("kivi2", {"residual": 8, "group": 4}),
+    ]
+    grid = [
+        (m, b)
+        for m, b in ((FullKV(), None), (build_preset("snapkv"), 20), (build_preset("tova"), 20))
+        for _ in kinds
+    ]
+    storages = [k for _ in range(3) for k in kinds]
+    shared = shared_generate(
+        tiny_model, ids, grid, NEW, {2}, question_start=PROMPT - QUESTION, batch_size=5, storages=storages
+    )
+    for (method, budget), kind, result in zip(grid, storages, shared, strict=True):
+        seam_cache.DEFAULT_STORAGE[0] = kind
+        try:
+            own = greedy_generate(tiny_model, ids, method, budget, NEW, {2}, question_start=PROMPT - QUESTION)
+        finally:
+            seam_cache.DEFAULT_STORAGE[0] = SlotStore
+        fields = ("tokens", "slots", "kv_bytes", "allocated_bytes", "prefill_slots")
+        assert [getattr(result, f) for f in fields] == [getattr(own, f) for f in fields], (method.label, kind)
+    assert len({r.kv_bytes for r in shared}) >= 8  # the kinds do hold different bytes
+
+
 def test_equal_prompt_scores_of_a_grid_are_computed_once(tiny_model, monkeypatch):
     """H2O at three budgets scores the prompt with the same causal column sums: computed once per
     layer (``methods.score_memo``), and each setting's run is still its own run's."""

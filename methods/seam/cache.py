@@ -93,16 +93,17 @@ class CompressedCache(Cache):
         method: CompressionMethod,
         budget: int | None,
         max_tokens: int | None = None,
+        storage: StorageKind | None = None,
     ) -> CompressedCache:
         """A cache for ``model``'s layers (:func:`~methods.seam.architecture.layer_specs`); ``max_tokens``
-        as in the class docstring.
+        and ``storage`` as in the class docstring.
 
         Raises
         ------
         UnsupportedArchitectureError
             For layer types the seam does not support.
         """
-        return cls(method, budget, layer_specs(model), max_tokens)
+        return cls(method, budget, layer_specs(model), max_tokens, storage)
 
     def attend(
         self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
