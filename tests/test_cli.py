@@ -80,13 +80,21 @@ BAD_INPUT = [
     (["runner=quality_grid", "runner.methods=[snapkv,nosuch]", "runner.budgets=[0.1]"], "nosuch with"),
     (["runner=quality_grid", "budget=0.3"], "budget=0.3 would be ignored"),
     (
-        ["runner=quality_grid", "runner.budgets=[0.1]", "+runner.quants=[int8]", "quant=int4"],
+        ["runner=quality_grid", "runner.budgets=[0.1]", "runner.quants=[int8]", "quant=int4"],
         "quant=int4 would be",
     ),
-    (["runner=quality_grid", "runner.budgets=[0.1]", "+runner.quants=[int8,int8]"], "list of distinct quant"),
+    (["runner=quality_grid", "runner.budgets=[0.1]", "runner.quants=[int8,int8]"], "list of distinct quant"),
     (
-        ["runner=quality_grid", "runner.budgets=[0.1]", "+runner.quants=[int3]"],
+        ["runner=quality_grid", "runner.budgets=[0.1]", "runner.quants=[int3]"],
         "quant=int3: In 'config': Could not find",
+    ),
+    (
+        ["runner=quality_grid", "runner.budgets=[0.1]", "runner.quants=[none,int8]", "runner.batch_size=2"],
+        "=1 (got 2)",
+    ),
+    (
+        ["runner=quality_grid", "runner.budgets=[0.1]", "quant=kivi2", "runner.batch_size=3"],
+        "quant=kivi2 takes",
     ),
     (["runner=quality_grid", "backend=compiled"], "runner=quality_grid runs eager decode steps"),
     (["task=ruler", "task.query_aware=no"], "task.query_aware must be true or false, got 'no'"),

@@ -48,7 +48,8 @@ def test_shared_prefill_equals_each_settings_own_run(tiny_model, start, batch):
 def test_a_grid_over_storage_kinds_equals_each_settings_own_run(tiny_model):
     """Settings of different ``quant=`` kinds (``runner.quants``) in one grid: each setting's tokens,
     slots and bytes are those of its own run over its kind (the shared forward's cache is full
-    precision), its decode steps batched with rows of other kinds."""
+    precision). One row per decode forward: the grid refuses quantized settings in batches
+    (``runners.quality_grid``)."""
     from methods.quant import storage_kind
     from methods.seam import cache as seam_cache
     from methods.seam.store import SlotStore
@@ -67,7 +68,7 @@ def test_a_grid_over_storage_kinds_equals_each_settings_own_run(tiny_model):
     ]
     storages = [k for _ in range(3) for k in kinds]
     shared = shared_generate(
-        tiny_model, ids, grid, NEW, {2}, question_start=PROMPT - QUESTION, batch_size=5, storages=storages
+        tiny_model, ids, grid, NEW, {2}, question_start=PROMPT - QUESTION, storages=storages
     )
     for (method, budget), kind, result in zip(grid, storages, shared, strict=True):
         seam_cache.DEFAULT_STORAGE[0] = kind
