@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from methods.probing import Probe, is_probing
+from methods.seam.architecture import attention_modules
 from methods.seam.cache import CompressedCache
 from methods.seam.layer import CompressedLayer
 from methods.seam.step import group_queries, softcap_logits
@@ -141,14 +142,13 @@ class ProbeCache(Cache):
     def hooked(self, model: torch.nn.Module) -> Iterator[ProbeCache]:
         """Within the block, each decoder layer's attention module records the L2 norm ``[batch,
         tokens]`` of its input hidden states into :attr:`hidden_norms` (KVzip+'s row normalisation);
-        nothing is recorded where the decoder's ``layers[i].self_attn`` cannot be found."""
-        get_decoder = getattr(model, "get_decoder", None)
-        layers = getattr(get_decoder() if get_decoder is not None else None, "layers", None) or []
-        hooks = []
-        for i, layer in enumerate(layers):
-            attention = getattr(layer, "self_attn", None)
-            if attention is not None:
-                hooks.append(attention.register_forward_pre_hook(self._norm_hook(i), with_kwargs=True))
+        nothing is recorded where the attention module cannot be found
+        (``methods.seam.architecture.attention_modules``)."""
+        hooks = [
+            attention.register_forward_pre_hook(self._norm_hook(i), with_kwargs=True)
+            for i, attention in enumerate(attention_modules(model))
+            if attention is not None
+        ]
         try:
             yield self
         finally:

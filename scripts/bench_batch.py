@@ -76,16 +76,26 @@ def presets(names: str) -> list[str]:
     return [n for n in found if n not in NOT_RUNNABLE and not n.startswith(variants)]
 
 
+def cell_rows(model, cfg, limit: int | None = None) -> tuple[list, list, list]:
+    """The task's samples (the first ``limit``), their prompts, and their rows to decode
+    (``runners.quality.sample_rows``: each ``(index, start)``), as a quality run builds them."""
+    method, task = build_components(cfg)
+    tokenizer, samples, prompts = load_prompts(cfg, task)
+    samples, prompts = samples[:limit], prompts[:limit]
+    starts = question_starts(tokenizer, task, samples, prompts)
+    budgets = check_budgets(cfg, method, cfg.budget, samples, prompts, task, starts)
+    eos = eos_token_ids(model, tokenizer)
+    return (
+        samples,
+        prompts,
+        sample_rows(model, tokenizer, task, method, samples, prompts, budgets, starts, eos),
+    )
+
+
 def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None, float, float, float]:
     """Generate every sample at ``batch``: (tokens per sample, samples/s, peak bytes, wall seconds,
     seconds of the samples' prefills, question chunks included, mean prompt tokens)."""
-    method, task = build_components(cfg)
-    tokenizer, samples, prompts = load_prompts(cfg, task)
-    starts = question_starts(tokenizer, task, samples, prompts)
-    budgets = check_budgets(cfg, method, cfg.budget, samples, prompts, task, starts)
-    rows = sample_rows(
-        model, tokenizer, task, method, samples, prompts, budgets, starts, eos_token_ids(model, tokenizer)
-    )
+    samples, prompts, rows = cell_rows(model, cfg)
     reset_peak_memory(model.device)
     start = time.perf_counter()
     out = dict(decode_rows(rows, batch))
@@ -175,16 +185,7 @@ def step_times(model, cfg, batch: int, steps: int = 10) -> tuple[float, float]:
     """Median ms of one decode step of the first sample's row alone and of the first ``batch`` samples'
     rows together (``runners.model_run.forward_rows``), alternating after 3 untimed pairs: the cache's
     batching without the run's draining batch (each step appends a token to every row it runs)."""
-    method, task = build_components(cfg)
-    tokenizer, samples, prompts = load_prompts(cfg, task)
-    samples, prompts = samples[:batch], prompts[:batch]
-    starts = question_starts(tokenizer, task, samples, prompts)
-    budgets = check_budgets(cfg, method, cfg.budget, samples, prompts, task, starts)
-    eos = eos_token_ids(model, tokenizer)
-    runs = [
-        start().run
-        for _, start in sample_rows(model, tokenizer, task, method, samples, prompts, budgets, starts, eos)
-    ]
+    runs = [start().run for _, start in cell_rows(model, cfg, batch)[2]]
     tokens = torch.full((batch,), 100, device=model.device)
     times = {1: [], batch: []}
     for i in range(steps + 3):

@@ -149,14 +149,21 @@ def layer_specs(model: torch.nn.Module) -> list[LayerSpec]:
     return specs
 
 
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module | None]:
+    """Per decoder layer (``model.get_decoder().layers``), its attention module ``self_attn`` (None where
+    a layer has none); an empty list when the decoder's layers cannot be found."""
+    get_decoder = getattr(model, "get_decoder", None)
+    layers = getattr(get_decoder() if get_decoder is not None else None, "layers", None)
+    return [getattr(layer, "self_attn", None) for layer in (layers if layers is not None else [])]
+
+
 def output_projections(model: torch.nn.Module, n_layers: int) -> list[torch.Tensor | None]:
     """Per decoder layer, its attention's ``o_proj.weight`` ``[hidden, q_heads * head_dim]``,
     detached (a view of the parameter, no copy); None for every layer when the decoder's layers
-    (``model.get_decoder().layers``) or their ``self_attn.o_proj`` cannot be found."""
-    get_decoder = getattr(model, "get_decoder", None)
-    layers = getattr(get_decoder() if get_decoder is not None else None, "layers", None)
-    attention = [getattr(layer, "self_attn", None) for layer in (layers if layers is not None else [])]
-    weights = [getattr(getattr(module, "o_proj", None), "weight", None) for module in attention]
+    or their ``self_attn.o_proj`` cannot be found (:func:`attention_modules`)."""
+    weights = [
+        getattr(getattr(module, "o_proj", None), "weight", None) for module in attention_modules(model)
+    ]
     if len(weights) != n_layers or any(w is None for w in weights):
         return [None] * n_layers
     return [w.detach() for w in weights]
