@@ -22,6 +22,7 @@ from methods.seam.contract import AssetRequest
 from reports.store import renamed_in_config
 from runners.budget import validate_budget
 from runners.kernel_proof import check_kernels
+from runners.loaded import load_once
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
@@ -296,7 +297,8 @@ def build_components(cfg: DictConfig) -> tuple[CompressionMethod, Task]:
 def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.Tensor]]:
     """The tokenizer, the task's samples and their encoded prompts ``[1, prompt]``; the task renders
     chat templates with ``model.chat_template_kwargs`` (``tasks.chat.template_kwargs``: null gives
-    ``enable_thinking=false`` where the template reads it), recorded in its protocol.
+    ``enable_thinking=false`` where the template reads it), recorded in its protocol. The jobs of a
+    multirun in one process load a task in the same state once (``runners.loaded.load_once``).
 
     Raises
     ------
@@ -306,10 +308,14 @@ def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.
     """
     tokenizer = load_tokenizer(cfg.model)
     task.chat_template_kwargs = chat_kwargs(cfg, tokenizer)
-    samples = task.load(tokenizer)
-    if not samples:
-        raise KVBenchError(f"task {task.name} selected no samples")
-    return tokenizer, samples, [task.encode(tokenizer, s) for s in samples]
+
+    def load() -> tuple[list, list[torch.Tensor]]:
+        samples = task.load(tokenizer)
+        if not samples:
+            raise KVBenchError(f"task {task.name} selected no samples")
+        return samples, [task.encode(tokenizer, s) for s in samples]
+
+    return tokenizer, *load_once(task, tokenizer, load)
 
 
 def chat_kwargs(cfg: DictConfig, tokenizer) -> dict:
