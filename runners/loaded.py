@@ -23,16 +23,18 @@ _LAST: list[tuple[str, list, list[torch.Tensor], dict]] = []
 
 
 def load_key(task: object, tokenizer) -> str | None:
-    """SHA-256 over the task's class and attributes before loading, the tokenizer (its serialized
-    vocabulary and rules, chat template and special tokens) and ``KVBENCH_DATA_DIR``; None (nothing
-    kept) when an attribute or the tokenizer has no stable text form (an object address)."""
+    """SHA-256 over the task's class and attributes before loading, the tokenizer (its name, serialized
+    vocabulary and rules, chat template, special tokens and the settings outside its rules that change
+    ``encode`` or ``decode``) and ``KVBENCH_DATA_DIR``; None (nothing kept) when an attribute or the
+    tokenizer has no stable text form (an object address)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
+    settings = ("name_or_path", "chat_template", "special_tokens_map", "split_special_tokens")
+    settings += ("clean_up_tokenization_spaces",)
     parts = [
         f"{type(task).__module__}.{type(task).__qualname__}",
         repr(sorted(vars(task).items())),
         type(tokenizer).__qualname__,
-        repr(getattr(tokenizer, "chat_template", None)),
-        repr(getattr(tokenizer, "special_tokens_map", None)),
+        *(repr(getattr(tokenizer, name, None)) for name in settings),
         os.environ.get("KVBENCH_DATA_DIR", ""),
     ]
     if any(" at 0x" in p for p in parts) or backend is None:
@@ -50,11 +52,16 @@ def load_once(
     changed (their text form differs after it) copied onto ``task``; raises as ``load`` does."""
     key = load_key(task, tokenizer)
     if key is None or not _LAST or _LAST[0][0] != key:
-        before = {k: repr(v) for k, v in vars(task).items()}
+        before = {k: _digest(v) for k, v in vars(task).items()}
         samples, prompts = load()
-        changed = {k: v for k, v in vars(task).items() if before.get(k) != repr(v)}  # set or mutated
-        _LAST[:] = [] if key is None else [(key, samples, prompts, changed)]
+        changed = {k: v for k, v in vars(task).items() if before.get(k) != _digest(v)}  # set or mutated
+        _LAST[:] = [] if key is None else [(key, samples, prompts, copy.deepcopy(changed))]
     else:
         _, samples, prompts, changed = _LAST[0]
         vars(task).update(copy.deepcopy(changed))
     return copy.deepcopy(samples), [p.clone() for p in prompts]
+
+
+def _digest(value: object) -> str:
+    """SHA-256 of ``value``'s text form (a task attribute may hold a whole local dataset)."""
+    return hashlib.sha256(repr(value).encode()).hexdigest()

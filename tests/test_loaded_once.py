@@ -1,6 +1,6 @@
 """The jobs of a multirun in one process load a task once (``runners.loaded``): a task in the same state
 with the same tokenizer gets copies of the last samples and prompt ids and the attributes its load set,
-so its record's protocol is the same; any other state loads again."""
+so its record's protocol is the same; any other state (the tokenizer's name included) loads again."""
 
 from __future__ import annotations
 
@@ -31,15 +31,18 @@ def test_same_task_loads_once_and_records_the_same_protocol(tokenizer, monkeypat
 
     first = task()
     _, samples, prompts = load_prompts(cfg, first)
+    protocol = first.protocol()
     samples[0].meta["changed by a caller"] = True
     prompts[0][0, 0] = -1
+    first.inputs.sources["changed later"] = "by the first task"
     again = task()
     _, samples2, prompts2 = load_prompts(cfg, again)
     assert len(calls) == 1  # not loaded again
     assert [s.prompt_text for s in samples2] == [s.prompt_text for s in samples]
     assert "changed by a caller" not in samples2[0].meta and int(prompts2[0][0, 0]) != -1  # copies
     assert torch.equal(prompts2[0][:, 1:], prompts[0][:, 1:])
-    assert again.protocol() == first.protocol() and again.source == first.source
+    assert again.protocol() == protocol and again.source == first.source
+    assert "changed later" not in again.inputs.sources  # the load's state, not the first task's today
 
     load_prompts(cfg, task(seed=43))  # another state
     assert len(calls) == 2
@@ -50,3 +53,11 @@ def test_same_task_loads_once_and_records_the_same_protocol(tokenizer, monkeypat
     finally:
         tokenizer.chat_template = template
     assert len(calls) == 3
+    load_prompts(cfg, task(seed=43))
+    name = tokenizer.name_or_path
+    try:
+        tokenizer.name_or_path = name + "-other"  # another model's tokenizer, the same rules
+        load_prompts(cfg, task(seed=43))
+    finally:
+        tokenizer.name_or_path = name
+    assert len(calls) == 5
