@@ -22,22 +22,27 @@ import torch
 _LAST: list[tuple[str, list, list[torch.Tensor], dict]] = []
 
 
-def load_key(task: object, tokenizer) -> str | None:
-    """SHA-256 over the task's class and attributes before loading, the tokenizer (its name, serialized
-    vocabulary and rules, chat template, special tokens and the settings outside its rules that change
-    ``encode`` or ``decode``) and ``KVBENCH_DATA_DIR``; None (nothing kept) when an attribute or the
-    tokenizer has no stable text form (an object address)."""
+def load_key(task: object, tokenizer, state: dict[str, str | None]) -> str | None:
+    """SHA-256 over the task's class and ``state`` (:func:`attribute_digests` before loading), the
+    tokenizer (its name, serialized vocabulary and rules, chat template, special tokens and the settings
+    outside its rules that change ``encode`` or ``decode``) and ``KVBENCH_DATA_DIR``; None (nothing
+    kept) when an attribute or the tokenizer has no stable text form (an object address)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    settings = ("name_or_path", "chat_template", "special_tokens_map", "split_special_tokens")
-    settings += ("clean_up_tokenization_spaces",)
+    settings = (
+        "name_or_path",
+        "chat_template",
+        "special_tokens_map",
+        "split_special_tokens",
+        "clean_up_tokenization_spaces",
+    )
     parts = [
         f"{type(task).__module__}.{type(task).__qualname__}",
-        repr(sorted(vars(task).items())),
+        *(f"{name}={digest}" for name, digest in sorted(state.items())),
         type(tokenizer).__qualname__,
         *(repr(getattr(tokenizer, name, None)) for name in settings),
         os.environ.get("KVBENCH_DATA_DIR", ""),
     ]
-    if any(" at 0x" in p for p in parts) or backend is None:
+    if backend is None or None in state.values() or any(" at 0x" in p for p in parts):
         return None
     digest = hashlib.sha256("\n".join(parts).encode())
     digest.update(backend.to_str().encode())
@@ -50,11 +55,12 @@ def load_once(
     """``load()``'s samples and prompt ids ``[1, prompt]`` for ``task``, or copies of the last ones when
     the task and tokenizer are in the same state (:func:`load_key`), the attributes the last load set or
     changed (their text form differs after it) copied onto ``task``; raises as ``load`` does."""
-    key = load_key(task, tokenizer)
+    before = attribute_digests(task)
+    key = load_key(task, tokenizer, before)
     if key is None or not _LAST or _LAST[0][0] != key:
-        before = {k: _digest(v) for k, v in vars(task).items()}
         samples, prompts = load()
-        changed = {k: v for k, v in vars(task).items() if before.get(k) != _digest(v)}  # set or mutated
+        after = attribute_digests(task)
+        changed = {k: v for k, v in vars(task).items() if before.get(k) != after[k]}  # set or mutated
         _LAST[:] = [] if key is None else [(key, samples, prompts, copy.deepcopy(changed))]
     else:
         _, samples, prompts, changed = _LAST[0]
@@ -62,6 +68,11 @@ def load_once(
     return copy.deepcopy(samples), [p.clone() for p in prompts]
 
 
-def _digest(value: object) -> str:
-    """SHA-256 of ``value``'s text form (a task attribute may hold a whole local dataset)."""
-    return hashlib.sha256(repr(value).encode()).hexdigest()
+def attribute_digests(task: object) -> dict[str, str | None]:
+    """Per attribute of ``task``, the SHA-256 of its text form (an attribute may hold a whole local
+    dataset); None where that text has an object address (no stable form)."""
+    out = {}
+    for name, value in vars(task).items():
+        text = repr(value)
+        out[name] = None if " at 0x" in text else hashlib.sha256(text.encode()).hexdigest()
+    return out
