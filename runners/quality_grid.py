@@ -5,7 +5,8 @@
 the run id that ``python run.py method=<m> compression_ratio=<r> task=ruler`` would give it (the same
 config: the job's other overrides, the method preset, the ratio or budget). ``'runner.quants=[none,int8]'``
 adds the storage kind as an axis (``quant=<q>`` of each setting's own run; each setting's cache holds
-its kind, the shared forward's own cache full precision). Settings already finished
+its kind, the shared forward's own cache full precision); ``runner.extra_grids`` adds more such products
+(``runners.grid_settings``). Settings already finished
 are skipped; FullKV, which ignores the budget, runs once. Per sample the model's prefill forward runs
 once for every setting (``runners.shared_prefill``): the prompt's hidden states do not depend on the
 method, since every method computes prefill attention uncompressed; then the settings' decode steps
@@ -18,15 +19,10 @@ how many settings shared a decode forward).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from methods import CompressionMethod
@@ -44,6 +40,7 @@ from runners.build import (
     run_budget,
 )
 from runners.generate import GenerationResult, eos_token_ids
+from runners.grid_settings import setting_configs
 from runners.models import load_model
 from runners.quality import (
     check_batch_size,
@@ -58,14 +55,7 @@ from runners.record import claim_run, failure, identify_run, new_record, presets
 from runners.shards import check_shards, merge_when_complete, shard_samples
 from runners.shared_prefill import shared_generate
 from runners.storage import storage_of
-from tasks.errors import KVBenchError
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-#: Overrides of the grid job that do not pass to its settings (the grid's own keys; ``quant`` with
-#: ``runner.quants``).
-GRID_KEYS = ("runner", "method", "budget", "compression_ratio")
-#: Keys of the grid's runner that its settings take: every setting runs the same shard of the samples.
-SHARD_KEYS = ("num_shards", "shard_index")
 #: Peak-memory fields of a quality record, null in a grid's records (the peaks are the grid's).
 PEAKS = ("peak_rss_bytes", "peak_rss_process_bytes", "peak_device_bytes", "peak_device_process_bytes")
 
@@ -89,102 +79,6 @@ class Setting:
     def count_done(self) -> None:
         """Set the record's ``samples_done`` (called before it is written)."""
         self.record.update(samples_done=len(self.results))
-
-
-def _values(cfg: DictConfig) -> tuple[str, list]:
-    """The grid's budget axis: ``("compression_ratio", [...])`` or ``("budget", [...])``."""
-    ratios, budgets = cfg.runner.get("compression_ratios"), cfg.runner.get("budgets")
-    if (ratios is None) == (budgets is None):
-        raise KVBenchError("runner=quality_grid takes one of runner.compression_ratios, runner.budgets")
-    key, values = ("compression_ratio", ratios) if ratios is not None else ("budget", budgets)
-    if not isinstance(values, ListConfig) or not values:
-        raise KVBenchError(f"runner.{key}s must be a non-empty list, got {values!r}")
-    return key, list(values)
-
-
-def _quants(cfg: DictConfig, names: list[str], given: list[str]) -> list[str | None]:
-    """The grid's storage axis: ``runner.quants`` (None: every setting takes the job's ``quant``).
-
-    Raises
-    ------
-    KVBenchError
-        For a malformed ``runner.quants``, or one given with a ``quant=`` override.
-    """
-    quants = cfg.runner.get("quants")
-    if quants is None:
-        return [None]
-    if not isinstance(quants, ListConfig) or not quants or len(set(quants)) != len(quants):
-        raise KVBenchError(f"runner.quants must be a non-empty list of distinct quant names, got {quants!r}")
-    if bad := [o for o, n in zip(given, names, strict=True) if n == "quant"]:
-        raise KVBenchError(f"runner.quants gives each setting its quant; {bad[0]} would be ignored")
-    return [str(q) for q in quants]
-
-
-def _check_batched_quant(cfg: DictConfig, quants: list[str | None]) -> None:
-    """Refuse ``runner.batch_size`` > 1 with quantized settings: a setting is stored under the id of its
-    own batch-1 run, and batched products round differently from one row's (by ~1e-6 relative on a
-    CPU); a quantized store turns that into a different code now and then, so batched settings would
-    not give their own runs' tokens (FullKV int8, XSum: 6 of 20 predictions differ at batch 12).
-
-    Raises
-    ------
-    KVBenchError
-        For a quantized setting with ``runner.batch_size`` > 1.
-    """
-    names = [quant_of(cfg) if q is None else q for q in quants]
-    batch = cfg.runner.get("batch_size", 1)
-    if batch != 1 and (quantized := [q for q in names if q != "none"]):
-        raise KVBenchError(
-            f"runner=quality_grid with quant={quantized[0]} takes runner.batch_size=1 (got {batch}): its "
-            "settings are stored as their own batch-1 runs, and batched decoding of quantized caches "
-            "gives other tokens now and then"
-        )
-
-
-def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
-    """``(method preset, composed config)`` of every setting: the job's overrides (those of the grid
-    itself left out) plus ``method=<preset>``, the ratio or budget and (``runner.quants``) ``quant=<q>``,
-    composed as ``run.py`` composes them.
-
-    Raises
-    ------
-    KVBenchError
-        For an empty or malformed grid, ``method.*`` overrides (they would apply to every preset),
-        a ``quant=`` override beside ``runner.quants``, or a preset that does not compose.
-    """
-    methods = cfg.runner.get("methods")
-    if not isinstance(methods, ListConfig) or not methods:
-        raise KVBenchError(f"runner.methods must be a non-empty list of method presets, got {methods!r}")
-    given = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    names = [o.split("=")[0].lstrip("+~") for o in given]
-    if bad := [o for o, n in zip(given, names, strict=True) if n.startswith("method.")]:
-        raise KVBenchError(f"runner=quality_grid runs several method presets; {bad[0]} would apply to all")
-    if bad := [o for o, n in zip(given, names, strict=True) if n in GRID_KEYS[1:]]:
-        raise KVBenchError(f"runner=quality_grid takes its settings from runner.*; {bad[0]} would be ignored")
-    if cfg.get("backend", "eager") != "eager":
-        raise KVBenchError(
-            "runner=quality_grid runs eager decode steps (one compiled forward cannot serve every "
-            "setting's method); run backend=compiled settings one by one"
-        )
-    key, values = _values(cfg)
-    quants = _quants(cfg, names, given)
-    _check_batched_quant(cfg, quants)
-    kept = [o for o, n in zip(given, names, strict=True) if n.split(".")[0] not in GRID_KEYS]
-    kept += [f"runner.{key}={value}" for key, value in zip(SHARD_KEYS, check_shards(cfg), strict=True)]
-    out = []
-    with contextlib.ExitStack() as stack:
-        if not GlobalHydra.instance().is_initialized():
-            stack.enter_context(initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"))
-        for preset, value, quant in itertools.product(methods, values, quants):
-            overrides = [*kept, f"method={preset}", f"{key}={value}", *([f"quant={quant}"] if quant else [])]
-            try:
-                out.append((preset, compose("config", overrides=overrides)))
-            except Exception as err:
-                first = str(err).splitlines()[0]
-                raise KVBenchError(
-                    f"runner.methods: {preset} with {' '.join(overrides[-2:])}: {first}"
-                ) from err
-    return out
 
 
 def _prepare(cfg: DictConfig) -> tuple[list[Setting], list[dict], tuple]:

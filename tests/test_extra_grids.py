@@ -1,0 +1,60 @@
+"""``runner.extra_grids``: more products of settings in the same grid, with overrides of their own,
+one prefill per sample for all (``runners.grid_settings``). Each setting is its own run: the run id and
+the predictions of ``run.py`` with the same overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from reports.store import ResultStore
+from runners.grid_settings import setting_configs
+from tasks.errors import KVBenchError
+from tests.test_run_lock import composed, tiny_quality
+from tests.test_shards import ROWS, lines, run
+
+EXTRA = '{methods:[tova,h2o],budgets:[0.5],overrides:["decode_budget=false"]}'
+
+
+def test_extra_grids_give_each_settings_own_run(tmp_path, monkeypatch, tokenizer):
+    """TOVA and H2O under the prompt-only rule beside TOVA under its paper rule (XSum's default), in one
+    grid: three runs, each equal to its single run; the two TOVA rules are two runs."""
+    setting = tiny_quality(tmp_path / "m", tokenizer, ROWS, max_new_tokens=6)
+    grid = ("runner=quality_grid", "runner.methods=[tova]", "runner.budgets=[0.5]", "runner.batch_size=3")
+    run(tmp_path / "grid", *grid, f"runner.extra_grids=[{EXTRA}]", *setting, monkeypatch=monkeypatch)
+    store = ResultStore(tmp_path / "grid" / "results")
+    records = {r["run_id"]: r for r in store.records()}
+    assert len(records) == 3 and all(r["status"] == "ok" for r in records.values())
+    assert all(r["grid"]["settings"] == r["efficiency"]["prefill_shared_by"] == 3 for r in records.values())
+    singles = (
+        ("method=tova",),
+        ("method=tova", "decode_budget=false"),
+        ("method=h2o", "decode_budget=false"),
+    )
+    for i, single in enumerate(singles):
+        run(tmp_path / f"single{i}", *single, "budget=0.5", *setting, monkeypatch=monkeypatch)
+        (own,) = ResultStore(tmp_path / f"single{i}" / "results").records()
+        assert own["run_id"] in records, single
+        assert lines(ResultStore(tmp_path / f"single{i}" / "results"), own["run_id"]) == lines(
+            store, own["run_id"]
+        )
+        rule = records[own["run_id"]]["protocol"]["decoding"]
+        assert rule == ("decode-time" if len(single) == 1 else "prompt-only"), (single, rule)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('[{methods:[tova],budgets:[0.5],overrides:["task.limit=2"]}]', "'task.limit=2' is refused"),
+        ("[{methods:[tova],budgets:[0.5],seed:3}]", "takes the keys"),
+        ("[{methods:[tova]}]", "one of runner.extra_grids[0].compression_ratios"),
+        ("[{methods:[],budgets:[0.5]}]", "runner.extra_grids[0].methods must be a non-empty list"),
+        ('[{methods:[tova],budgets:[0.5],quants:["int8"]}]', "takes runner.batch_size=1 (got 2)"),
+    ],
+)
+def test_a_malformed_extra_grid_is_refused(tmp_path, monkeypatch, extra, message):
+    grid = ("runner=quality_grid", "runner.methods=[snapkv]", "runner.budgets=[0.5]", "runner.batch_size=2")
+    cfg = composed(tmp_path, *grid, f"runner.extra_grids={extra}", monkeypatch=monkeypatch)
+    with pytest.raises(
+        KVBenchError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+    ):
+        setting_configs(cfg)
