@@ -50,6 +50,7 @@ GROUP = ["model", "length", "protocol"]
 ROW_COLUMNS = frozenset(
     {"run_id", "model", "task", "method", "preset", "label", "reference", "length", "query_aware", "key"}
     | {"other_inputs", "protocol", "compression_ratio", "budget", "n", "avg", "runs", "run_ids"}
+    | {"kv_mib", "kv_fraction"}
     | {"rank", "paired_n", *COLUMNS}  # reports.ruler_table's
 )
 
@@ -100,6 +101,19 @@ def _samples(store: ResultStore, run_id: str) -> list[dict]:
     return [{"id": p.get("id"), **(p.get("meta") or {})} for p in lines]
 
 
+def _held(record: dict) -> dict[str, float]:
+    """The KV memory a run held at the end of each sample, as recorded (``efficiency``): ``kv_mib``, the
+    mean in MiB (codes, scales and zero points included for a quantized cache), and ``kv_fraction``, the
+    mean fraction of FullKV's bytes on the same sample (1 for FullKV); NaN where not recorded."""
+    eff = record.get("efficiency") or {}
+    mean, fraction = eff.get("kv_bytes_end_mean"), eff.get("kv_fraction_of_fullkv")
+    if record.get("method") == "fullkv" and fraction is None and mean is not None:
+        fraction = 1.0
+    nan = float("nan")
+    mib = nan if mean is None else mean / 2**20
+    return {"kv_mib": mib, "kv_fraction": nan if fraction is None else fraction}
+
+
 def _scores(metrics: dict, length: int, several: bool) -> dict[str, float]:
     """``task -> score`` at ``length`` (``<task>/len<L>`` when the run had several lengths)."""
     if not several:
@@ -148,6 +162,7 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
                 "counted as query-aware (its runner compressed the whole prompt)"
             )
         qa = query_aware(record)
+        held = _held(record)
         lengths = list(run["task_config"].get("lengths") or [])
         samples = _samples(store, run["run_id"])
         for length in lengths:
@@ -165,6 +180,7 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
                 }
                 | {"length": length, "query_aware": qa, "key": key, "compression_ratio": ratio}
                 | {"budget": 1.0 if run["reference"] else float(run["budget"]), "n": len(here) or run["n"]}
+                | held
                 | {f"n/{t}": int(c) for t, c in counts.items() if t is not None}
                 | scores
             )
@@ -216,7 +232,7 @@ def leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
     board = (
         frame.groupby(keys, sort=False, dropna=False)
         .agg(
-            **{c: (c, "mean") for c in ["avg", *tasks]},
+            **{c: (c, "mean") for c in ["avg", "kv_mib", "kv_fraction", *tasks]},
             **{c: (c, "first") for c in ["n", *counts]},
             runs=("run_id", "size"),
             run_ids=("run_id", " ".join),

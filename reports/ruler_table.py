@@ -71,18 +71,32 @@ def paired(
     return compared
 
 
+def _kv_text(value: float) -> str:
+    """A KV column's cell: 3 significant digits, a dash where not recorded."""
+    return DASH if pd.isna(value) else f"{value:.3g}"
+
+
+def by_score(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` ordered as a leaderboard: per (model, length, protocol) FullKV first, then by
+    compression ratio, best ``avg`` first (ties in label order)."""
+    order = frame.assign(_first=~frame["reference"], _avg=-frame["avg"], _name=frame["label"].str.lower())
+    order = order.sort_values([*GROUP, "_first", "compression_ratio", "_avg", "_name"], kind="stable")
+    return order.drop(columns=["_first", "_avg", "_name"])
+
+
 def markdown(
     board: pd.DataFrame,
     label: str = "ratio",
     pairing: Pairing | None = None,
     compared: Compared | None = None,
 ) -> str:
-    """One Markdown table per (model, length, protocol): the method, its ``--label`` column, with
-    ``compared`` (:func:`paired`) its rank and differences, ``avg`` and each task's score (2
+    """One Markdown table per (model, length, protocol), rows :func:`by_score`: the method, its
+    ``--label`` column, with ``compared`` (:func:`paired`) its rank and differences, the KV memory held
+    (mean MiB at the end of a sample, and as a fraction of FullKV's), ``avg`` and each task's score (2
     decimals), under a heading with the samples per task and the interval method; then the
     samples compared and the runs left out (``pairing``)."""
     column, header = LABELS[label]
-    rows = compared.frame if compared is not None else board
+    rows = by_score(compared.frame if compared is not None else board)
     compared = replace(compared, level=LEVELS[label]) if compared is not None else None
     parts = ["# RULER leaderboard (scores x100)"]
     for (model, length, protocol), part in rows.groupby(GROUP, sort=False):
@@ -96,6 +110,7 @@ def markdown(
             shown["rank"] = part["rank"].map(lambda r: DASH if pd.isna(r) else str(r))
             shown["avg"] = part["avg"]
             shown |= compared.text_columns(part)
+        shown |= {"KV MiB": part["kv_mib"].map(_kv_text), "KV / FullKV": part["kv_fraction"].map(_kv_text)}
         table = pd.DataFrame(shown | {t: part[t] for t in ["avg", *tasks]})
         align = ("left", *["right"] * (table.shape[1] - 1))
         parts += ["", display(table).to_markdown(index=False, disable_numparse=True, colalign=align)]

@@ -369,6 +369,8 @@ def ruler_runs(
                 f"2026-11-20T16:{i:02d}:00+00:00",
                 metrics={"avg": sum(scores.values()) / len(scores)} | scores,
                 predictions=preds,
+                efficiency={"kv_bytes_end_mean": 20e6 * (1 - (ratio or 0)), "fullkv_bytes_end_mean": 20e6}
+                | ({} if ratio is None else {"kv_fraction_of_fullkv": 1 - ratio}),
             )
         )
     return out

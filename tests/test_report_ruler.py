@@ -56,6 +56,27 @@ def test_leaderboard_numbers_order_and_ratio(tmp_path):
         assert row.avg == record["metrics"]["avg"]
         assert all(getattr(row, t) == record["metrics"][t] for t in RULER_TASKS)
         assert row.n == 2 * len(RULER_TASKS) and board.loc[row.Index, "n/vt"] == 2
+        if record is given_budget:  # no efficiency recorded: no KV figures
+            assert pd.isna(row.kv_mib) and pd.isna(row.kv_fraction)
+            continue
+        assert row.kv_mib == record["efficiency"]["kv_bytes_end_mean"] / 2**20
+        assert row.kv_fraction == pytest.approx(row.budget)  # FullKV's 1 without the field
+
+
+def test_the_table_ranks_rows_by_score_and_shows_the_kv_held(tmp_path):
+    """Per ratio, best avg first (FullKV leads); the KV columns are the records' means."""
+    store = ResultStore(tmp_path)
+    ruler_runs(store, methods=("snapkv", "adakv_snapkv", "knorm"), ratios=(0.5, 0.25))
+    board, _ = _board(store)
+    text = ruler_table.markdown(board)
+    lines = [line.split("|") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    header = [c.strip() for c in lines[0]]
+    rows = [[c.strip() for c in line] for line in lines[1:]]
+    ratio, avg, mib, frac = (header.index(c) for c in ("compression ratio", "avg", "KV MiB", "KV / FullKV"))
+    assert rows[0][1] == "FullKV" and (rows[0][mib], rows[0][frac]) == (f"{20e6 / 2**20:.3g}", "1")
+    shown = [(float(r[ratio]), -float(r[avg])) for r in rows[1:]]
+    assert shown == sorted(shown) and len({r[1] for r in rows[1:]}) == 3
+    assert all(r[frac] == f"{1 - float(r[ratio]):.3g}" for r in rows[1:])
 
 
 def test_label_switch_names_rows_by_ratio_or_kept_fraction(tmp_path):
