@@ -122,13 +122,19 @@ class ExpectedAttention(ScoreEvict):
             layer.aux["ea_scatter"] = pack(centred.transpose(-1, -2) @ centred)
         layer.scalars["ea_queries"] = torch.full((), float(q.shape[2]), device=q.device)
         layer.scalars["ea_scaling"] = scaling
-        return self.expected_scores(layer)
+        scores = self.expected_scores(layer)
+        if self.traits.prompt_only:  # nothing re-scores after the prompt: the statistics are freed
+            for key in ("ea_turn", "ea_mean", "ea_scatter"):
+                layer.aux.pop(key, None)
+        return scores
 
     def decode_attention(
         self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, None]:
         """Add this step's pre-RoPE query ``[batch, q_heads, 1, head_dim]`` to the running statistics
-        (Welford), then the seam's fused attention."""
+        (Welford; none held when prompt-only), then the seam's fused attention."""
+        if self.traits.prompt_only:
+            return super().decode_attention(layer, query, scaling)
         q = query.float()
         if layer.spec.rotary is not None:
             q = layer.spec.rotary.rerotate(q, 1 - layer.get_seq_length())

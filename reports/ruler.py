@@ -103,8 +103,9 @@ def _samples(store: ResultStore, run_id: str) -> list[dict]:
 
 def _held(record: dict) -> dict[str, float]:
     """The KV memory a run held at the end of each sample, as recorded (``efficiency``): ``kv_mib``, the
-    mean in MiB (codes, scales and zero points included for a quantized cache), and ``kv_fraction``, the
-    mean fraction of FullKV's bytes on the same sample (1 for FullKV); NaN where not recorded."""
+    mean in MiB (codes, scales and zero points included for a quantized cache), and ``kv_fraction``, its
+    bytes over FullKV's on the same samples, both summed over the samples (1 for FullKV); NaN where not
+    recorded."""
     eff = record.get("efficiency") or {}
     mean, fraction = eff.get("kv_bytes_end_mean"), eff.get("kv_fraction_of_fullkv")
     if record.get("method") == "fullkv" and fraction is None and mean is not None:

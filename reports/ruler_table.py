@@ -92,9 +92,9 @@ def markdown(
 ) -> str:
     """One Markdown table per (model, length, protocol), rows :func:`by_score`: the method, its
     ``--label`` column, with ``compared`` (:func:`paired`) its rank and differences, the KV memory held
-    (mean MiB at the end of a sample, and as a fraction of FullKV's), ``avg`` and each task's score (2
-    decimals), under a heading with the samples per task and the interval method; then the
-    samples compared and the runs left out (``pairing``)."""
+    at a sample's end (mean MiB, and the fraction of FullKV's bytes over the same samples), ``avg``
+    and each task's score (2 decimals), under a heading with the samples per task and the interval
+    method; then the samples compared and the runs left out (``pairing``)."""
     column, header = LABELS[label]
     rows = by_score(compared.frame if compared is not None else board)
     compared = replace(compared, level=LEVELS[label]) if compared is not None else None

@@ -256,7 +256,7 @@ def decode_rule(cfg: DictConfig) -> bool | None:
 
 def apply_decode_rule(cfg: DictConfig, method: CompressionMethod) -> CompressionMethod:
     """``method`` under the run's :func:`decode_rule`, which is written into ``cfg.method`` (so the run
-    is stored under the rule it ran: the same computation has one id however it was asked for).
+    is stored under the rule it ran, whether asked for at the top level or in the method config).
     FullKV, whose decoding no rule changes, is left as it is."""
     rule = decode_rule(cfg)
     if rule is None or not method.traits.compresses or method.decode_budget == rule:

@@ -43,6 +43,7 @@ EXTRA_OVERRIDES = ("decode_budget", "method.")
 class Axes:
     """One product of the grid: its presets, budget axis, storage kinds and own overrides."""
 
+    where: str
     methods: list[str]
     key: str
     values: list
@@ -89,14 +90,15 @@ def _check_batched_quant(cfg: DictConfig, quants: list[str | None]) -> None:
 
 
 def _axes(cfg: DictConfig, node: DictConfig, where: str, given: list[str], names: list[str]) -> Axes:
-    """The checked product ``node`` (``cfg.runner`` or one of its ``extra_grids``) describes."""
+    """The checked product ``node`` (``cfg.runner`` or one of its ``extra_grids``) describes; only an
+    extra grid has ``overrides``."""
     methods = node.get("methods")
     if not isinstance(methods, ListConfig) or not methods:
         raise KVBenchError(f"{where}.methods must be a non-empty list of method presets, got {methods!r}")
     key, values = _values(node, where)
     quants = _quants(node, where, given, names)
     _check_batched_quant(cfg, quants)
-    overrides = node.get("overrides") or []
+    overrides = (node.get("overrides") or []) if where != "runner" else []
     if not isinstance(overrides, ListConfig | list) or not all(isinstance(o, str) for o in overrides):
         raise KVBenchError(f"{where}.overrides must be a list of 'key=value' strings, got {overrides!r}")
     for o in overrides:
@@ -106,7 +108,7 @@ def _axes(cfg: DictConfig, node: DictConfig, where: str, given: list[str], names
                 f"{where}.overrides: {o!r} is refused; an extra grid may set decode_budget= and method.* "
                 "(its settings share the job's samples, prompts and model)"
             )
-    return Axes([str(m) for m in methods], key, values, quants, [str(o) for o in overrides])
+    return Axes(where, [str(m) for m in methods], key, values, quants, [str(o) for o in overrides])
 
 
 def _extra_grids(cfg: DictConfig, given: list[str], names: list[str]) -> list[Axes]:
@@ -165,7 +167,6 @@ def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
                     out.append((preset, compose("config", overrides=overrides)))
                 except Exception as err:
                     first = str(err).splitlines()[0]
-                    raise KVBenchError(
-                        f"runner.methods: {preset} with {' '.join(overrides[-2:])}: {first}"
-                    ) from err
+                    asked = " ".join([*grid.overrides, *overrides[len(kept) + len(grid.overrides) + 1 :]])
+                    raise KVBenchError(f"{grid.where}.methods: {preset} with {asked}: {first}") from err
     return out

@@ -216,3 +216,18 @@ def test_lagkv_scores_whole_partitions_at_prefill_and_the_completed_one_in_decod
     codes = cache_scores[first][0, :, 50:58] * 2.0**24
     ranks, parts = codes.div(2**21, rounding_mode="floor"), codes.remainder(2**21)
     assert (parts == 6).all() and all(sorted(r.tolist()) == list(range(8)) for r in ranks)
+
+
+def test_expected_attention_holds_its_statistics_only_to_rescore(tiny_model):
+    """Prompt-only (the leaderboard's rule), nothing re-scores after the prompt: the cache holds the kept
+    slots' keys and values and no query statistics; under its paper rule it holds them at every step."""
+    held: dict[bool, list[int]] = {True: [], False: []}
+    for prompt_only in held:
+        method = METHOD_REGISTRY["expected_attention"](decode_budget=not prompt_only)
+
+        def extra(cache, prompt_only=prompt_only):
+            held[prompt_only].append(cache.kv_bytes() - sum(layer.store.kv_bytes() for layer in cache.layers))
+
+        greedy_generate(tiny_model, prompt(4), method, 24, NEW, set(), extra)
+    assert held[True] == [0] * NEW
+    assert len(held[False]) == NEW and min(held[False]) > 0
