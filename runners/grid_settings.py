@@ -161,12 +161,10 @@ def setting_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
             stack.enter_context(initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"))
         for grid in grids:
             for preset, value, quant in itertools.product(grid.methods, grid.values, grid.quants):
-                overrides = [*kept, *grid.overrides, f"method={preset}", f"{grid.key}={value}"]
-                overrides += [f"quant={quant}"] if quant else []
+                asked = [*grid.overrides, f"{grid.key}={value}", *([f"quant={quant}"] if quant else [])]
                 try:
-                    out.append((preset, compose("config", overrides=overrides)))
+                    out.append((preset, compose("config", overrides=[*kept, f"method={preset}", *asked])))
                 except Exception as err:
-                    first = str(err).splitlines()[0]
-                    asked = " ".join([*grid.overrides, *overrides[len(kept) + len(grid.overrides) + 1 :]])
-                    raise KVBenchError(f"{grid.where}.methods: {preset} with {asked}: {first}") from err
+                    first, given_here = str(err).splitlines()[0], " ".join(asked)
+                    raise KVBenchError(f"{grid.where}.methods: {preset} with {given_here}: {first}") from err
     return out
