@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The grids behind docs/leaderboard.md (RULER-4K, 30 samples per task, 26 shards of 15 samples), one
 # process per call, one thread: run one call per core, each with its own list of shards.
-#   bash scripts/leaderboard.sh ratios 0,2,4    # 0.25 / 0.75, H2O / KeepKV / AdaKV-EA (e2) at 0.5, decode-time rows
+#   bash scripts/leaderboard.sh ratios 0,2,4    # 0.5 / 0.25 / 0.75 and the decode-time rule at 0.5
 # The store is the usual one ($KVBENCH_RESULTS_DIR, else results/); a finished setting is skipped. The
 # page's own records are leaderboard/ruler4k/*.tar.xz (leaderboard/README.md).
 set -euo pipefail
@@ -13,6 +13,6 @@ case "$1" in
   ratios)
     exec python run.py -m "${common[@]}" runner.batch_size=15 \
       'runner.methods=[fullkv,streamingllm,h2o,keepkv,adakv_expected_attention_e2]' 'runner.compression_ratios=[0.5]' \
-      'runner.extra_grids=[{methods:[snapkv,streamingllm,zsmerge,adakv_snapkv,adakv_expected_attention,pyramidkv,criticalkv_snapkv,h2o,keepkv,adakv_expected_attention_e2],compression_ratios:[0.25,0.75]},{methods:[tova,knorm,expected_attention,streamingllm,h2o,zsmerge,keepkv],compression_ratios:[0.5],overrides:["decode_budget=true"]}]' ;;
+      'runner.extra_grids=[{methods:[tova,snapkv,knorm,expected_attention,adakv_snapkv,adakv_expected_attention,pyramidkv,criticalkv_snapkv,zsmerge],compression_ratios:[0.5]},{methods:[snapkv,streamingllm,zsmerge,adakv_snapkv,adakv_expected_attention,pyramidkv,criticalkv_snapkv,h2o,keepkv,adakv_expected_attention_e2],compression_ratios:[0.25,0.75]},{methods:[tova,knorm,expected_attention,streamingllm,h2o,zsmerge,keepkv],compression_ratios:[0.5],overrides:["decode_budget=true"]}]' ;;
   *) echo "error: unknown grid '$1' (ratios)" >&2; exit 2 ;;
 esac
