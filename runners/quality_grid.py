@@ -55,6 +55,7 @@ from runners.record import claim_run, failure, identify_run, new_record, presets
 from runners.shards import check_shards, merge_when_complete, shard_samples
 from runners.shared_prefill import shared_generate
 from runners.storage import storage_of
+from runners.sweep_summary import note_job_runs
 
 #: Peak-memory fields of a quality record, null in a grid's records (the peaks are the grid's).
 PEAKS = ("peak_rss_bytes", "peak_rss_process_bytes", "peak_device_bytes", "peak_device_process_bytes")
@@ -128,6 +129,7 @@ def run_quality_grid(cfg: DictConfig) -> dict:
             s.cfg, s.method, run_budget(s.cfg, s.method), samples, prompts, task, starts
         )
     print(f"{len(settings)} setting(s) to run, {len(finished)} already finished", flush=True)
+    note_job_runs([s.rid for s in settings] + [r["run_id"] for r in finished])
     if settings:
         _run(cfg, settings, task, tokenizer, samples, prompts, starts, batch_size)
     records = finished + [s.record for s in settings]

@@ -12,16 +12,19 @@ that setting ended.
 
 A job whose saved config names none of its runs (a ``runner=quality_grid`` job, whose runs are its
 settings'; a ``model=hf`` job, whose model fields are filled when it runs) is counted by the records
-this sweep wrote for its job number: ok when every one is ``ok``.
+this sweep wrote for its job number: ok when every one is ``ok``. A grid job that wrote none (every
+setting had finished before) is skipped: it lists its runs in ``<job dir>/runs.json`` (:func:`note_job_runs`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections import Counter
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -49,6 +52,26 @@ def job_setting_id(job_config: Path) -> str:
     except Exception:  # the job failed on its method config; its record says so
         budget_applies = True
     return setting_id(run_config(cfg, budget_applies))
+
+
+#: The file in a Hydra job's output directory that lists the runs of a job whose config names none.
+JOB_RUNS = "runs.json"
+
+
+def note_job_runs(run_ids: list[str]) -> None:
+    """Write ``run_ids`` to :data:`JOB_RUNS` in the Hydra job's output directory (nothing outside a
+    Hydra job): the summary then knows a grid job's runs when the job wrote no record."""
+    if HydraConfig.initialized():
+        path = Path(HydraConfig.get().runtime.output_dir) / JOB_RUNS
+        path.write_text(json.dumps(sorted(run_ids)) + "\n")
+
+
+def _listed_runs(job_dir: Path) -> list[str]:
+    """The run ids a job listed (:func:`note_job_runs`), [] if it listed none."""
+    try:
+        return list(json.loads((job_dir / JOB_RUNS).read_text()))
+    except (OSError, ValueError, TypeError):
+        return []
 
 
 def _same_dir(a: str | Path, b: str | Path) -> bool:
@@ -83,6 +106,8 @@ def sweep_counts(sweep_dir: str | Path, results_dir: str | Path) -> Counter:
             counts["ok" if all(r["status"] == "ok" for r in mine) else "failed"] += 1
         elif any(r["status"] == "ok" for r in runs):
             counts["skipped"] += 1
+        elif (listed := _listed_runs(job_config.parent.parent)) and all(map(store.finished, listed)):
+            counts["skipped"] += 1  # a grid job whose settings had all finished before
         else:
             counts["failed"] += 1
             counts["no_record"] += 1

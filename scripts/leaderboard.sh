@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# The grids behind docs/leaderboard.md (RULER-4K, 30 samples per task, 26 shards of 15 samples), one
-# process per call, one thread: run one call per core, each with its own list of shards.
-#   bash scripts/leaderboard.sh ratios 0,2,4    # 0.5 / 0.25 / 0.75 and the decode-time rule at 0.5
+# The grids behind docs/leaderboard.md (RULER-4K, 26 shards each), one process per call, one thread:
+# run one call per core, each with its own list of shards.
+#   bash scripts/leaderboard.sh ratios 0,2,4  # 30 per task: 0.5 / 0.25 / 0.75, the decode-time rule at 0.5
+#   bash scripts/leaderboard.sh quant 1,3     # 10 per task: FullKV / SnapKV / TOVA x storage kinds, KVzip
 # The store is the usual one ($KVBENCH_RESULTS_DIR, else results/); a finished setting is skipped. The
 # page's own records are leaderboard/ruler4k/*.tar.xz (leaderboard/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 2 ] || { echo "usage: bash scripts/leaderboard.sh ratios SHARDS (comma-separated, of 0-25)" >&2; exit 2; }
+[ $# -eq 2 ] || { echo "usage: bash scripts/leaderboard.sh ratios|quant SHARDS (comma-separated, of 0-25)" >&2; exit 2; }
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-common=(runner=quality_grid task=ruler task.limit=30 runner.num_shards=26 "runner.shard_index=$2")
+common=(runner=quality_grid task=ruler runner.num_shards=26 "runner.shard_index=$2")
 case "$1" in
   ratios)
-    exec python run.py -m "${common[@]}" runner.batch_size=15 \
+    exec python run.py -m "${common[@]}" task.limit=30 runner.batch_size=15 \
       'runner.methods=[fullkv,streamingllm,h2o,keepkv,adakv_expected_attention_e2]' 'runner.compression_ratios=[0.5]' \
       'runner.extra_grids=[{methods:[tova,snapkv,knorm,expected_attention,adakv_snapkv,adakv_expected_attention,pyramidkv,criticalkv_snapkv,zsmerge],compression_ratios:[0.5]},{methods:[snapkv,streamingllm,zsmerge,adakv_snapkv,adakv_expected_attention,pyramidkv,criticalkv_snapkv,h2o,keepkv,adakv_expected_attention_e2],compression_ratios:[0.25,0.75]},{methods:[tova,knorm,expected_attention,streamingllm,h2o,zsmerge,keepkv],compression_ratios:[0.5],overrides:["decode_budget=true"]}]' ;;
-  *) echo "error: unknown grid '$1' (ratios)" >&2; exit 2 ;;
+  quant)  # quantized settings decode one at a time (runner.batch_size=1: their own runs' rounding)
+    exec python run.py -m "${common[@]}" task.limit=10 'runner.methods=[fullkv,snapkv,tova]' \
+      'runner.compression_ratios=[0.5]' 'runner.quants=[none,int8,int4,kivi2]' \
+      'runner.extra_grids=[{methods:[kvzip,kvzip_layerwise],compression_ratios:[0.5]}]' ;;
+  *) echo "error: unknown grid '$1' (ratios, quant)" >&2; exit 2 ;;
 esac

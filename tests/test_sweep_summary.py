@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from reports.store import ResultStore, run_id
 from runners.record import run_config
-from runners.sweep_summary import SweepSummary, summary_line, sweep_counts
+from runners.sweep_summary import JOB_RUNS, SweepSummary, summary_line, sweep_counts
 from tests.conftest import REPO
 
 
@@ -72,3 +72,17 @@ def test_a_summary_that_cannot_be_made_is_a_warning(tmp_path, capsys):
     SweepSummary().on_multirun_end(config)
     out, err = capsys.readouterr()
     assert out.strip().endswith("0 ok / 1 failed / 0 skipped") and "not read" in err
+
+
+def test_a_grid_job_whose_settings_had_all_finished_is_skipped(tmp_path):
+    """A grid job run again writes no record; the runs it lists in its job directory say it reused
+    them (a listed run that is missing or failed leaves it failed)."""
+    fabricate(tmp_path, [["runner=quality_grid", "runner.budgets=[0.5]"]] * 2)
+    store = ResultStore(tmp_path / "results")
+    earlier = {"dir": str(tmp_path / "earlier"), "job_num": 0}
+    store.write({"run_id": "a", "status": "ok", "sweep": earlier}, [])
+    store.write({"run_id": "b", "status": "error", "sweep": None}, [])
+    (tmp_path / "sweep" / "0" / JOB_RUNS).write_text('["a"]')
+    (tmp_path / "sweep" / "1" / JOB_RUNS).write_text('["a", "b"]')
+    counts = sweep_counts(tmp_path / "sweep", tmp_path / "results")
+    assert (counts["ok"], counts["failed"], counts["skipped"], counts["no_record"]) == (0, 1, 1, 1)
