@@ -61,9 +61,9 @@ JOB_RUNS = "runs.json"
 def note_job_runs(run_ids: list[str]) -> None:
     """Write ``run_ids`` to :data:`JOB_RUNS` in the Hydra job's output directory (nothing outside a
     Hydra job): the summary then knows a grid job's runs when the job wrote no record."""
-    if HydraConfig.initialized():
-        path = Path(HydraConfig.get().runtime.output_dir) / JOB_RUNS
-        path.write_text(json.dumps(sorted(run_ids)) + "\n")
+    out = OmegaConf.select(HydraConfig.get(), "runtime.output_dir") if HydraConfig.initialized() else None
+    if out and Path(out).is_dir():  # a config composed outside a Hydra job has none
+        (Path(out) / JOB_RUNS).write_text(json.dumps(sorted(run_ids)) + "\n")
 
 
 def _listed_runs(job_dir: Path) -> list[str]:
