@@ -9,10 +9,14 @@ is never rewritten.
 
 from __future__ import annotations
 
-import json
+import itertools
 import sys
 import tarfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from reports.shards import shard_of
+from reports.store import ResultStore
 
 
 def packed(dest: Path) -> set[str]:
@@ -27,26 +31,24 @@ def packed(dest: Path) -> set[str]:
 def main(store: Path, dest: Path, grid: str, num_shards: int, shards: list[int]) -> None:
     """Write one new archive per shard with runs to pack; print what was written."""
     dest.mkdir(parents=True, exist_ok=True)
-    done = packed(dest)
-    for i in shards:
-        runs = []
-        for path in sorted((store / "runs").glob("*/record.json")):
-            record = json.loads(path.read_text())
-            runner = record.get("config", {}).get("runner", {})
-            mine = runner.get("num_shards") == num_shards and runner.get("shard_index") == i
-            if mine and record.get("status") == "ok" and record["run_id"] not in done:
-                runs.append(path.parent)
-        if not runs:
+    done, results = packed(dest), ResultStore(store)
+    new: dict[int, list[str]] = {i: [] for i in shards}
+    for record in results.records():  # one read of the store for every shard asked
+        shard = shard_of(record.get("config") or {})
+        if shard is not None and shard[0] == num_shards and shard[1] in new:
+            if record.get("status") == "ok" and record["run_id"] not in done:
+                new[shard[1]].append(record["run_id"])
+    for i, rids in new.items():
+        if not rids:
             print(f"shard {i}: nothing new")
             continue
-        k, out = 0, dest / f"{grid}-shard-{i:02d}.tar.xz"
-        while out.exists():
-            k, out = k + 1, dest / f"{grid}-shard-{i:02d}-{k + 1}.tar.xz"
+        names = (f"{grid}-shard-{i:02d}{f'-{k}' if k else ''}.tar.xz" for k in itertools.count())
+        out = next(dest / n for n in names if not (dest / n).exists())
         with tarfile.open(out, "w:xz") as tar:
-            for run in runs:
+            for rid in sorted(rids):
                 for name in ("record.json", "predictions.jsonl"):
-                    tar.add(run / name, arcname=f"runs/{run.name}/{name}")
-        print(f"{out}: {len(runs)} runs, {out.stat().st_size} bytes")
+                    tar.add(results.run_dir(rid) / name, arcname=f"runs/{rid}/{name}")
+        print(f"{out}: {len(rids)} runs, {out.stat().st_size} bytes")
 
 
 if __name__ == "__main__":
