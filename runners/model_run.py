@@ -155,7 +155,11 @@ class ModelRun:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (``[batch]``); returns the logits ``[batch, vocab]``."""
         RAN.note("backend", self._steps)
-        return self._forward(self._decode, tokens[:, None])
+        if self._steps == "eager":
+            return self._forward(self._decode, tokens[:, None])
+        self.cache.prepare_graph_step()
+        torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs are not read again
+        return self._forward(self._decode, tokens[:, None]).clone()  # kept past the next replay
 
 
 @functools.cache

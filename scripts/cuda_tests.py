@@ -80,3 +80,10 @@ def pytest_configure(config: pytest.Config) -> None:
         import runners.models
 
         runners.models.load_model = random_weights_model
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Print a failure's traceback as soon as it is reported (also on the xdist controller), so that a
+    step cut off by its time limit still shows why the tests that ran failed."""
+    if report.failed:
+        print(f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext[-4000:]}", flush=True)

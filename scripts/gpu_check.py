@@ -338,6 +338,9 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
     ]
 
 
+#: The steps, in the order they run (``--steps`` picks some).
+STEP_NAMES = ("kernels", "slot_bound", "compiled", "bench_cuda", "bench_ragged", "bench_overhead")
+
 #: Imports a script and parses a command line with its ``parse_args`` (the dry run of a benchmark).
 PARSE = """import importlib.util, sys
 spec = importlib.util.spec_from_file_location("step", sys.argv[1])
@@ -471,7 +474,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cuda-layers", type=int, default=8, help="layers of the Llama-2-7B shape")
     parser.add_argument("--overhead-layers", type=int, default=4, help="layers of the SmolLM2 shape")
     parser.add_argument("--dry-run", action="store_true", help="list the steps and parse their command lines")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--steps", default=",".join(STEP_NAMES), help=f"steps to run, of {','.join(STEP_NAMES)}"
+    )
+    args = parser.parse_args(argv)
+    unknown = set(args.steps.split(",")) - set(STEP_NAMES)
+    if unknown:
+        parser.error(f"unknown steps {sorted(unknown)}; the steps are {','.join(STEP_NAMES)}")
+    return args
 
 
 def main() -> int:
@@ -515,8 +525,10 @@ def check(args: argparse.Namespace, work: Path) -> int:
     env["KVBENCH_RANDOM_WEIGHTS"] = str(work / "smollm2-2layers.json")
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "steps.log").open("w") as log:
+        chosen = args.steps.split(",")
         for group in (plan[:3], plan[3:4], plan[4:5], plan[5:]):
-            run_steps(group, args, work, env, end, begin, rows, log)
+            if group := [step for step in group if step.name in chosen]:
+                run_steps(group, args, work, env, end, begin, rows, log)
     total = time.monotonic() - begin
     failed = [r for r in rows if r.result not in ("pass", "info", "dry-run")]
     rows.append(Row("total", "FAIL" if failed else "pass", f"{total:.0f} s", "< 600 s"))

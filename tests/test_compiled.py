@@ -82,6 +82,28 @@ def test_compiled_decode_gives_eager_tokens_without_graph_breaks(shallow, name):
     assert counters["stats"]["unique_graphs"] <= 5
 
 
+@pytest.mark.parametrize("name", sorted(METHOD_REGISTRY))
+def test_a_prepared_decode_step_allocates_no_store_tensor(shallow, name):
+    """What a CUDA graph needs of the compiled step (``CompressedCache.prepare_graph_step``): after
+    it, a decode step writes every store tensor in place, so none is born inside a captured graph's
+    memory pool; FullKV's first step, with a buffer sized exactly to the prompt, grows it in
+    ``prepare_graph_step``. Eager steps: the property is the store's, not the compiler's."""
+    prompt = 60
+    ids = synthetic_prompts(shallow.config.vocab_size, 1, prompt, 0)
+    budget = None if name == "fullkv" else resolve_budget(BUDGET, prompt)
+    method = METHOD_REGISTRY[name](**KWARGS.get(name, {}))
+    run = ModelRun(shallow, method, budget, prompt + 8, backend="eager")
+    with torch.inference_mode():
+        token = run.prefill(ids).argmax(-1)
+        for _ in range(8):
+            run.cache.prepare_graph_step()
+            stores = [layer.store for layer in run.cache.layers]
+            before = [[t.data_ptr() for t in store.tensors()] for store in stores]
+            token = run.step(token).argmax(-1)
+            after = [[t.data_ptr() for t in layer.store.tensors()] for layer in run.cache.layers]
+            assert [layer.store for layer in run.cache.layers] == stores and after == before
+
+
 def test_greedy_generate_follows_the_configured_backend(tiny_model, monkeypatch):
     """``greedy_generate`` decodes through :func:`compiled_forward` exactly when the configured
     backend is ``compiled`` (that the compiled step gives eager's tokens is the test above, through

@@ -38,12 +38,18 @@ def test_append_fills_defaults_and_keeps_capacity():
     assert store.n == 7 and store.capacity == 8 and store.view("scores")[..., -1].eq(0).all()
 
 
-def test_keep_gathers_per_head_and_releases_the_old_buffers():
+@pytest.mark.parametrize("smaller", [True, False])
+def test_keep_gathers_per_head_and_releases_the_old_buffers(smaller):
+    """Smaller buffers when the capacity rule asks for fewer slots (a prompt compressed at prefill:
+    the old ones released); in place when it asks for as many (a compression between decode steps)."""
     store, ref = filled()
+    if smaller:
+        store.capacity_for = lambda needed: needed
     old = store.buffers["keys"].untyped_storage().data_ptr()
     index = torch.tensor([[[0, 2, 5], [1, 3, 4], [5, 4, 0]]] * 2)
     store.keep(index)
-    assert store.n == 3 and store.buffers["keys"].untyped_storage().data_ptr() != old
+    assert store.n == 3 and store.capacity == (4 if smaller else 8)
+    assert (store.buffers["keys"].untyped_storage().data_ptr() != old) == smaller
     for name in ("keys", "values", "scores", "positions"):
         assert torch.equal(store.view(name), gather_slots(ref[name], index))
 

@@ -183,9 +183,9 @@ class LESS(CompressionMethod):
         while (
             self.checkpoint == RANDOM and len(self.kernels) <= layer.spec.layer_idx
         ):  # sliding layers skip LESS
-            self.kernels.append(
-                LessKernels(query.shape[1], h, layer.keys.shape[-1], self.rank).to(query.device)
-            )
+            self.kernels.append(LessKernels(query.shape[1], h, layer.keys.shape[-1], self.rank))
+        if layer.spec.layer_idx < len(self.kernels):  # loaded on the CPU (load_kernel_set): move once
+            self.kernels[layer.spec.layer_idx].to(query.device)
         layer.aux = {
             "H": torch.zeros(
                 (b, h, self.rank, layer.values.shape[-1]), dtype=torch.float32, device=layer.keys.device

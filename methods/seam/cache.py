@@ -112,6 +112,19 @@ class CompressedCache(Cache):
         the layer's rule): output ``[batch, q_heads, q_len, head_dim]``."""
         return layer_step(self.rules[layer_idx], self.layers[layer_idx], query, key, value, scaling)
 
+    def prepare_graph_step(self, k: int = 1) -> None:
+        """Before a compiled decode step of ``k`` tokens, eagerly: every layer's store grows now if
+        the step's append would (``SlotStorage.make_room``), and every tensor the step writes in place
+        (store tensors, ``aux`` state) is marked a static input, unguarded
+        (``torch._dynamo.mark_static_address``): CUDA graph trees then capture the step with its
+        in-place writes instead of skipping it, and re-record when a new sample's buffers move.
+        Without this a buffer allocated inside the captured step would live in the graph's memory
+        pool, overwritten by the next replay."""
+        for layer in self.layers:
+            layer.store.make_room(k)
+            for tensor in (*layer.store.tensors(), *layer.aux.values()):
+                torch._dynamo.mark_static_address(tensor, guard=False)
+
     @property
     def n_slots(self) -> list[int]:
         """Slots per layer (same for every head of a layer; ragged heads: the longest head's)."""

@@ -254,10 +254,19 @@ class RaggedStore(SlotStorage):
         """
         if keys.shape[2] != 1:
             raise ValueError("ragged heads take one token per decode step")
-        if self.room < 1:
-            self._grow(max(GROWTH, int(self.capacity.max()) // 4))
+        self.make_room(1)
         self.room -= 1
         return self.offsets + self.lengths
+
+    def make_room(self, k: int) -> None:
+        """Grow the buffers now if the growing segments have less than ``k`` appends of room
+        (``SlotStorage.make_room``)."""
+        if self.room < k:
+            self._grow(max(GROWTH, k, int(self.capacity.max()) // 4))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The buffers and the index tensors (``lengths`` grows in place at every append)."""
+        return [*self.buffers.values(), self.offsets, self.capacity, self.lengths, self.segment, self.local]
 
     def _grow(self, more: int) -> None:
         """Give every growing segment ``more`` slots of room (new buffers, the valid slots copied)."""

@@ -40,16 +40,20 @@ class LayerRotary:
     def angles(
         self, delta: int, dtype: torch.dtype, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` of a shift by ``delta`` positions, each ``[1, 1, 1, rotary_dim]``."""
+        """``(cos, sin)`` of a shift by ``delta`` positions, each ``[1, 1, 1, rotary_dim]``; kept for
+        the next call outside compiled steps only (a tensor made inside a step captured as a CUDA graph
+        is overwritten by the next replay)."""
         key = (delta, dtype, device)
-        if self._last != key:
-            position = torch.tensor([[delta]], device=device)
-            probe = torch.zeros((1,), dtype=dtype, device=device)
-            args = (probe, position) if self.layer_type is None else (probe, position, self.layer_type)
-            cos, sin = self.rotary_emb(*args)
-            self._angles = (cos.unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype))
-            self._last = key
-        return self._angles
+        if self._last == key and self._angles is not None:
+            return self._angles
+        position = torch.tensor([[delta]], device=device)
+        probe = torch.zeros((1,), dtype=dtype, device=device)
+        args = (probe, position) if self.layer_type is None else (probe, position, self.layer_type)
+        cos, sin = self.rotary_emb(*args)
+        angles = (cos.unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype))
+        if not torch.compiler.is_compiling():
+            self._angles, self._last = angles, key
+        return angles
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` of RoPE at ``positions`` ``[n]`` int64, each ``[n, rotary_dim]`` (uncached;

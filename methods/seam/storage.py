@@ -89,6 +89,16 @@ class SlotStorage(ABC):
         ``positions`` ``[k]`` int64; state fields take their fill value."""
 
     @abstractmethod
+    def make_room(self, k: int) -> None:
+        """Grow the buffers now, outside a compiled step, if the next append of ``k`` tokens would
+        (a buffer allocated inside a step captured as a CUDA graph would live in the graph's memory
+        pool and be overwritten by the next replay)."""
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a decode step reads or writes in place (buffers, index tensors)."""
+        return list(self.buffers.values())
+
+    @abstractmethod
     def keep(self, index: torch.Tensor) -> None:
         """Keep the slots ``index`` ``[batch, kv_heads, k]`` (per head, in that order), free the rest."""
 

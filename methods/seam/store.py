@@ -161,6 +161,12 @@ class SlotStore(SlotStorage):
             buffers[name].narrow(2, n, k).fill_(fill)
         self.n = n + k
 
+    def make_room(self, k: int) -> None:
+        """Reallocate now (to the owner's capacity) if ``k`` more slots do not fit
+        (``SlotStorage.make_room``)."""
+        if self.buffers and self.n + k > self.capacity:
+            self._reallocate(self.capacity_for(self.n + k))
+
     def _reallocate(self, cap: int) -> None:
         """Move the valid slots into buffers of ``cap`` slots (the old ones are released)."""
         new = {}
@@ -172,9 +178,16 @@ class SlotStore(SlotStorage):
     # ------------------------------------------------------------------ methods' operations
     def keep(self, index: torch.Tensor) -> None:
         """Keep the slots ``index`` ``[batch, kv_heads, k]`` (per head, in that order) and free the
-        rest: new buffers sized for ``k`` slots plus a decode step's append, the old ones released."""
+        rest: new buffers sized for ``k`` slots plus a decode step's append, the old ones released;
+        in place when the buffers already have that size (a compression between decode steps, R-KV:
+        no allocation inside a compiled step)."""
         k = index.shape[2]
         cap = max(self.capacity_for(k + 1), k)
+        if cap == self.capacity:
+            for buf in self.buffers.values():
+                buf.narrow(2, 0, k).copy_(gather_slots(buf.narrow(2, 0, self.n), index))
+            self.n = k
+            return
         new = {}
         for name, buf in self.buffers.items():
             new[name] = buf.new_empty((*buf.shape[:2], cap, *buf.shape[3:]))
