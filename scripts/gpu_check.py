@@ -101,7 +101,7 @@ class Step:
     title: str
     argv: list[str]
     max_seconds: float
-    reserve: float  # seconds kept for the steps after it
+    need: float  # seconds the steps before it keep for it
     rows: Callable[[Step, Outcome], list[Row]]
     dry_run: list[str]  # the command that checks this step's command line without running it
 
@@ -233,7 +233,7 @@ def ragged_rows(path: Path, title: str) -> Callable[[Step, Outcome], list[Row]]:
 
 
 def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
-    """The steps in order; ``reserve`` keeps time for the benchmarks after the checks. Writes the
+    """The steps in order; each keeps its ``need`` free for itself from the steps before it. Writes the
     random-weights configurations into ``work`` (``smollm2-2layers.json`` stands in for the
     embedded model in the tests)."""
     cfg_small, cfg_overhead = (
@@ -282,7 +282,7 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
         "--json",
         str(overhead_json),
     ]
-    checks = dict(max_seconds=240, reserve=270)
+    checks = dict(max_seconds=240, need=240)
     return [
         pytest_step(
             "kernels",
@@ -313,7 +313,7 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
             "scripts/bench_cuda.py: targets (a), (c), (d)",
             [PY, *bench_cuda],
             180,
-            120,
+            150,
             bench_cuda_rows(cuda_json, args),
             [PY, "-c", PARSE, *bench_cuda],
         ),
@@ -322,7 +322,7 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
             "scripts/bench_ragged.py: ragged vs uniform heads",
             [PY, *ragged],
             60,
-            90,
+            30,
             ragged_rows(ragged_json, "Llama-3-8B shape, 4096 slots/head, batch 8, bf16"),
             [PY, "-c", PARSE, *ragged],
         ),
@@ -331,7 +331,7 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
             "scripts/bench_overhead.py: decode-step overhead, compiled",
             [PY, *overhead],
             600,
-            0,
+            90,
             overhead_rows(overhead_json, methods, args.overhead_layers),
             [PY, "-c", PARSE, *overhead],
         ),
@@ -375,11 +375,13 @@ def finish(proc: subprocess.Popen, deadline: float) -> int | None:
         return None
 
 
-def run_group(group: list[Step], work: Path, env: dict, end: float, dry: bool) -> list[Outcome]:
-    """Run ``group`` side by side, each within its ``max_seconds``, all leaving their ``reserve``
-    before ``end``."""
+def run_group(
+    group: list[Step], work: Path, env: dict, end: float, dry: bool, reserve: float = 0.0
+) -> list[Outcome]:
+    """Run ``group`` side by side, each within its ``max_seconds``, all leaving ``reserve`` seconds
+    (the later chosen steps' needs) before ``end``."""
     now = time.monotonic()
-    limit = min(min(s.max_seconds, end - now - s.reserve) for s in group)
+    limit = min(min(s.max_seconds for s in group), end - now - reserve)
     if dry:
         limit = 300
     if limit < 20:
@@ -443,13 +445,22 @@ def install_wheels(env: dict, work: Path) -> Row | None:
 
 
 def run_steps(
-    group: list[Step], args, work: Path, env: dict, end: float, begin: float, rows: list[Row], log
+    group: list[Step],
+    args,
+    work: Path,
+    env: dict,
+    end: float,
+    begin: float,
+    rows: list[Row],
+    log,
+    reserve: float = 0.0,
 ) -> None:
-    """Run one group of steps (side by side), add their rows and append their output to ``log``."""
+    """Run one group of steps (side by side), ``reserve`` seconds left before ``end`` for the later
+    steps; add their rows and append their output to ``log``."""
     for step in group:
         mode = " (dry run: collect / parse only)" if args.dry_run else ""
         print(f"[{time.monotonic() - begin:5.0f} s] {step.name}{mode}: {shlex.join(step.argv)}", flush=True)
-    for step, outcome in zip(group, run_group(group, work, env, end, args.dry_run), strict=True):
+    for step, outcome in zip(group, run_group(group, work, env, end, args.dry_run, reserve), strict=True):
         new = dry_rows(step, outcome) if args.dry_run else step.rows(step, outcome)
         rows += new
         status = outcome.note or ("timeout" if outcome.returncode is None else f"exit {outcome.returncode}")
@@ -526,9 +537,12 @@ def check(args: argparse.Namespace, work: Path) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "steps.log").open("w") as log:
         chosen = args.steps.split(",")
-        for group in (plan[:3], plan[3:4], plan[4:5], plan[5:]):
-            if group := [step for step in group if step.name in chosen]:
-                run_steps(group, args, work, env, end, begin, rows, log)
+        split = (plan[:3], plan[3:4], plan[4:5], plan[5:])
+        groups = [[s for s in group if s.name in chosen] for group in split]
+        groups = [group for group in groups if group]
+        for i, group in enumerate(groups):
+            reserve = sum(step.need for later in groups[i + 1 :] for step in later)
+            run_steps(group, args, work, env, end, begin, rows, log, reserve)
     total = time.monotonic() - begin
     failed = [r for r in rows if r.result not in ("pass", "info", "dry-run")]
     rows.append(Row("total", "FAIL" if failed else "pass", f"{total:.0f} s", "< 600 s"))
