@@ -338,8 +338,9 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
     ]
 
 
-#: The steps, in the order they run (``--steps`` picks some).
-STEP_NAMES = ("kernels", "slot_bound", "compiled", "bench_cuda", "bench_ragged", "bench_overhead")
+#: The steps by group, in the order they run (a group's steps side by side; ``--steps`` picks some).
+STEP_GROUPS = (("kernels", "slot_bound", "compiled"), ("bench_cuda",), ("bench_ragged",), ("bench_overhead",))
+STEP_NAMES = tuple(name for group in STEP_GROUPS for name in group)
 
 #: Imports a script and parses a command line with its ``parse_args`` (the dry run of a benchmark).
 PARSE = """import importlib.util, sys
@@ -536,9 +537,8 @@ def check(args: argparse.Namespace, work: Path) -> int:
     env["KVBENCH_RANDOM_WEIGHTS"] = str(work / "smollm2-2layers.json")
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "steps.log").open("w") as log:
-        chosen = args.steps.split(",")
-        split = (plan[:3], plan[3:4], plan[4:5], plan[5:])
-        groups = [[s for s in group if s.name in chosen] for group in split]
+        chosen, by_name = args.steps.split(","), {step.name: step for step in plan}
+        groups = [[by_name[n] for n in group if n in chosen] for group in STEP_GROUPS]
         groups = [group for group in groups if group]
         for i, group in enumerate(groups):
             reserve = sum(step.need for later in groups[i + 1 :] for step in later)

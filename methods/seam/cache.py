@@ -116,14 +116,18 @@ class CompressedCache(Cache):
         """Before a compiled decode step of ``k`` tokens, eagerly: every layer's store grows now if
         the step's append would (``SlotStorage.make_room``), and every tensor the step writes in place
         (store tensors, ``aux`` state) is marked a static input, unguarded
-        (``torch._dynamo.mark_static_address``): CUDA graph trees then capture the step with its
-        in-place writes instead of skipping it, and re-record when a new sample's buffers move.
-        Without this a buffer allocated inside the captured step would live in the graph's memory
-        pool, overwritten by the next replay."""
+        (``torch._dynamo.mark_static_address``; once per tensor: marking costs ~0.1 ms, a step's
+        budget on a GPU a few ms): CUDA graph trees then capture the step with its in-place writes
+        instead of skipping it, and re-record when a new sample's buffers move. Without this a buffer
+        allocated inside the captured step would live in the graph's memory pool, overwritten by the
+        next replay."""
+        from torch._dynamo.utils import get_static_address_type  # loaded by then: the step compiles
+
         for layer in self.layers:
             layer.store.make_room(k)
             for tensor in (*layer.store.tensors(), *layer.aux.values()):
-                torch._dynamo.mark_static_address(tensor, guard=False)
+                if get_static_address_type(tensor) is None:
+                    torch._dynamo.mark_static_address(tensor, guard=False)
 
     @property
     def n_slots(self) -> list[int]:

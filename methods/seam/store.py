@@ -151,8 +151,8 @@ class SlotStore(SlotStorage):
             }
             for name in self.fills:
                 self.buffers[name] = torch.empty((b, h, cap), dtype=torch.float32, device=keys.device)
-        elif self.n + k > self.capacity:
-            self._reallocate(self.capacity_for(self.n + k))
+        else:
+            self.make_room(k)
         n, buffers = self.n, self.buffers
         buffers["keys"].narrow(2, n, k).copy_(keys)
         buffers["values"].narrow(2, n, k).copy_(values)
