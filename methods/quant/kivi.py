@@ -174,8 +174,12 @@ class KiviStore(KiviWrites, QuantizedStore):
             s, z = (self.buffers[f"values.{p}"].narrow(2, 0, n) for p in ("scale", "zero"))
             full = q.per_token_values(packed, s, z, self.bits)
             rows = self.value_rows
-        b, h, slot = (ref < 0).nonzero(as_tuple=True)  # the residual slots (at most R + 1 per head)
-        full[b, h, slot] = rows[b, h, -1 - ref[b, h, slot]]
+        # the residual slots (at most R + 1 per head), as flat rows of ``full`` and of ``rows``
+        flat = ref.reshape(-1)
+        slot = (flat < 0).nonzero().squeeze(1)
+        row = torch.div(slot, n, rounding_mode="floor") * rows.shape[2] - 1 - flat[slot]
+        d = full.shape[-1]
+        full.view(-1, d).index_copy_(0, slot, rows.reshape(-1, d).index_select(0, row))
         return full
 
     # ------------------------------------------------------------------ writing
@@ -223,23 +227,24 @@ class KiviStore(KiviWrites, QuantizedStore):
         """One decode step's token at ``slot``: into both residuals; the value that leaves the
         value residual is quantized; a full key residual is quantized as one block."""
         r, t = self.residual, self.arrived
-        self.key_rows[:, :, t - self.base] = key[:, :, 0]
-        self.value_rows[:, :, t % (r + 1)] = value[:, :, 0]
-        self.buffers["keys.ref"][:, :, slot] = self.base - 1 - t
-        self.buffers["values.ref"][:, :, slot] = -1 - t % (r + 1)
-        self.arrived = t + 1
         n = slot + 1
         if t >= r:  # arrival t - r leaves the value residual
             row = (t - r) % (r + 1)
             ref = self.buffers["values.ref"].narrow(2, 0, n)
             leaving = ref == -1 - row  # at most one slot per head (none where it was evicted)
-            found, at = leaving.any(-1, keepdim=True), leaving.int().argmax(-1, keepdim=True)
+            # where a head no longer holds it, the codes land in ``slot`` (a residual value: unread)
+            found = leaving.any(-1, keepdim=True)
+            at = torch.where(found, leaving.int().argmax(-1, keepdim=True), slot)
             c, s, z = self._value_codes(self.value_rows[:, :, row : row + 1])
             for part, new in (("codes", c), ("scale", s), ("zero", z)):
                 buf = self.buffers[f"values.{part}"]
-                index = slot_index(buf, at)
-                buf.scatter_(2, index, torch.where(found.unsqueeze(-1), new, buf.gather(2, index)))
-            ref.scatter_(2, at, torch.where(found, 0, ref.gather(2, at)))
+                buf.scatter_(2, slot_index(buf, at), new)
+            ref.scatter_(2, at, 0)
+        self.key_rows[:, :, t - self.base] = key[:, :, 0]
+        self.value_rows[:, :, t % (r + 1)] = value[:, :, 0]
+        self.buffers["keys.ref"][:, :, slot] = self.base - 1 - t
+        self.buffers["values.ref"][:, :, slot] = -1 - t % (r + 1)
+        self.arrived = t + 1
         if self.arrived - self.base == r:
             self._flush(n)
 
