@@ -17,16 +17,16 @@ from reports.runs import Filters
 from reports.store import ResultStore
 from reports.summary import render
 from reports.tables import runs_table
+from tests.pairing_fixtures import rerun_on_other_inputs
 from tests.report_fixtures import (
     N_SAMPLES,
     config,
     efficiency_runs,
     niah_runs,
     quality_runs,
-    rerun_on_other_inputs,
-    ruler_runs,
     write_run,
 )
+from tests.ruler_fixtures import ruler_runs
 from tests.test_experiment_reports import fill
 
 ALSO = "also run on other inputs"

@@ -14,7 +14,8 @@ from reports.__main__ import main
 from reports.compare import main as compare_main
 from reports.paired import Difference, paired_difference, tied_ranks
 from reports.store import ResultStore
-from tests.report_fixtures import quality_runs, ruler_scored, xsum_scored
+from tests.report_fixtures import quality_runs, xsum_scored
+from tests.ruler_fixtures import ruler_scored
 
 RESAMPLES = 2000
 AT_10 = re.compile(r"\|\s*0\.1\s*\|")

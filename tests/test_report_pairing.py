@@ -18,13 +18,8 @@ from reports.runs import MIN_N, Filters, mean_interval
 from reports.store import ResultStore
 from reports.summary import render
 from runners.sweeps import sweep_jobs
-from tests.report_fixtures import (
-    KVMERGER_KEPT,
-    UNEQUAL_SCORES,
-    efficiency_runs,
-    unequal_niah_runs,
-    unequal_store,
-)
+from tests.pairing_fixtures import KVMERGER_KEPT, UNEQUAL_SCORES, unequal_niah_runs, unequal_store
+from tests.report_fixtures import efficiency_runs
 from tests.test_experiment_reports import fill
 
 #: FullKV's mean on the samples the methods ran (ids 0 and 1), and on all three.

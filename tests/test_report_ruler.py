@@ -13,7 +13,8 @@ from reports import ruler, ruler_figure, ruler_table
 from reports.__main__ import main
 from reports.runs import Filters
 from reports.store import ResultStore
-from tests.report_fixtures import RULER_TASKS, config, error_run, ruler_runs, write_run
+from tests.report_fixtures import config, error_run, write_run
+from tests.ruler_fixtures import RULER_TASKS, ruler_runs
 
 
 def _board(store: ResultStore) -> tuple[pd.DataFrame, ruler.Rows]:
