@@ -63,6 +63,14 @@ def data_dir() -> Path:
     return DATA_DIR
 
 
+@pytest.fixture(scope="session")
+def ruler_dir() -> str:
+    """The data directory holding ``ruler/`` (RULER's input files)."""
+    if not (DATA_DIR / "ruler" / "PaulGrahamEssays.json").is_file():
+        pytest.skip(f"no RULER inputs under {DATA_DIR / 'ruler'} (set KVBENCH_DATA_DIR)")
+    return str(DATA_DIR)
+
+
 def set_attn(model, name: str) -> None:
     """Switch a loaded model's attention implementation (e.g. to 'sdpa' for model.generate)."""
     model.set_attn_implementation(name)
