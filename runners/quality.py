@@ -20,7 +20,8 @@ from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from runners.batched import decode_rows, start_row
 from runners.budget import resolve_budget
-from runners.build import build_components, decoding_protocol, load_prompts, refuse_untrained, run_budget
+from runners.build import build_components, load_prompts, refuse_untrained, run_budget
+from runners.decode_rule import decoding_protocol
 from runners.environment import (
     peak_device_bytes,
     peak_rss_bytes,

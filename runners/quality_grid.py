@@ -34,11 +34,11 @@ from reports.store import ResultStore, quant_of, setting_id
 from runners.build import (
     build_components,
     check_run,
-    decoding_protocol,
     load_prompts,
     refuse_untrained,
     run_budget,
 )
+from runners.decode_rule import decoding_protocol
 from runners.generate import GenerationResult, eos_token_ids
 from runners.grid_settings import setting_configs
 from runners.models import load_model

@@ -12,8 +12,9 @@ from typing import ClassVar
 
 from rouge_score import rouge_scorer
 
-from tasks.base import Sample, Task, check_template
+from tasks.base import Sample, Task
 from tasks.data import load_rows
+from tasks.options import check_template
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 HELM_STOP = "###"
