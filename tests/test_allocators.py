@@ -132,6 +132,36 @@ def test_ragged_decode_attention_is_each_heads_attention_over_its_own_tokens():
             torch.testing.assert_close(out[0, head * g + j, 0], want, atol=1e-5, rtol=1e-5)
 
 
+def test_ragged_heads_without_room_grow_and_keep_every_token():
+    """Growing heads made with no room take more tokens than one growth adds (``GROWTH``): every
+    token stays where its head holds it; a bounded head dropping its oldest slot stays at its bound."""
+    from methods.seam.ragged import GROWTH, RaggedStore
+
+    torch.manual_seed(0)
+    b, h, n, d, new = 1, 3, 10, 4, GROWTH + 5
+    keys, values = torch.randn(b, h, n + new, d), torch.randn(b, h, n + new, d)
+    positions = torch.arange(n + new).expand(b, h, -1)
+    keep = torch.rand(b, h, n) < 0.6
+    keep[..., 0] = True
+    fields = {"keys": keys[:, :, :n], "values": values[:, :, :n], "positions": positions[:, :, :n]}
+    bounds = torch.tensor([[-1, -1, 3]])
+    store = RaggedStore.from_mask(fields, keep, room=0, bounds=bounds)
+    held = [positions[0, i, :n][keep[0, i]].tolist() for i in range(h)]
+    for t in range(n, n + new):
+        store.append(keys[:, :, t : t + 1], values[:, :, t : t + 1], torch.tensor([t]))
+        held = [[*p, t] for p in held]
+        if len(held[2]) > 3:  # the bounded head evicts its first slot; its last moves there
+            store.drop(torch.zeros(b, h, dtype=torch.long), torch.tensor([[False, False, True]]))
+            held[2] = [held[2][-1], *held[2][1:-1]]
+    view = store.view("positions")[0]
+    for i in range(h):
+        assert view[i, : len(held[i])].tolist() == held[i] and (view[i, len(held[i]) :] == -1).all()
+        torch.testing.assert_close(store.view("keys")[0, i, : len(held[i])], keys[0, i, held[i]])
+    kept = keep[0].sum(-1)
+    assert (store.capacity[:2] >= kept[:2] + new).all()  # grown (made with no room)
+    assert int(store.capacity[2]) == max(3, int(kept[2])) + 1  # a bounded head never grows
+
+
 def test_ragged_memory_is_the_sum_of_the_heads_at_every_step(tiny_model):
     """Allocated bytes = the heads' kept slots + the tokens still to come per head (+ the positions
     and index tensors), within 10% of the uniform layer at the same budget; never heads x max."""

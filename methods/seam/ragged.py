@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels.ragged_decode import ragged_decode_attention
+from methods.seam.ragged_pack import pack_kept, regrow
 from methods.seam.storage import SlotStorage
 
 if TYPE_CHECKING:
@@ -102,50 +103,10 @@ class RaggedStore(SlotStorage):
         bounds: torch.Tensor | None = None,
         **kind: object,
     ) -> RaggedStore:
-        """Pack the slots ``keep`` selects, per head, in slot order (every field given, as it is).
-
-        Parameters
-        ----------
-        fields : dict[str, torch.Tensor]
-            ``keys``/``values`` ``[batch, kv_heads, n, head_dim]`` and ``positions``
-            ``[batch, kv_heads, n]`` of the uniform layer (a quantized kind: its code fields
-            ``[batch, kv_heads, n, *extra]`` instead of keys and values).
-        keep : torch.Tensor
-            ``[batch, kv_heads, n]`` bool: the slots each head keeps (at least one per head).
-        room : int
-            Tokens a growing segment may still receive (the run's remaining tokens, when known).
-        bounds : torch.Tensor | None
-            ``[batch, kv_heads]`` int64: a segment's bound (it evicts back to it after each append
-            and holds ``max(kept, bound) + 1`` slots), or -1 for a segment that keeps what it
-            receives (default: every segment grows).
-        **kind
-            What the class takes besides (a quantized kind's codec).
-
-        Raises
-        ------
-        ValueError
-            If a head keeps nothing.
-        """
-        b, h, n = keep.shape
-        counts = keep.sum(-1).reshape(-1)
-        if bool((counts == 0).any()):
-            raise ValueError("every KV head must keep at least one slot")
-        bounds = torch.full_like(counts, -1) if bounds is None else bounds.reshape(-1).to(counts.device)
-        grows = bounds < 0
-        capacity = torch.where(grows, counts + room, torch.maximum(bounds, counts) + 1)
-        offsets = torch.cumsum(capacity, 0) - capacity
-        total = int(capacity.sum())  # the one host synchronisation, at prefill
-        flat = keep.reshape(b * h, n)
-        rank = torch.cumsum(flat, -1) - 1  # index of each kept slot inside its segment
-        dest = (offsets.unsqueeze(-1) + rank)[flat]  # packed index of every kept slot, segment order
-        buffers = {}
-        for name in fields:
-            src = fields[name].reshape(b * h, n, *fields[name].shape[3:])
-            fill = -1 if name == "positions" else 0
-            buf = src.new_full((total, *src.shape[2:]), fill)
-            buf[dest] = src[flat]
-            buffers[name] = buf
-        return cls(buffers, offsets, capacity, counts.clone(), (b, h), bounds, room, **kind)
+        """The slots ``keep`` selects, per head, in slot order (``ragged_pack.pack_kept``: arguments,
+        errors); ``kind``: what the class takes besides (a quantized kind's codec)."""
+        buffers, offsets, capacity, counts, bounds = pack_kept(fields, keep, room, bounds)
+        return cls(buffers, offsets, capacity, counts, tuple(keep.shape[:2]), bounds, room, **kind)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -270,16 +231,10 @@ class RaggedStore(SlotStorage):
 
     def _grow(self, more: int) -> None:
         """Give every growing segment ``more`` slots of room (new buffers, the valid slots copied)."""
-        capacity = self.capacity + torch.where(self.grows, more, 0)
-        offsets = torch.cumsum(capacity, 0) - capacity
-        total = int(capacity.sum())
-        valid = self.valid()
-        dest = offsets.index_select(0, self.segment) + self.local
-        for name, buf in self.buffers.items():
-            new = buf.new_full((total, *buf.shape[1:]), -1 if name == "positions" else 0)
-            new[dest[valid]] = buf[valid]
-            self.buffers[name] = new
-        self.offsets, self.capacity, self.room = offsets, capacity, self.room + more
+        self.buffers, self.offsets, self.capacity = regrow(
+            self.buffers, self.capacity, self.grows, self.segment, self.local, self.valid(), more
+        )
+        self.room += more
         self._index()
 
     def write(self, name: str, value: torch.Tensor) -> None:
