@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from methods import CompressedLayer, KeepKV
+from methods.keepkv.partners import cosine_partners
 from methods.keepkv.zip_merge import merge_groups
 from methods.seam.architecture import LayerSpec
 from methods.seam.step import prefill_step
@@ -232,7 +233,7 @@ def test_partners_are_the_retained_slots_of_highest_key_cosine(k):
     layer.update(keys, torch.zeros_like(keys))
     evicted = torch.stack([torch.randperm(24, generator=gen)[:k] for _ in range(6)]).view(2, 3, k)
     retained = None if k == 1 else complement(evicted, 24)
-    best, partner = KeepKV.partners(layer, evicted, retained)
+    best, partner = cosine_partners(layer, evicted, retained)
     for b in range(2):
         for h in range(3):
             for i, e in enumerate(evicted[b, h].tolist()):

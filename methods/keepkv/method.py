@@ -37,6 +37,7 @@ import torch
 
 from methods.evict import ScoreEvict
 from methods.keepkv.estimators import EMAEstimator, WindowMeanEstimator
+from methods.keepkv.partners import cosine_partners
 from methods.keepkv.zip_merge import MergeGroups, merge_groups, small_logsumexp
 from methods.scoring import complement, window_logits
 from methods.seam.contract import Traits
@@ -194,46 +195,6 @@ class KeepKV(ScoreEvict):
             self.merge_evicted(layer, victim.unsqueeze(-1))
 
     # ------------------------------------------------------------------ merging
-    @staticmethod
-    def partners(
-        layer: CompressedLayer, evicted: torch.Tensor, retained: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Algorithm 1 line 5: each evicted slot's retained slot of highest key cosine.
-
-        ``cos(e, r) = (k_e . k_r) / |k_r| / |k_e|`` (norms clamped at 1e-12, as ``F.normalize``);
-        ``|k_e|`` divides only the row's maximum, which it does not move.
-
-        Parameters
-        ----------
-        layer : CompressedLayer
-            Keys ``[batch, kv_heads, slots, head_dim]``.
-        evicted : torch.Tensor
-            ``[batch, kv_heads, k]`` slots to place.
-        retained : torch.Tensor | None
-            ``[batch, kv_heads, slots - k]`` the candidate partners (the complement of
-            ``evicted``): the cosines are computed against these only (a prefill's ``k x (slots -
-            k)`` products). None: every slot but the evicted ones (a decode step's one row).
-
-        Returns
-        -------
-        tuple[torch.Tensor, torch.Tensor]
-            The best cosine ``[batch, kv_heads, k]`` and the partner slot ``[batch, kv_heads, k]``.
-        """
-        keys = layer.keys.float()
-        norm = keys.norm(dim=-1).clamp(min=1e-12)
-        b, h, k = evicted.shape
-        if retained is None:
-            raw = (gather_slots(keys, evicted) @ keys.mT) / norm[:, :, None]
-            raw.scatter_(3, evicted.unsqueeze(2).expand(b, h, k, k), NEG_INF)  # partners are retained
-            best, partner = raw.max(dim=-1)
-        else:
-            raw = (gather_slots(keys, evicted) @ gather_slots(keys, retained).mT).div_(
-                gather_slots(norm, retained)[:, :, None]
-            )
-            best, column = raw.max(dim=-1)
-            partner = retained.gather(2, column)
-        return best / gather_slots(norm, evicted), partner
-
     def merge_evicted(
         self, layer: CompressedLayer, evicted: torch.Tensor, in_place: bool | None = None
     ) -> None:
@@ -255,7 +216,7 @@ class KeepKV(ScoreEvict):
         if in_place and k != 1:
             raise ValueError(f"an in-place merge evicts one slot per head, got {k}")
         retained = None if in_place else complement(evicted, n)
-        best, partner = self.partners(layer, evicted, retained)
+        best, partner = cosine_partners(layer, evicted, retained)
         merge = best > self.threshold
         log_weight = layer.store.log_weight
         not_merged = ~merge
