@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from kernels import decode_attention
 from methods.seam.ragged import RaggedStore
+from methods.seam.slots import gather_slots, slot_index
 from methods.seam.storage import SlotStorage
 
 if TYPE_CHECKING:
@@ -39,19 +40,6 @@ if TYPE_CHECKING:
 BASE_FILLS = {"log_weight": 0.0}
 #: Fields whose dtype the store fixes (values given to :meth:`SlotStore.reset` are cast).
 FIXED_DTYPES = ("keys", "values", "log_weight", "positions")
-
-
-def slot_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``index`` ``[batch, kv_heads, k]`` expanded over the trailing dims of a slot tensor ``t``."""
-    if t.dim() == 3:
-        return index
-    extra = t.shape[3:]
-    return index.view(*index.shape, *([1] * len(extra))).expand(*index.shape, *extra)
-
-
-def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``t[b, h, index[b, h, j], ...]`` for a slot tensor ``[batch, kv_heads, slots, *extra]``."""
-    return t.gather(2, slot_index(t, index))
 
 
 class SlotStore(SlotStorage):
