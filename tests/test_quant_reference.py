@@ -74,6 +74,26 @@ def test_kivi_prefill_and_decoding_follow_its_equations(bits):
     assert store.buffers["keys.codes"].shape[-1] == D * bits // 8  # packed: 8 / bits codes a byte
 
 
+@pytest.mark.parametrize("prompt", [37, 5])
+def test_kivi_reads_in_arrival_order_as_it_reads_any_slots(prompt):
+    """While nothing moved a slot, KIVI's keys and values are read by broadcasting each group's scale
+    (``KiviReads._read_in_order``): the same tensors as gathering every slot's group, at every step
+    through key-block flushes and values leaving the residual; a keep ends the in-order reading."""
+    g, r = 8, 16
+    keys, values = tokens(prompt + 3 * r, 3)
+    store = KiviStore({}, lambda n: n + 3 * r, bits=2, group=g, residual=r)
+    store.append(keys[:, :, :prompt], values[:, :, :prompt], torch.arange(prompt))
+    for t in range(prompt, prompt + 3 * r):
+        for name in ("keys", "values"):
+            fast = store._read(name)
+            store.in_order = False
+            assert torch.equal(fast, store._read(name)), (name, t)
+            store.in_order = True
+        store.append(keys[:, :, t : t + 1], values[:, :, t : t + 1], torch.tensor([t]))
+    store.keep(torch.arange(1, store.n).expand(B, H, -1))
+    assert not store.in_order
+
+
 @pytest.mark.parametrize(
     "kind", [lambda: PerTokenStore({}, lambda n: n, bits=4), lambda: KiviStore({}, lambda n: n)]
 )

@@ -28,6 +28,7 @@ import torch
 
 from methods.quant import codes as q
 from methods.quant.base import QuantizedStore
+from methods.quant.kivi_reads import KiviReads
 from methods.quant.kivi_writes import KiviWrites
 from methods.seam.store import slot_index
 
@@ -72,7 +73,7 @@ def held_bytes(
     return refs * 4 + kq * code + vq * (code + value_extra) + (refs - kq - vq) * row + groups * 2 * row
 
 
-class KiviStore(KiviWrites, QuantizedStore):
+class KiviStore(KiviReads, KiviWrites, QuantizedStore):
     """KIVI storage of keys and values (module docstring).
 
     Parameters
@@ -111,6 +112,7 @@ class KiviStore(KiviWrites, QuantizedStore):
         self.bits, self.group, self.residual = bits, group, residual
         self.arrived = 0  # tokens appended so far (a token's arrival index is its residual row's key)
         self.base = 0  # arrivals whose keys are quantized: the key residual holds arrivals base..arrived-1
+        self.in_order = True  # slot i holds arrival i (nothing evicted or moved: ``KiviReads``)
 
     # ------------------------------------------------------------------ allocation
     def _allocate(self, keys: torch.Tensor, values: torch.Tensor, cap: int) -> dict[str, torch.Tensor]:
@@ -159,28 +161,6 @@ class KiviStore(KiviWrites, QuantizedStore):
         """Bytes of the key group tables and the residual rows."""
         tables = (self.key_scale, self.key_zero, self.key_rows, self.value_rows) if self.buffers else ()
         return sum(t.untyped_storage().nbytes() for t in tables)
-
-    # ------------------------------------------------------------------ reading
-    def _read(self, name: str) -> torch.Tensor:
-        n = self.n
-        ref = self.buffers[f"{name}.ref"].narrow(2, 0, n).long()
-        packed = self.buffers[f"{name}.codes"].narrow(2, 0, n)
-        if name == "keys":
-            g = ref.clamp(min=0)
-            codes = q.unpack(packed, self.bits, self.dtype)
-            full = q.decode(codes, q.rows(self.key_scale, g), q.rows(self.key_zero, g))
-            rows = self.key_rows
-        else:
-            s, z = (self.buffers[f"values.{p}"].narrow(2, 0, n) for p in ("scale", "zero"))
-            full = q.per_token_values(packed, s, z, self.bits)
-            rows = self.value_rows
-        # the residual slots (at most R + 1 per head), as flat rows of ``full`` and of ``rows``
-        flat = ref.reshape(-1)
-        slot = (flat < 0).nonzero().squeeze(1)
-        row = torch.div(slot, n, rounding_mode="floor") * rows.shape[2] - 1 - flat[slot]
-        d = full.shape[-1]
-        full.view(-1, d).index_copy_(0, slot, rows.reshape(-1, d).index_select(0, row))
-        return full
 
     # ------------------------------------------------------------------ writing
     def _value_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,0 +1,83 @@
+"""How KIVI storage (``methods.quant.kivi``) reads its keys and values back (``layer.keys``,
+``layer.values``, every decode step's attention): the codes dequantized with their scales and zero
+points, the residual slots' full-precision rows copied in.
+
+While slot ``i`` holds arrival ``i`` (nothing evicted, moved or rebuilt: FullKV over ``quant=kivi2``,
+KIVI as the paper runs it), the quantized keys are whole groups of G consecutive slots, so each group's
+scale and zero point broadcast over its slots, and the residual slots are the last ones; otherwise every
+slot's key group is gathered by its reference. Both give the same tensors
+(``tests/test_quant_reference.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from methods.quant import codes as q
+
+
+class KiviReads:
+    """The reads of :class:`~methods.quant.kivi.KiviStore` (module docstring), a mixin of it; the
+    operations that move slots (``keep``, ``drop``, ``swap``, ``reset``) end the in-order reading."""
+
+    in_order: bool
+
+    def _read(self, name: str) -> torch.Tensor:
+        if self.in_order:
+            return self._read_in_order(name)
+        n = self.n
+        ref = self.buffers[f"{name}.ref"].narrow(2, 0, n).long()
+        packed = self.buffers[f"{name}.codes"].narrow(2, 0, n)
+        if name == "keys":
+            g = ref.clamp(min=0)
+            codes = q.unpack(packed, self.bits, self.dtype)
+            full = q.decode(codes, q.rows(self.key_scale, g), q.rows(self.key_zero, g))
+            rows = self.key_rows
+        else:
+            s, z = (self.buffers[f"values.{p}"].narrow(2, 0, n) for p in ("scale", "zero"))
+            full = q.per_token_values(packed, s, z, self.bits)
+            rows = self.value_rows
+        # the residual slots (at most R + 1 per head), as flat rows of ``full`` and of ``rows``
+        flat = ref.reshape(-1)
+        slot = (flat < 0).nonzero().squeeze(1)
+        row = torch.div(slot, n, rounding_mode="floor") * rows.shape[2] - 1 - flat[slot]
+        d = full.shape[-1]
+        full.view(-1, d).index_copy_(0, slot, rows.reshape(-1, d).index_select(0, row))
+        return full
+
+    def _read_in_order(self, name: str) -> torch.Tensor:
+        """:meth:`_read` while slot ``i`` holds arrival ``i``: keys ``0 .. base - 1`` quantized in
+        groups of G slots (group row ``i // G``), the rest in key rows ``0 .. n - base - 1``; values
+        ``0 .. n - R - 1`` quantized, arrival ``t`` of the rest in value row ``t % (R + 1)``."""
+        n = self.n
+        packed = self.buffers[f"{name}.codes"].narrow(2, 0, n)
+        if name == "keys":
+            nq = self.base
+            full = q.unpack(packed, self.bits, self.dtype)
+            groups = full.narrow(2, 0, nq).unflatten(2, (-1, self.group))
+            groups.mul_(self.key_scale[:, :, : nq // self.group, None])
+            groups.add_(self.key_zero[:, :, : nq // self.group, None])
+            full.narrow(2, nq, n - nq).copy_(self.key_rows.narrow(2, 0, n - nq))
+            return full
+        s, z = (self.buffers[f"values.{p}"].narrow(2, 0, n) for p in ("scale", "zero"))
+        full = q.per_token_values(packed, s, z, self.bits)
+        nq = max(n - self.residual, 0)
+        rows = torch.arange(nq, n, device=full.device) % (self.residual + 1)
+        full.narrow(2, nq, n - nq).copy_(self.value_rows.index_select(2, rows))
+        return full
+
+    def keep(self, index: torch.Tensor) -> None:
+        self.in_order = False
+        super().keep(index)
+
+    def drop(self, slot: torch.Tensor, active: torch.Tensor | None = None) -> None:
+        self.in_order = False
+        super().drop(slot, active)
+
+    def swap(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.in_order = False
+        super().swap(a, b)
+
+    def reset(self, **fields: torch.Tensor) -> None:
+        self.in_order = False
+        super().reset(**fields)
