@@ -28,6 +28,7 @@ __all__ = [
     "forward_rows",
     "get_decode_backend",
     "model_forward",
+    "probe_caches",
     "set_decode_backend",
 ]
 
@@ -135,16 +136,8 @@ class ModelRun:
         """After the prefill of ``input_ids`` ``[batch, prompt]``: the probe forwards of a probing method
         (``methods.probing``; KVzip's reconstruction chunks) over the uncompressed cache, which they leave
         unchanged (``runners.probe``), then the method compresses its layers. Nothing for other methods."""
-        method = self.cache.method
-        if not is_probing(method):
-            return
-        with ProbeCache(self.cache).hooked(self.model) as cache:
-            for probe in method.probe_prompts(input_ids):
-                cache.probe, ids = probe, probe.ids.to(input_ids.device)
-                positions = torch.arange(self.seen, self.seen + ids.shape[1], device=ids.device)
-                model_forward(self.model, ids, positions.expand_as(ids), cache, logits_to_keep=1)
-        ruled = zip(self.cache.layers, self.cache.rules, strict=True)
-        method.compress([layer for layer, rule in ruled if rule is method])
+        if is_probing(self.cache.method):
+            probe_caches(self.model, [self.cache], input_ids)
 
     def append(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Feed a chunk ``[batch, chunk]`` after the prefill (a question appended to the compressed
@@ -160,6 +153,24 @@ class ModelRun:
         self.cache.prepare_graph_step()
         torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs are not read again
         return self._forward(self._decode, tokens[:, None]).clone()  # kept past the next replay
+
+
+def probe_caches(model: torch.nn.Module, caches: list[CompressedCache], input_ids: torch.Tensor) -> None:
+    """The probe forwards of the first cache's probing method (``methods.probing``; KVzip's
+    reconstruction chunks) after the prefill of ``input_ids`` ``[batch, prompt]``, run once over the
+    first cache, left unchanged (``runners.probe.ProbeCache``), each chunk read by every cache's
+    probing rules; then each cache's method compresses the layers it rules. ``caches``: prefilled
+    caches of one prompt and one storage kind whose methods ask for the same probe forwards (one
+    run's cache, or a grid's settings: ``runners.shared_prefill``)."""
+    seen = caches[0].get_seq_length()
+    with ProbeCache(caches).hooked(model) as cache:
+        for probe in caches[0].method.probe_prompts(input_ids):
+            cache.probe, ids = probe, probe.ids.to(input_ids.device)
+            positions = torch.arange(seen, seen + ids.shape[1], device=ids.device)
+            model_forward(model, ids, positions.expand_as(ids), cache, logits_to_keep=1)
+    for each in caches:
+        ruled = zip(each.layers, each.rules, strict=True)
+        each.method.compress([layer for layer, rule in ruled if rule is each.method])
 
 
 @functools.cache

@@ -123,8 +123,10 @@ class ProbeCache(Cache):
 
     Parameters
     ----------
-    cache : CompressedCache
-        Prefilled, not yet compressed by its probing method.
+    caches : CompressedCache | list[CompressedCache]
+        Prefilled, not yet compressed by their probing methods; several (a grid's settings whose
+        probes are the same forwards) hold the same prompt in the same storage kind: the first one's
+        layers give the attention, every cache's probing rules read each chunk.
 
     Attributes
     ----------
@@ -132,9 +134,10 @@ class ProbeCache(Cache):
         The chunk being fed (set before each forward), handed to the rules that probe.
     """
 
-    def __init__(self, cache: CompressedCache) -> None:
-        super().__init__(layers=[ProbeLayer(layer) for layer in cache.layers])
-        self.cache = cache
+    def __init__(self, caches: CompressedCache | list[CompressedCache]) -> None:
+        self.caches = [caches] if isinstance(caches, CompressedCache) else list(caches)
+        self.cache = self.caches[0]
+        super().__init__(layers=[ProbeLayer(layer) for layer in self.cache.layers])
         self.probe: Probe | None = None
         self.hidden_norms: dict[int, torch.Tensor] = {}  # by layer: the chunk's attention-input norms
 
@@ -166,10 +169,12 @@ class ProbeCache(Cache):
     def attend(
         self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
     ) -> torch.Tensor:
-        """The attention function's call on layer ``layer_idx``: :func:`probe_attention`, then the
-        layer's rule reads the chunk if it probes; output ``[batch, q_heads, chunk, head_dim]``."""
-        layer, rule = self.cache.layers[layer_idx], self.cache.rules[layer_idx]
-        out = probe_attention(layer, query, key, value, scaling)
-        if is_probing(rule):
-            rule.probe(layer, query, key, scaling, self.probe, self.hidden_norms.pop(layer_idx, None))
+        """The attention function's call on layer ``layer_idx``: :func:`probe_attention` over the first
+        cache's layer, then each cache's rule of that layer reads the chunk if it probes; output
+        ``[batch, q_heads, chunk, head_dim]``."""
+        out = probe_attention(self.cache.layers[layer_idx], query, key, value, scaling)
+        norm = self.hidden_norms.pop(layer_idx, None)
+        for cache in self.caches:
+            if is_probing(rule := cache.rules[layer_idx]):
+                rule.probe(cache.layers[layer_idx], query, key, scaling, self.probe, norm)
         return out

@@ -5,25 +5,29 @@ each layer's rule compresses the layer *after* its output is computed), so the h
 prompt's prefill are the same whatever the method and budget. A grid of settings therefore needs the
 model's prefill forward once per prompt: one forward (FullKV) whose observer hands every layer's
 queries, keys and values to each setting's own cache, where the setting's rule scores and compresses
-them exactly as in its own run (:class:`PrefillFanout`). Each setting then appends its question chunk
-(query-agnostic runs) and decodes on its own cache, the settings' decode steps ``batch_size`` at a
-time in one forward (``runners.batched``): its tokens are those of its own
+them exactly as in its own run (:class:`PrefillFanout`); settings whose methods probe the prompt
+with the same forwards (KVzip and KVzip layer-wise) share them (:func:`probe_groups`). Each setting
+then appends its question chunk (query-agnostic runs) and decodes on its own cache, the settings'
+decode steps ``batch_size`` at a time in one forward (``runners.batched``): its tokens are those of its own
 :func:`~runners.generate.greedy_generate` run (tests check it).
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
 from methods import CompressedCache, CompressionMethod, FullKV
+from methods.probing import is_probing
 from methods.score_memo import shared_scores
 from methods.seam.step import prefill_step
 from methods.seam.storage import StorageKind
 from methods.seam.store import SlotStore
 from runners.batched import decode_rows
 from runners.generate import GenerationResult, ModelRun, Row, begin_generation
+from runners.model_run import probe_caches
 
 
 class PrefillFanout:
@@ -83,8 +87,9 @@ def shared_generate(
     -------
     list[GenerationResult]
         One per setting, in order. ``prefill_seconds`` is the shared forward's wall time (every
-        setting's compression included, with the probe forwards of a probing method, run on each
-        such setting's own cache: ``ModelRun.probe``) plus the setting's own question chunk.
+        setting's compression included, with the probe forwards of the probing methods, run once for
+        each group of settings that probe alike: :func:`probe_groups`) plus the setting's own
+        question chunk.
 
     Raises
     ------
@@ -110,8 +115,8 @@ def shared_generate(
     start = time.perf_counter()
     logits = driver.prefill(prefix)
     del driver
-    for cache in caches:  # a probing method's own forwards (KVzip), on each setting's cache
-        ModelRun(model, cache.method, None, cache=cache).probe(prefix)
+    for group in probe_groups(caches, kinds, prefix):  # a probing method's own forwards (KVzip)
+        probe_caches(model, group, prefix)
     seconds = time.perf_counter() - start
 
     def begin(cache: CompressedCache, budget: int | None) -> Row:
@@ -124,3 +129,25 @@ def shared_generate(
     rows = [(i, lambda c=c, b=b: begin(c, b)) for i, (c, b) in enumerate(zip(caches, budgets, strict=True))]
     out = dict(decode_rows(rows, batch_size))
     return [out[i] for i in range(len(settings))]
+
+
+def probe_groups(
+    caches: list[CompressedCache], kinds: list[StorageKind | None], prompt: torch.Tensor
+) -> list[list[CompressedCache]]:
+    """The prefilled caches of probing methods (``methods.probing``) grouped so that each group's
+    probe forwards run once (:func:`runners.model_run.probe_caches`): the same storage kind (its
+    class and parameters) and the same probe chunks of ``prompt`` ``[1, prompt]`` (KVzip and
+    KVzip layer-wise read the same reconstruction forwards), every layer ruled by the method; any
+    other probing cache is a group of its own."""
+    groups: dict[object, list[CompressedCache]] = {}
+    for i, (cache, kind) in enumerate(zip(caches, kinds, strict=True)):
+        if not is_probing(cache.method):
+            continue
+        if all(rule is cache.method for rule in cache.rules):
+            chunks = tuple((tuple(p.ids[0].tolist()), p.span) for p in cache.method.probe_prompts(prompt))
+            storage = (kind.func, tuple(sorted(kind.keywords.items()))) if isinstance(kind, partial) else kind
+            key: object = (storage, chunks)
+        else:
+            key = i
+        groups.setdefault(key, []).append(cache)
+    return list(groups.values())

@@ -99,6 +99,36 @@ def test_equal_prompt_scores_of_a_grid_are_computed_once(tiny_model, monkeypatch
     assert len(computed) == 2 * layers + 4 * layers  # no memo outside a grid: every run its own
 
 
+def test_settings_that_probe_alike_share_the_probe_forwards(tiny_model, monkeypatch):
+    """KVzip and KVzip layer-wise at two budgets read the same reconstruction forwards: run once for the
+    four settings, once more for another chunk size and once for int8 storage; each setting's run is
+    still its own run's."""
+    import runners.shared_prefill as shared
+    from methods.quant import storage_kind
+    from methods.seam import cache as seam_cache
+    from methods.seam.store import SlotStore
+
+    groups = []
+    real = shared.probe_caches
+    monkeypatch.setattr(shared, "probe_caches", lambda m, cs, ids: (groups.append(len(cs)), real(m, cs, ids)))
+    ids = torch.randint(3, 128, (1, PROMPT), generator=torch.Generator().manual_seed(9))
+    other = build_preset("kvzip")
+    other.chunk_size = 16
+    grid = [(build_preset(p), b) for p in ("kvzip", "kvzip_layerwise") for b in (12, 20)]
+    grid += [(other, 20), (build_preset("kvzip"), 20), (build_preset("snapkv"), 20)]
+    kinds = [SlotStore] * 5 + [storage_kind("int8", {}), SlotStore]
+    results = shared.shared_generate(tiny_model, ids, grid, NEW, {2}, storages=kinds)
+    assert sorted(groups) == [1, 1, 4]
+    for (method, budget), kind, result in zip(grid, kinds, results, strict=True):
+        seam_cache.DEFAULT_STORAGE[0] = kind
+        try:
+            own = greedy_generate(tiny_model, ids, method, budget, NEW, {2})
+        finally:
+            seam_cache.DEFAULT_STORAGE[0] = SlotStore
+        fields = ("tokens", "slots", "kv_bytes", "prefill_head_slots")
+        assert [getattr(result, f) for f in fields] == [getattr(own, f) for f in fields], method.label
+
+
 def test_shared_prefill_on_sliding_layers_with_softcap():
     """Gemma-2: interleaved sliding-window layers (their own rule) and logit soft-capping."""
     model = tiny_family("gemma2")
