@@ -165,12 +165,23 @@ def merge(
     return record, lines
 
 
+def shard_ranges(indices: Sequence[int]) -> str:
+    """Shard indices as runs of consecutive ones: ``[1, 2, 3, 7, 9, 10]`` -> ``"1-3, 7, 9-10"``."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 def incomplete(shards: dict[int, dict], count: int) -> dict:
     """The record reports show for a sharded run without a merged record: status ``incomplete``,
     its ``error`` naming the missing and failed shards (``shards``: index -> the shard's record)."""
     newest = by_age(list(shards.values()))[-1]
-    missing = [str(i) for i in range(count) if i not in shards]
-    parts = [f"shard(s) {', '.join(missing)} missing"] if missing else []
+    missing = [i for i in range(count) if i not in shards]
+    parts = [f"shard(s) {shard_ranges(missing)} missing"] if missing else []
     parts += [f"shard {i} {r['status']} ({r.get('error')})" for i, r in sorted(shards.items())
               if r["status"] != "ok"]  # fmt: skip
     why = "; ".join(parts) or "every shard finished, not merged yet (run any shard's command again)"

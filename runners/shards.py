@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from reports.shards import merge, shard_of, shard_run_ids, whole_run_id
+from reports.shards import merge, shard_of, shard_ranges, shard_run_ids, whole_run_id
 from reports.store import ResultStore
 from runners.record import finish
 from runners.run_lock import lock_run
@@ -78,8 +78,9 @@ def merge_when_complete(cfg: DictConfig, store: ResultStore, rid: str, task: Tas
         return
     rids = shard_run_ids(shard["config"], shard.get("inputs"))
     records = [store.finished(r) for r in rids]
-    if waiting := [str(i) for i, r in enumerate(records) if r is None]:
-        print(f"run {whole}: shard(s) {', '.join(waiting)} of {len(rids)} not finished; merged when they are")
+    if waiting := [i for i, r in enumerate(records) if r is None]:
+        waits = shard_ranges(waiting)
+        print(f"run {whole}: shard(s) {waits} of {len(rids)} not finished; merged when they are")
         return
     lines = [read_predictions(store.run_dir(r) / "predictions.jsonl") for r in rids]
     try:

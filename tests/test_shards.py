@@ -120,6 +120,13 @@ def test_reports_name_a_missing_or_failed_shard_and_never_show_the_run_as_finish
     assert view["status"] == INCOMPLETE and "shard 1 error (RuntimeError: node lost)" in view["error"]
 
 
+def test_missing_shards_are_named_as_ranges():
+    from reports.shards import shard_ranges
+
+    assert shard_ranges([9, 1, 2, 3, 7, 10]) == "1-3, 7, 9-10"
+    assert shard_ranges(range(1, 130)) == "1-129" and shard_ranges([4]) == "4"
+
+
 def test_a_merge_missed_by_the_last_shard_is_made_when_any_shard_runs_again(tmp_path, capsys, setting):
     shard = ("method=snapkv", "budget=0.5", *setting, "runner.num_shards=2")
     for index in (0, 1):
