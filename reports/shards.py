@@ -166,9 +166,10 @@ def merge(
 
 
 def shard_ranges(indices: Sequence[int]) -> str:
-    """Shard indices as runs of consecutive ones: ``[1, 2, 3, 7, 9, 10]`` -> ``"1-3, 7, 9-10"``."""
+    """Distinct shard indices as runs of consecutive ones: ``[1, 2, 3, 7, 9, 10]`` -> ``"1-3, 7, 9-10"``
+    (none: ``""``)."""
     runs: list[list[int]] = []
-    for i in sorted(indices):
+    for i in sorted(set(indices)):
         if runs and i == runs[-1][-1] + 1:
             runs[-1].append(i)
         else:

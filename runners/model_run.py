@@ -161,7 +161,13 @@ def probe_caches(model: torch.nn.Module, caches: list[CompressedCache], input_id
     first cache, left unchanged (``runners.probe.ProbeCache``), each chunk read by every cache's
     probing rules; then each cache's method compresses the layers it rules. ``caches``: prefilled
     caches of one prompt and one storage kind whose methods ask for the same probe forwards (one
-    run's cache, or a grid's settings: ``runners.shared_prefill``)."""
+    run's cache, or a grid's settings: ``runners.shared_prefill``).
+
+    Raises
+    ------
+    ValueError
+        As the method's ``probe_prompts`` (KVzip without its reconstruction prompt).
+    """
     seen = caches[0].get_seq_length()
     with ProbeCache(caches).hooked(model) as cache:
         for probe in caches[0].method.probe_prompts(input_ids):

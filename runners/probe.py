@@ -5,7 +5,7 @@ once the prompt is prefilled and before anything is compressed. :class:`ProbeCac
 those forwards run with: each layer's chunk attends to the layer's prefilled slots and to its own
 earlier tokens (causal, at the positions that follow the prompt; :func:`probe_attention`), the
 layer's rule reads the chunk (:meth:`Probing.probe`), and nothing is appended, so every
-chunk sees the prompt's cache as the prefill left it. ``runners.model_run.ModelRun.probe`` runs the
+chunk sees the prompt's cache as the prefill left it. ``runners.model_run.probe_caches`` runs the
 forwards, then the method compresses its layers (:meth:`Probing.compress`).
 """
 

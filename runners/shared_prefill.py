@@ -138,14 +138,24 @@ def probe_groups(
     probe forwards run once (:func:`runners.model_run.probe_caches`): the same storage kind (its
     class and parameters) and the same probe chunks of ``prompt`` ``[1, prompt]`` (KVzip and
     KVzip layer-wise read the same reconstruction forwards), every layer ruled by the method; any
-    other probing cache is a group of its own."""
+    other probing cache is a group of its own.
+
+    Raises
+    ------
+    ValueError
+        As a method's ``probe_prompts`` (KVzip without its reconstruction prompt).
+    """
     groups: dict[object, list[CompressedCache]] = {}
     for i, (cache, kind) in enumerate(zip(caches, kinds, strict=True)):
         if not is_probing(cache.method):
             continue
         if all(rule is cache.method for rule in cache.rules):
             chunks = tuple((tuple(p.ids[0].tolist()), p.span) for p in cache.method.probe_prompts(prompt))
-            storage = (kind.func, tuple(sorted(kind.keywords.items()))) if isinstance(kind, partial) else kind
+            storage = (
+                (kind.func, kind.args, tuple(sorted(kind.keywords.items())))
+                if isinstance(kind, partial)
+                else kind
+            )
             key: object = (storage, chunks)
         else:
             key = i

@@ -43,9 +43,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from gpu_steps import PY, STEP_GROUPS, STEP_NAMES, Outcome, Row, Step, steps
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scripts.gpu_steps import PY, STEP_GROUPS, STEP_NAMES, Outcome, Row, Step, steps
 
 REPO = Path(__file__).resolve().parent.parent
+
 PROBE = """import json, platform
 info = {"python": platform.python_version()}
 for name in ("torch", "triton", "transformers", "omegaconf", "hydra", "platformdirs", "xdist"):

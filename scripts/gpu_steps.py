@@ -71,6 +71,8 @@ def pytest_step(name: str, title: str, tests: list[str], work: Path, extra: list
 
 
 def pytest_rows(title: str, xml: Path, out: Outcome) -> list[Row]:
+    """The table row of a pytest step: counts from its JUnit XML ``xml``, or from its verbose log
+    when it was killed before writing it."""
     log = out.log.read_text(errors="replace") if out.log.is_file() else ""
     if xml.is_file():
         suite = ET.parse(xml).getroot()
@@ -89,12 +91,15 @@ def pytest_rows(title: str, xml: Path, out: Outcome) -> list[Row]:
 
 
 def verdict(out: Outcome, ok: bool) -> str:
+    """A row's result: ``skipped`` or ``timeout`` for a step that did not end, else ``pass`` or ``FAIL``
+    by ``ok``."""
     if out.returncode is None:
         return "skipped" if out.note else "timeout"
     return "pass" if ok else "FAIL"
 
 
 def load_json(path: Path) -> dict:
+    """The JSON object a benchmark wrote at ``path``; ``{}`` when it is missing or unreadable."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -102,6 +107,8 @@ def load_json(path: Path) -> dict:
 
 
 def bench_cuda_rows(path: Path, args) -> Callable[[Step, Outcome], list[Row]]:
+    """The rows of ``scripts/bench_cuda.py``'s targets (a), (c), (d) from its JSON at ``path``; a
+    missing part gets a row saying why."""
     layers = f"Llama-2-7B shape, {args.cuda_layers} layers, batch 8"
 
     def a_row(a: dict) -> Row:
@@ -147,6 +154,9 @@ def bench_cuda_rows(path: Path, args) -> Callable[[Step, Outcome], list[Row]]:
 
 
 def overhead_rows(path: Path, methods: list[str], layers: int) -> Callable[[Step, Outcome], list[Row]]:
+    """One row per method of ``scripts/bench_overhead.py``'s JSON at ``path``: its compiled decode
+    step over FullKV's against its target."""
+
     def rows(step: Step, out: Outcome) -> list[Row]:
         done = load_json(path).get("overhead", {})
         missing = verdict(out, False) if out.returncode is None else "error"
@@ -166,6 +176,9 @@ def overhead_rows(path: Path, methods: list[str], layers: int) -> Callable[[Step
 
 
 def ragged_rows(path: Path, title: str) -> Callable[[Step, Outcome], list[Row]]:
+    """The two rows of ``scripts/bench_ragged.py``'s JSON at ``path``: ragged over uniform heads on
+    the Triton kernel and on the PyTorch path."""
+
     def rows(step: Step, out: Outcome) -> list[Row]:
         row = (load_json(path).get("rows") or [{}])[0] if out.returncode == 0 else {}
         missing = verdict(out, False) if out.returncode is None else "error"
@@ -198,40 +211,11 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
     ragged_json = out_dir / "bench_ragged.json"
     ragged = ["scripts/bench_ragged.py", "--device", "cuda", "--shape", "llama3-8b", "--slots", "4096"]
     ragged += ["--batch", "8", "--dtype", "bfloat16", "--repeats", "100", "--json", str(ragged_json)]
-    bench_cuda = [
-        "scripts/bench_cuda.py",
-        "--shape",
-        "llama2-7b",
-        "--layers",
-        str(args.cuda_layers),
-        "--batch",
-        "8",
-        "--prompt",
-        "2048",
-        "--new",
-        "2048",
-        "--json",
-        str(cuda_json),
-    ]
-    overhead = [
-        "scripts/bench_overhead.py",
-        "--device",
-        "cuda",
-        "--backend",
-        "compiled",
-        "--random-weights",
-        str(cfg_overhead),
-        "--skip",
-        "throughput",
-        "--steps",
-        "24",
-        "--repeats",
-        "2",
-        "--methods",
-        ",".join(methods),
-        "--json",
-        str(overhead_json),
-    ]
+    bench_cuda = ["scripts/bench_cuda.py", "--shape", "llama2-7b", "--layers", str(args.cuda_layers)]
+    bench_cuda += ["--batch", "8", "--prompt", "2048", "--new", "2048", "--json", str(cuda_json)]
+    overhead = ["scripts/bench_overhead.py", "--device", "cuda", "--backend", "compiled", "--random-weights"]
+    overhead += [str(cfg_overhead), "--skip", "throughput", "--steps", "24", "--repeats", "2"]
+    overhead += ["--methods", ",".join(methods), "--json", str(overhead_json)]
     checks = dict(max_seconds=240, need=240)
     return [
         pytest_step(

@@ -93,7 +93,7 @@ class Task:
     #: default, "query-agnostic").
     query_aware: bool = True
     #: What compressing methods do while decoding under this protocol (``decode_budget`` of every
-    #: method, ``runners.build.decode_rule``): None, each method's paper rule; False, the prompt only
+    #: method, ``runners.decode_rule.decode_rule``): None, each method's paper rule; False, the prompt only
     #: (RULER, as the kvpress leaderboard runs it).
     decode_budget: bool | None = None
     #: Keyword arguments of the chat template (``tasks.chat.template_kwargs``): the runner sets them

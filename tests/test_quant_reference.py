@@ -90,8 +90,36 @@ def test_kivi_reads_in_arrival_order_as_it_reads_any_slots(prompt):
             assert torch.equal(fast, store._read(name)), (name, t)
             store.in_order = True
         store.append(keys[:, :, t : t + 1], values[:, :, t : t + 1], torch.tensor([t]))
-    store.keep(torch.arange(1, store.n).expand(B, H, -1))
+
+
+@pytest.mark.parametrize("operation", ["keep", "drop", "swap", "reset"])
+def test_kivi_reads_after_a_slot_moves_are_the_moved_slots(operation):
+    """Every operation that moves or rebuilds slots ends the in-order reading: what is read after it is
+    the slots it left (keep, drop, swap: the same dequantized rows, moved), never rows read in place."""
+    g, r, n = 8, 16, 40
+    keys, values = tokens(n, 4)
+    store = KiviStore({}, lambda k: k + 4, bits=2, group=g, residual=r)
+    store.append(keys, values, torch.arange(n))
+    before = {name: store._read(name) for name in ("keys", "values")}
+    order = list(range(n))
+    if operation == "keep":
+        order = [5, 2, *range(9, n)]
+        store.keep(torch.tensor(order).expand(B, H, -1))
+    elif operation == "drop":
+        store.drop(torch.full((B, H), 3))
+        order[3] = order.pop()
+    elif operation == "swap":
+        store.swap(torch.full((B, H), 0), torch.full((B, H), 20))
+        order[0], order[20] = 20, 0
+    else:
+        kept = [1, 7, *range(12, n)]
+        store.reset(
+            keys=keys[:, :, kept], values=values[:, :, kept], positions=torch.tensor(kept).expand(B, H, -1)
+        )
     assert not store.in_order
+    if operation != "reset":  # reset quantizes afresh
+        for name in ("keys", "values"):
+            assert torch.equal(store._read(name), before[name][:, :, order]), name
 
 
 @pytest.mark.parametrize(

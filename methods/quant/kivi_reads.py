@@ -67,17 +67,23 @@ class KiviReads:
         return full
 
     def keep(self, index: torch.Tensor) -> None:
+        """``SlotStore.keep`` (``index`` ``[batch, kv_heads, k]``); reads gather from then on."""
         self.in_order = False
         super().keep(index)
 
     def drop(self, slot: torch.Tensor, active: torch.Tensor | None = None) -> None:
+        """``SlotStore.drop`` (``slot`` ``[batch, kv_heads]``; raises as it does); reads gather from
+        then on."""
         self.in_order = False
         super().drop(slot, active)
 
     def swap(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        """``SlotStore.swap`` (``a``, ``b`` ``[batch, kv_heads]``); reads gather from then on."""
         self.in_order = False
         super().swap(a, b)
 
     def reset(self, **fields: torch.Tensor) -> None:
+        """``QuantizedStore.reset`` (compact ``[batch, kv_heads, k, *extra]`` fields); reads gather
+        from then on."""
         self.in_order = False
         super().reset(**fields)
