@@ -104,6 +104,17 @@ def test_a_prepared_decode_step_allocates_no_store_tensor(shallow, name):
             assert [layer.store for layer in run.cache.layers] == stores and after == before
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a generated Triton kernel: CUDA only")
+def test_random_scores_of_a_compiled_kernel_are_eager_scores():
+    """Random's hashed scores (int64 arithmetic with constants above 2^31) from an inductor Triton kernel
+    equal the eager ones, bit for bit (on a CPU the compiled decode test above covers them)."""
+    from methods.random import hashed_uniform
+
+    positions = torch.arange(4096, device="cuda").view(1, 1, -1).expand(2, 3, -1)
+    compiled = torch.compile(hashed_uniform, fullgraph=True)(positions, 7, 5)
+    assert torch.equal(compiled, hashed_uniform(positions, 7, 5))
+
+
 def test_greedy_generate_follows_the_configured_backend(tiny_model, monkeypatch):
     """``greedy_generate`` decodes through :func:`compiled_forward` exactly when the configured
     backend is ``compiled`` (that the compiled step gives eager's tokens is the test above, through
