@@ -77,19 +77,21 @@ def test_kivi_prefill_and_decoding_follow_its_equations(bits):
 @pytest.mark.parametrize("prompt", [37, 5])
 def test_kivi_reads_in_arrival_order_as_it_reads_any_slots(prompt):
     """While nothing moved a slot, KIVI's keys and values are read by broadcasting each group's scale
-    (``KiviReads._read_in_order``): the same tensors as gathering every slot's group, at every step
-    through key-block flushes and values leaving the residual; a keep ends the in-order reading."""
+    (``KiviReads._read_in_order``) and a leaving value is written to its slot directly: the same
+    tensors as a twin store that gathers every slot's group and searches every leaving value's slot, at
+    every step through key-block flushes and values leaving the residual."""
     g, r = 8, 16
     keys, values = tokens(prompt + 3 * r, 3)
-    store = KiviStore({}, lambda n: n + 3 * r, bits=2, group=g, residual=r)
-    store.append(keys[:, :, :prompt], values[:, :, :prompt], torch.arange(prompt))
+    store, twin = (KiviStore({}, lambda n: n + 3 * r, bits=2, group=g, residual=r) for _ in range(2))
+    for s in (store, twin):
+        s.append(keys[:, :, :prompt], values[:, :, :prompt], torch.arange(prompt))
+    twin.in_order = False
     for t in range(prompt, prompt + 3 * r):
         for name in ("keys", "values"):
-            fast = store._read(name)
-            store.in_order = False
-            assert torch.equal(fast, store._read(name)), (name, t)
-            store.in_order = True
-        store.append(keys[:, :, t : t + 1], values[:, :, t : t + 1], torch.tensor([t]))
+            assert torch.equal(store._read(name), twin._read(name)), (name, t)
+        for s in (store, twin):
+            s.append(keys[:, :, t : t + 1], values[:, :, t : t + 1], torch.tensor([t]))
+    assert store.in_order
 
 
 @pytest.mark.parametrize("operation", ["keep", "drop", "swap", "reset"])

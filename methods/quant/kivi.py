@@ -169,7 +169,7 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
     def _key_codes(self, x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
         """Packed codes of keys ``x`` ``[b, h, k, d]`` with the scale and zero point of their key
         group rows ``group`` ``[b, h, k]`` (clamped to the group's range)."""
-        scale, zero = q.rows(self.key_scale, group), q.rows(self.key_zero, group)
+        scale, zero = q.rows(self.key_scale, self.key_zero, index=group)
         return q.pack(q.encode(x.to(self.dtype), scale, zero, self.bits), self.bits)
 
     def _key_stats(self, x: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,16 +210,22 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
         n = slot + 1
         if t >= r:  # arrival t - r leaves the value residual
             row = (t - r) % (r + 1)
-            ref = self.buffers["values.ref"].narrow(2, 0, n)
-            leaving = ref == -1 - row  # at most one slot per head (none where it was evicted)
-            # where a head no longer holds it, the codes land in ``slot`` (a residual value: unread)
-            found = leaving.any(-1, keepdim=True)
-            at = torch.where(found, leaving.int().argmax(-1, keepdim=True), slot)
-            c, s, z = self._value_codes(self.value_rows[:, :, row : row + 1])
-            for part, new in (("codes", c), ("scale", s), ("zero", z)):
-                buf = self.buffers[f"values.{part}"]
-                buf.scatter_(2, slot_index(buf, at), new)
-            ref.scatter_(2, at, 0)
+            codes = self._value_codes(self.value_rows[:, :, row : row + 1])
+            quantized = zip(("codes", "scale", "zero"), codes, strict=True)
+            if self.in_order:  # it sits in slot t - r of every head
+                for part, new in quantized:
+                    self.buffers[f"values.{part}"][:, :, t - r] = new[:, :, 0]
+                self.buffers["values.ref"][:, :, t - r] = 0
+            else:
+                ref = self.buffers["values.ref"].narrow(2, 0, n)
+                # at most one slot per head holds it (none where it was evicted); where a head no longer
+                # holds it, the codes land in ``slot`` (a residual value: unread)
+                found, at = (ref == -1 - row).max(-1, keepdim=True)
+                at = torch.where(found, at, slot)
+                for part, new in quantized:
+                    buf = self.buffers[f"values.{part}"]
+                    buf.scatter_(2, slot_index(buf, at), new)
+                ref.scatter_(2, at, 0)
         self.key_rows[:, :, t - self.base] = key[:, :, 0]
         self.value_rows[:, :, t % (r + 1)] = value[:, :, 0]
         self.buffers["keys.ref"][:, :, slot] = self.base - 1 - t
@@ -241,7 +247,7 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
         self.key_scale = torch.cat([self.key_scale, scale], 2)
         self.key_zero = torch.cat([self.key_zero, zero], 2)
         g = first + row // self.group
-        codes = self._key_codes(q.rows(self.key_rows, row), g)
+        codes = self._key_codes(q.rows(self.key_rows, index=row)[0], g)
         packed = self.buffers["keys.codes"].narrow(2, 0, n)
         packed.copy_(torch.where(res.unsqueeze(-1), codes, packed))
         ref.copy_(torch.where(res, g.int(), ref))
@@ -257,7 +263,7 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
         order = (~used).to(torch.uint8).argsort(dim=-1, stable=True)[..., :keep]
         new_index = torch.zeros(used.shape, dtype=torch.long, device=used.device)
         new_index.scatter_(2, order, torch.arange(keep, device=order.device).expand_as(order))
-        self.key_scale, self.key_zero = q.rows(self.key_scale, order), q.rows(self.key_zero, order)
+        self.key_scale, self.key_zero = q.rows(self.key_scale, self.key_zero, index=order)
         ref = self.buffers["keys.ref"].narrow(2, 0, n)
         ref.copy_(torch.where(ref >= 0, new_index.gather(2, ref.long().clamp(min=0)).int(), ref))
 

@@ -31,7 +31,7 @@ class KiviReads:
         if name == "keys":
             g = ref.clamp(min=0)
             codes = q.unpack(packed, self.bits, self.dtype)
-            full = q.decode(codes, q.rows(self.key_scale, g), q.rows(self.key_zero, g))
+            full = q.decode(codes, *q.rows(self.key_scale, self.key_zero, index=g))
             rows = self.key_rows
         else:
             s, z = (self.buffers[f"values.{p}"].narrow(2, 0, n) for p in ("scale", "zero"))
@@ -62,8 +62,10 @@ class KiviReads:
         s, z = (self.buffers[f"values.{p}"].narrow(2, 0, n) for p in ("scale", "zero"))
         full = q.per_token_values(packed, s, z, self.bits)
         nq = max(n - self.residual, 0)
-        rows = torch.arange(nq, n, device=full.device) % (self.residual + 1)
-        full.narrow(2, nq, n - nq).copy_(self.value_rows.index_select(2, rows))
+        first = nq % (self.residual + 1)  # the ring of rows from ``first``, wrapping to row 0
+        head = min(n - nq, self.residual + 1 - first)
+        full.narrow(2, nq, head).copy_(self.value_rows.narrow(2, first, head))
+        full.narrow(2, nq + head, n - nq - head).copy_(self.value_rows.narrow(2, 0, n - nq - head))
         return full
 
     def keep(self, index: torch.Tensor) -> None:

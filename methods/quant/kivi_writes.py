@@ -50,7 +50,7 @@ class KiviWrites:
         x = torch.cat([keys, keys.new_zeros((b, h, pad, d))], 2).to(self.dtype)
         # quantized keys first, in slot order, so groups of G are made of quantized slots only
         order = (~quantized).to(torch.uint8).argsort(dim=-1, stable=True)
-        sorted_keys = q.rows(x, order)
+        (sorted_keys,) = q.rows(x, index=order)
         scale, zero = self._key_stats(sorted_keys, quantized.gather(2, order))
         if not scale.shape[2]:
             scale = zero = keys.new_zeros((b, h, 1, d))
