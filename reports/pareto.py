@@ -85,10 +85,24 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing
     return style.Plot(fig, points, f"pareto_{task}_{metric}_{memory}".replace("/", "-"), notes)
 
 
+def _legend_order(item: tuple[str, pd.DataFrame]) -> tuple[bool, str, int, str]:
+    """Legend order of a ``(label, runs)`` group: the reference first, then by method, each method's
+    storage kinds in :data:`style.QUANT_MARKERS` order."""
+    label, group = item
+    kinds = list(style.QUANT_MARKERS)
+    quant = group["quant"].iloc[0]
+    return (
+        not group["reference"].all(),
+        group["method"].iloc[0],
+        kinds.index(quant) if quant in kinds else len(kinds),
+        label,
+    )
+
+
 def _panel(ax, points: pd.DataFrame, x: str) -> None:
     """One model's points, method lines and Pareto front."""
     ax.margins(y=0.08)  # the star of FullKV, often the highest point, stays whole
-    for rank, (label, group) in enumerate(points.groupby("label", sort=False)):
+    for rank, (label, group) in enumerate(sorted(points.groupby("label", sort=False), key=_legend_order)):
         group = group.sort_values(["budget", x])  # a method's line follows its budgets, not the x axis
         color, is_ref = style.method_color(group["method"].iloc[0]), group["reference"].all()
         outcome = group["budget_realised"].all()

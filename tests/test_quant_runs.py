@@ -100,7 +100,7 @@ def test_the_memory_figure_marks_each_storage_kind_and_stars_only_unquantized_fu
 
     store = ResultStore(tmp_path / "results")
     for i, (method, quant, budget) in enumerate(
-        [("fullkv", "none", "null"), ("fullkv", "int8", "null"), ("snapkv", "int4", 0.5)]
+        [("snapkv", "int4", 0.5), ("fullkv", "int8", "null"), ("fullkv", "none", "null")]
     ):
         cfg = OmegaConf.to_container(
             config(f"method={method}", f"quant={quant}", f"budget={budget}"), resolve=True
@@ -115,5 +115,8 @@ def test_the_memory_figure_marks_each_storage_kind_and_stars_only_unquantized_fu
     (plot,) = pareto.build(store, Filters(task="xsum"))
     markers = {c.get_label().split(" (")[0]: c.lines[0].get_marker() for c in plot.fig.axes[0].containers}
     assert markers == {"FullKV": "*", "FullKV quant=int8": "s", "SnapKV quant=int4": "^"}
+    # the legend: the reference first, then by method, its storage kinds in order (not in run order)
+    labels = [c.get_label().split(" (")[0] for c in plot.fig.axes[0].containers]
+    assert labels == ["FullKV", "FullKV quant=int8", "SnapKV quant=int4"]
     caption = " ".join(t.get_text() for t in plot.fig.texts)
     assert "KV storage (quant=): circle none, square int8, triangle up int4." in " ".join(caption.split())
