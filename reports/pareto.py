@@ -61,7 +61,16 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing
         ax.set_ylabel(style.metric_label(metric))
         ax.grid(alpha=0.3, which="both")
         outside = {"loc": "upper left", "bbox_to_anchor": (1.01, 1)} if many else {}
-        ax.legend(title="method (preset)", fontsize=7, title_fontsize=7, **outside)
+        handles, labels = ax.get_legend_handles_labels()  # the front's line comes first: put it last
+        order = sorted(range(len(labels)), key=lambda i: labels[i] == "Pareto front")
+        ax.legend(
+            [handles[i] for i in order],
+            [labels[i] for i in order],
+            title="method (preset)",
+            fontsize=7,
+            title_fontsize=7,
+            **outside,
+        )
         if len(models) > 1:
             ax.set_title(model, fontsize=9)
     task = points["task"].iloc[0]
@@ -87,7 +96,7 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing
 
 def _legend_order(item: tuple[str, pd.DataFrame]) -> tuple[bool, str, int, str]:
     """Legend order of a ``(label, runs)`` group: the reference first, then by method, each method's
-    storage kinds in :data:`style.QUANT_MARKERS` order."""
+    storage kinds in :data:`style.QUANT_MARKERS` order (the Pareto front's line after them all)."""
     label, group = item
     kinds = list(style.QUANT_MARKERS)
     quant = group["quant"].iloc[0]

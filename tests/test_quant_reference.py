@@ -16,10 +16,10 @@ from methods.quant import codes as q
 B, H, D = 1, 2, 64
 
 
-def tokens(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tokens(n: int, seed: int, batch: int = B) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     scale = torch.linspace(0.5, 4.0, D)  # channels of different ranges, as real keys have
-    return torch.randn(B, H, n, D, generator=g) * scale, torch.randn(B, H, n, D, generator=g)
+    return torch.randn(batch, H, n, D, generator=g) * scale, torch.randn(batch, H, n, D, generator=g)
 
 
 @pytest.mark.parametrize("bits", [4, 2])
@@ -74,15 +74,16 @@ def test_kivi_prefill_and_decoding_follow_its_equations(bits):
     assert store.buffers["keys.codes"].shape[-1] == D * bits // 8  # packed: 8 / bits codes a byte
 
 
+@pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("prompt", [37, 5])
-def test_kivi_reads_in_arrival_order_as_it_reads_any_slots(prompt):
+def test_kivi_reads_in_arrival_order_as_it_reads_any_slots(prompt, bits):
     """While nothing moved a slot, KIVI's keys and values are read by broadcasting each group's scale
     (``KiviReads._read_in_order``) and a leaving value is written to its slot directly: the same
     tensors as a twin store that gathers every slot's group and searches every leaving value's slot, at
     every step through key-block flushes and values leaving the residual."""
     g, r = 8, 16
-    keys, values = tokens(prompt + 3 * r, 3)
-    store, twin = (KiviStore({}, lambda n: n + 3 * r, bits=2, group=g, residual=r) for _ in range(2))
+    keys, values = tokens(prompt + 3 * r, 3, batch=2)
+    store, twin = (KiviStore({}, lambda n: n + 3 * r, bits=bits, group=g, residual=r) for _ in range(2))
     for s in (store, twin):
         s.append(keys[:, :, :prompt], values[:, :, :prompt], torch.arange(prompt))
     twin.in_order = False
@@ -139,11 +140,14 @@ def test_eviction_keeps_the_codes(kind):
     torch.testing.assert_close(store.values, before_v[:, :, [7, 140, 200, 290]], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.uint8])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8, torch.int64]
+)
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_packed_codes_read_back_in_every_dtype(bits, dtype):
-    """``unpack`` is ``pack``'s inverse in each dtype a store reads codes in (one-element table lookups
-    where a dtype is as wide as a byte's codes, rows of codes otherwise): the first code in the low bits."""
+    """``unpack`` is ``pack``'s inverse in each dtype (floats wider than 2 bytes looked up in bfloat16,
+    then widened; one-element table lookups where a dtype is as wide as a byte's codes, rows of codes
+    otherwise: int64 at 2 bits): the first code in the low bits."""
     codes = torch.randint(0, 2**bits, (2, 3, 5, 64), generator=torch.Generator().manual_seed(bits))
     packed = q.pack(codes.to(torch.uint8), bits)
     assert packed.dtype == torch.uint8 and packed.shape[-1] == 64 * bits // 8

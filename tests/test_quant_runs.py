@@ -116,7 +116,7 @@ def test_the_memory_figure_marks_each_storage_kind_and_stars_only_unquantized_fu
     markers = {c.get_label().split(" (")[0]: c.lines[0].get_marker() for c in plot.fig.axes[0].containers}
     assert markers == {"FullKV": "*", "FullKV quant=int8": "s", "SnapKV quant=int4": "^"}
     # the legend: the reference first, then by method, its storage kinds in order (not in run order)
-    labels = [c.get_label().split(" (")[0] for c in plot.fig.axes[0].containers]
-    assert labels == ["FullKV", "FullKV quant=int8", "SnapKV quant=int4"]
+    labels = [t.get_text().split(" (")[0] for t in plot.fig.axes[0].get_legend().get_texts()]
+    assert labels == ["FullKV", "FullKV quant=int8", "SnapKV quant=int4", "Pareto front"]
     caption = " ".join(t.get_text() for t in plot.fig.texts)
     assert "KV storage (quant=): circle none, square int8, triangle up int4." in " ".join(caption.split())

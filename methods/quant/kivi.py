@@ -112,7 +112,9 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
         self.bits, self.group, self.residual = bits, group, residual
         self.arrived = 0  # tokens appended so far (a token's arrival index is its residual row's key)
         self.base = 0  # arrivals whose keys are quantized: the key residual holds arrivals base..arrived-1
-        self.in_order = True  # slot i holds arrival i (nothing evicted or moved: ``KiviReads``)
+        # slot i holds arrival i (nothing evicted or moved): reads broadcast key groups (``KiviReads``)
+        # and a value leaving the residual is written to its slot unsearched (``_append_one``)
+        self.in_order = True
 
     # ------------------------------------------------------------------ allocation
     def _allocate(self, keys: torch.Tensor, values: torch.Tensor, cap: int) -> dict[str, torch.Tensor]:

@@ -18,7 +18,8 @@ from methods.quant import codes as q
 
 class KiviReads:
     """The reads of :class:`~methods.quant.kivi.KiviStore` (module docstring), a mixin of it; the
-    operations that move slots (``keep``, ``drop``, ``swap``, ``reset``) end the in-order reading."""
+    operations that move slots (``keep``, ``drop``, ``swap``, ``reset``) end the in-order reading and
+    the in-order writes of ``KiviStore._append_one`` (any new slot-moving operation must end them too)."""
 
     in_order: bool
 
