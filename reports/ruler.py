@@ -50,7 +50,7 @@ GROUP = ["model", "length", "protocol"]
 ROW_COLUMNS = frozenset(
     {"run_id", "model", "task", "method", "preset", "label", "reference", "length", "query_aware", "key"}
     | {"other_inputs", "protocol", "compression_ratio", "budget", "n", "avg", "runs", "run_ids"}
-    | {"kv_mib", "kv_fraction"}
+    | {"kv_mib", "kv_fraction", "decoding"}
     | {"rank", "paired_n", *COLUMNS}  # reports.ruler_table's
 )
 
@@ -136,7 +136,8 @@ class Rows:
 def rows(store: ResultStore, filters: Filters) -> Rows:
     """One row per (finished RULER quality run, length), paired on the same samples per
     (model, length, protocol): model, length (tokens), protocol (:data:`PROTOCOLS`), method,
-    label, reference, budget (kept fraction, 1 for FullKV), compression_ratio, n, ``n/<task>``
+    label, decoding (:func:`reports.runs.decoding_tag`), reference, budget (kept fraction, 1 for
+    FullKV), compression_ratio, n, ``n/<task>``
     (samples per task), one column per task score and ``avg``, run_id.
 
     Raises
@@ -162,7 +163,7 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
                 f"note: {_name(run)} (run {run['run_id'][:8]}) predates task.query_aware: "
                 "counted as query-aware (its runner compressed the whole prompt)"
             )
-        qa = query_aware(record)
+        qa, decoding = query_aware(record), decoding_tag(record)
         held = _held(record)
         lengths = list(run["task_config"].get("lengths") or [])
         samples = _samples(store, run["run_id"])
@@ -177,7 +178,8 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
                 {k: run[k] for k in ("run_id", "model", "task", "method", "preset", "reference")}
                 | {
                     "other_inputs": run["other_inputs"],
-                    "label": f"{_name(run)} {decoding_tag(record)}".strip(),
+                    "label": f"{_name(run)} {decoding}".strip(),
+                    "decoding": decoding,
                 }
                 | {"length": length, "query_aware": qa, "key": key, "compression_ratio": ratio}
                 | {"budget": 1.0 if run["reference"] else float(run["budget"]), "n": len(here) or run["n"]}
@@ -224,12 +226,12 @@ def task_columns(frame: pd.DataFrame) -> list[str]:
 
 
 def leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
-    """The leaderboard rows of :func:`rows`' frame: per (model, length, protocol, label,
-    compression ratio) the mean of each task score and of ``avg`` over its runs (seeds), their n,
-    count and ids; FullKV first in each group, then by label and ratio."""
+    """The leaderboard rows of :func:`rows`' frame: per (model, length, protocol, label (which
+    names the decoding rule), compression ratio) the mean of each task score and of ``avg`` over
+    its runs (seeds), their n, count and ids; FullKV first in each group, then by label and ratio."""
     tasks = task_columns(frame)
     counts = sorted(c for c in frame.columns if c.startswith("n/"))
-    keys = [*GROUP, "method", "preset", "label", "reference", "compression_ratio", "budget"]
+    keys = [*GROUP, "method", "preset", "label", "decoding", "reference", "compression_ratio", "budget"]
     board = (
         frame.groupby(keys, sort=False, dropna=False)
         .agg(

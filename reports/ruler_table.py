@@ -1,11 +1,12 @@
 """The tables of ``python -m reports ruler``: per (model, length, protocol) the leaderboard rows of
 :func:`reports.ruler.leaderboard`, each compressed setting's paired difference in ``avg`` from
-FullKV and from a ``--baseline`` at the same compression ratio (95% bootstrap over sample ids,
-stratified by task: :mod:`reports.paired`), and its rank with ties.
+FullKV and from a ``--baseline`` at the same compression ratio and decoding rule (95% bootstrap
+over sample ids, stratified by task: :mod:`reports.paired`), and its rank with ties.
 
-Rank: at each compression ratio, the best ``avg`` is rank 1 and so is every method whose paired
-interval against it includes 0; the rule repeats among the rest, ranks counted as in competition
-ranking (1, 1, 3). Below 5 paired samples there is no interval and no rank.
+Rank: at each compression ratio and decoding rule (:data:`LEVEL`), the best ``avg`` is rank 1 and
+so is every method whose paired interval against it includes 0; the rule repeats among the rest,
+ranks counted as in competition ranking (1, 1, 3). Below 5 paired samples there is no interval
+and no rank.
 """
 
 from __future__ import annotations
@@ -24,9 +25,14 @@ from reports.tables import DASH, display
 from reports.versus import Compared, differences
 
 RANK_NOTE = (
-    "Rank: at each {level} the best avg is rank 1, and so is every method whose paired 95% "
-    "interval against it includes 0; the rule repeats among the rest (ranks 1, 1, 3)."
+    "Rank: at each {level} and decoding rule the best avg is rank 1, and so is every method whose "
+    "paired 95% interval against it includes 0; the rule repeats among the rest (ranks 1, 1, 3)."
 )
+#: What a setting shares with the baseline it is compared with and the settings it is ranked among:
+#: the compression ratio and the decoding rule (``decoding``: empty for the task's own rule, else
+#: ``decode-time`` or ``prompt-only``, :func:`reports.runs.decoding_tag`), so a decode-time run
+#: never shifts the leaderboard rule's ranks.
+LEVEL = ["compression_ratio", "decoding"]
 #: ``--label`` -> what the rows' level is called in captions.
 LEVELS = {"ratio": "compression ratio", "budget": "budget"}
 
@@ -51,12 +57,10 @@ def paired(
     """
     board = board.reset_index(drop=True)
     scores = row_scores(store, board)
-    compared = differences(
-        board, scores, GROUP, ["compression_ratio"], baseline, n_resamples, "task", "compression ratio"
-    )
+    compared = differences(board, scores, GROUP, LEVEL, baseline, n_resamples, "task", "compression ratio")
     ranks: list[int | None] = [None] * len(board)
     compressed = board[~board["reference"]]
-    for _, part in compressed.groupby([*GROUP, "compression_ratio"], sort=False):
+    for _, part in compressed.groupby([*GROUP, *LEVEL], sort=False):
         rows = list(part.index)
         if any(not scores[i].values for i in rows):
             continue

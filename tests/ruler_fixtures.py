@@ -85,7 +85,9 @@ def ruler_runs(
     return out
 
 
-def _ruler_config(method: str, ratio: float | None, limit: int, length: int) -> dict:
+def ruler_config(method: str, ratio: float | None, limit: int, length: int) -> dict:
+    """The config of a query-agnostic RULER run of ``method`` at ``ratio`` (None: FullKV), ``limit``
+    samples per task at ``length`` tokens."""
     from reports.presets import presets
 
     task = {"_target_": "tasks.ruler.Ruler", "lengths": [length], "limit": limit, "query_aware": False}
@@ -116,7 +118,7 @@ def ruler_scored(store: ResultStore, scores: dict[tuple[str, float | None], dict
             by_task.setdefault(p["meta"]["task"], []).append(p["metrics"]["score"])
         means = {t: sum(v) / len(v) for t, v in by_task.items()}
         limit = max(len(v) for v in by_task.values())
-        cfg = _ruler_config(method, ratio, limit, 4096)
+        cfg = ruler_config(method, ratio, limit, 4096)
         metrics = {"avg": sum(means.values()) / len(means)} | means
         created = f"2026-11-21T10:{i:02d}:00+00:00"
         out.append(write_run(store, cfg, method, "ruler", created, metrics=metrics, predictions=preds))

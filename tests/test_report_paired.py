@@ -14,8 +14,8 @@ from reports.__main__ import main
 from reports.compare import main as compare_main
 from reports.paired import Difference, paired_difference, tied_ranks
 from reports.store import ResultStore
-from tests.report_fixtures import quality_runs, xsum_scored
-from tests.ruler_fixtures import ruler_scored
+from tests.report_fixtures import quality_runs, write_run, xsum_scored
+from tests.ruler_fixtures import ruler_config, ruler_scored
 
 RESAMPLES = 2000
 AT_10 = re.compile(r"\|\s*0\.1\s*\|")
@@ -124,7 +124,10 @@ def test_ruler_leaderboard_ranks_with_ties(tmp_path, capsys):
         if len(row) > 4
     }
     assert ranks["SnapKV"] == ranks["TOVA"] == "1" and ranks["KNorm"] == ranks["StreamingLLM"] == "3"
-    assert ranks["FullKV"] == "–" and "Rank: at each compression ratio the best avg is rank 1" in out
+    assert (
+        ranks["FullKV"] == "–"
+        and "Rank: at each compression ratio and decoding rule the best avg is rank 1" in out
+    )
 
 
 def test_baseline_difference_is_at_the_same_ratio(tmp_path, capsys):
@@ -135,6 +138,37 @@ def test_baseline_difference_is_at_the_same_ratio(tmp_path, capsys):
     assert main(args) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| TOVA")]
     assert ["+10.00 [10.00, 10.00]" in rows[0], "+20.00 [20.00, 20.00]" in rows[1]] == [True, True]
+
+
+def test_a_decode_time_run_is_ranked_and_compared_under_its_own_rule(tmp_path, capsys):
+    """A method's decode-time run beside its leaderboard-rule run at the same ratio: the baseline is
+    the run under the same rule (not ambiguous) and the decode-time run does not take rank 1 from
+    the leaderboard rule's best."""
+    ids = [f"{t}-{k}" for t in ("vt", "qa_1") for k in range(5)]
+    store = ResultStore(tmp_path)
+    ruler_levels(store, ids, {("fullkv", None): 100.0, ("tova", 0.5): 60.0, ("snapkv", 0.5): 50.0})
+    cfg = ruler_config("tova", 0.5, 5, 4096)
+    cfg = cfg | {"task": cfg["task"] | {"decode_budget": False}, "decode_budget": True}
+    preds = [
+        {"id": sid, "prediction": "x", "meta": {"task": sid.rsplit("-", 1)[0], "length": 4096},
+         "metrics": {"score": 90.0, "task": sid.rsplit("-", 1)[0]}}
+        for sid in ids
+    ]  # fmt: skip
+    metrics = {"avg": 90.0, "vt": 90.0, "qa_1": 90.0}
+    protocol = {"decoding": "decode-time", "paper_decoding": "decode-time"}
+    write_run(store, cfg, "tova", "ruler", "2026-11-21T11:00:00+00:00", metrics=metrics, predictions=preds,
+              protocol=protocol)  # fmt: skip
+    args = ["ruler", "--results-dir", str(tmp_path), "--baseline", "tova", "--resamples", "200"]
+    assert main(args) == 0
+    rows = {
+        r[1].strip(): r
+        for r in (line.split("|") for line in capsys.readouterr().out.splitlines())
+        if len(r) > 7
+    }
+    assert [rows[m][3].strip() for m in ("TOVA", "SnapKV", "TOVA decode-time")] == ["1", "2", "1"]
+    assert (
+        rows["SnapKV"][6].strip() == "-10.00 [-10.00, -10.00]" and rows["TOVA decode-time"][6].strip() == "–"
+    )
 
 
 @pytest.mark.parametrize(
