@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from reports.pairing import Pairing, pair, sample_key
+from reports.pairing import Pairing, is_reference, pair, sample_key
 from reports.runs import Filters, decoding_tag, records_frame
 from reports.store import ResultStore
 from reports.style import preset_label
@@ -50,14 +50,21 @@ GROUP = ["model", "length", "protocol"]
 ROW_COLUMNS = frozenset(
     {"run_id", "model", "task", "method", "preset", "label", "reference", "length", "query_aware", "key"}
     | {"other_inputs", "protocol", "compression_ratio", "budget", "n", "avg", "runs", "run_ids"}
-    | {"kv_mib", "kv_fraction", "decoding"}
+    | {"kv_mib", "kv_fraction", "decoding", "quant"}
     | {"rank", "paired_n", *COLUMNS}  # reports.ruler_table's
 )
 
 
 def _name(run: pd.Series) -> str:
-    """A run's method label without the protocol tag of the other reports (tables are per protocol)."""
+    """A run's method label without the query-aware tag of the other reports (tables are per
+    protocol): its storage kind (``quant=int8``) and decoding rule (``decode-time``) stay in it."""
     return preset_label(run["method"], run["preset"], run["settings"])
+
+
+def _tags(run: pd.Series, record: dict) -> str:
+    """What :func:`_name` leaves out but a row must name: ``quant=<kind>`` and the decoding tag."""
+    quant = "" if run["quant"] == "none" else f"quant={run['quant']}"
+    return f"{quant} {decoding_tag(record)}".strip()
 
 
 def query_aware(record: dict) -> bool | None:
@@ -82,7 +89,7 @@ def predates_query_aware(record: dict) -> bool:
 def compression_ratio(run: pd.Series, record: dict) -> tuple[float | None, str]:
     """kvpress's compression ratio of a run (0 for FullKV; ``config.compression_ratio`` where the
     user gave it, else ``1 - budget``) and, where it has none, why."""
-    if run["reference"]:
+    if run["reference"] or is_reference(run["method"]):  # FullKV over quantized storage evicts nothing
         return 0.0, ""
     if run["budget_realised"]:
         return None, f"kept {100 * run['budget']:.0f}% of the prompt as an outcome (no budget set)"
@@ -136,9 +143,9 @@ class Rows:
 def rows(store: ResultStore, filters: Filters) -> Rows:
     """One row per (finished RULER quality run, length), paired on the same samples per
     (model, length, protocol): model, length (tokens), protocol (:data:`PROTOCOLS`), method,
-    label, decoding (:func:`reports.runs.decoding_tag`), reference, budget (kept fraction, 1 for
-    FullKV), compression_ratio, n, ``n/<task>``
-    (samples per task), one column per task score and ``avg``, run_id.
+    label, decoding (:func:`reports.runs.decoding_tag`), quant (storage kind), reference, budget
+    (kept fraction, 1 for FullKV), compression_ratio, n, ``n/<task>`` (samples per task), one
+    column per task score and ``avg``, run_id.
 
     Raises
     ------
@@ -154,9 +161,10 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
     notes, out = [], []
     for run in runs.to_dict("records"):
         record = records[run["run_id"]]
+        label = f"{_name(run)} {_tags(run, record)}".strip()
         ratio, why = compression_ratio(pd.Series(run), record)
         if ratio is None:
-            notes.append(f"note: left out {_name(run)} (run {run['run_id'][:8]}): {why}")
+            notes.append(f"note: left out {label} (run {run['run_id'][:8]}): {why}")
             continue
         if predates_query_aware(record):
             notes.append(
@@ -178,8 +186,9 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
                 {k: run[k] for k in ("run_id", "model", "task", "method", "preset", "reference")}
                 | {
                     "other_inputs": run["other_inputs"],
-                    "label": f"{_name(run)} {decoding}".strip(),
+                    "label": label,
                     "decoding": decoding,
+                    "quant": run["quant"],
                 }
                 | {"length": length, "query_aware": qa, "key": key, "compression_ratio": ratio}
                 | {"budget": 1.0 if run["reference"] else float(run["budget"]), "n": len(here) or run["n"]}
@@ -198,19 +207,19 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
 
 def _pair(frame: pd.DataFrame) -> tuple[Pairing, pd.DataFrame]:
     """:func:`reports.pairing.pair` within each (model, length, protocol), FullKV of the same
-    model and length joining every protocol; returns the merged pairing and the rows kept."""
+    model and length (over any storage kind) joining every protocol; returns the merged pairing
+    and the rows kept."""
     pairing, kept = Pairing(), []
-    references = frame[frame["reference"]]
-    compressed = frame[~frame["reference"]]
-    groups = list(dict.fromkeys(compressed[["model", "length", "query_aware"]].itertuples(index=False)))
+    every = frame["query_aware"].isna()  # FullKV, over any storage kind: it compresses nothing
+    groups = list(dict.fromkeys(frame[~every][["model", "length", "query_aware"]].itertuples(index=False)))
     groups += [
-        (m, n, None) for m, n in dict.fromkeys(references[["model", "length"]].itertuples(index=False))
+        (m, n, None) for m, n in dict.fromkeys(frame[every][["model", "length"]].itertuples(index=False))
     ]
     for model, length, qa in groups:
         same = (frame["model"] == model) & (frame["length"] == length)
-        if qa is None and (same & ~frame["reference"]).any():
+        if qa is None and (same & ~every).any():
             continue  # FullKV already joins the compressed runs' tables
-        part = frame[same & (frame["reference"] | (frame["query_aware"] == qa))]
+        part = frame[same & (every | (frame["query_aware"] == qa))]
         part = part.assign(protocol=PROTOCOLS[qa], length_key=f"{length:,} tokens")
         keys = dict(zip(part["run_id"], part["key"], strict=True))
         pairing.merge(found := pair(part, keys, by=("model", "task", "length_key", "protocol")))
@@ -227,11 +236,22 @@ def task_columns(frame: pd.DataFrame) -> list[str]:
 
 def leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
     """The leaderboard rows of :func:`rows`' frame: per (model, length, protocol, label (which
-    names the decoding rule), compression ratio) the mean of each task score and of ``avg`` over
-    its runs (seeds), their n, count and ids; FullKV first in each group, then by label and ratio."""
+    names the storage kind and decoding rule), compression ratio) the mean of each task score and
+    of ``avg`` over its runs (seeds), their n, count and ids; FullKV first in each group, then by
+    label and ratio."""
     tasks = task_columns(frame)
     counts = sorted(c for c in frame.columns if c.startswith("n/"))
-    keys = [*GROUP, "method", "preset", "label", "decoding", "reference", "compression_ratio", "budget"]
+    keys = [
+        *GROUP,
+        "method",
+        "preset",
+        "label",
+        "decoding",
+        "quant",
+        "reference",
+        "compression_ratio",
+        "budget",
+    ]
     board = (
         frame.groupby(keys, sort=False, dropna=False)
         .agg(

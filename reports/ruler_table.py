@@ -1,12 +1,12 @@
 """The tables of ``python -m reports ruler``: per (model, length, protocol) the leaderboard rows of
 :func:`reports.ruler.leaderboard`, each compressed setting's paired difference in ``avg`` from
-FullKV and from a ``--baseline`` at the same compression ratio and decoding rule (95% bootstrap
-over sample ids, stratified by task: :mod:`reports.paired`), and its rank with ties.
+FullKV and from a ``--baseline`` at the same compression ratio, decoding rule and storage kind
+(95% bootstrap over sample ids, stratified by task: :mod:`reports.paired`), and its rank with ties.
 
-Rank: at each compression ratio and decoding rule (:data:`LEVEL`), the best ``avg`` is rank 1 and
-so is every method whose paired interval against it includes 0; the rule repeats among the rest,
-ranks counted as in competition ranking (1, 1, 3). Below 5 paired samples there is no interval
-and no rank.
+Rank: at each compression ratio, decoding rule and storage kind (:data:`LEVEL`), the best ``avg``
+is rank 1 and so is every method whose paired interval against it includes 0; the rule repeats
+among the rest, ranks counted as in competition ranking (1, 1, 3). Below 5 paired samples there is
+no interval and no rank.
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ from reports.tables import DASH, display
 from reports.versus import Compared, differences
 
 RANK_NOTE = (
-    "Rank: at each {level} and decoding rule the best avg is rank 1, and so is every method whose "
-    "paired 95% interval against it includes 0; the rule repeats among the rest (ranks 1, 1, 3)."
+    "Rank: at each {level}, decoding rule and storage kind the best avg is rank 1, and so is every "
+    "method whose paired 95% interval against it includes 0; the rule repeats among the rest "
+    "(ranks 1, 1, 3)."
 )
 #: What a setting shares with the baseline it is compared with and the settings it is ranked among:
-#: the compression ratio and the decoding rule (``decoding``: empty for the task's own rule, else
-#: ``decode-time`` or ``prompt-only``, :func:`reports.runs.decoding_tag`), so a decode-time run
-#: never shifts the leaderboard rule's ranks.
-LEVEL = ["compression_ratio", "decoding"]
+#: the compression ratio, the decoding rule (``decoding``: empty for the task's own rule, else
+#: ``decode-time`` or ``prompt-only``, :func:`reports.runs.decoding_tag`) and the storage kind
+#: (``quant``), so neither a decode-time run nor a quantized one shifts the leaderboard rule's ranks.
+LEVEL = ["compression_ratio", "decoding", "quant"]
 #: ``--label`` -> what the rows' level is called in captions.
 LEVELS = {"ratio": "compression ratio", "budget": "budget"}
 

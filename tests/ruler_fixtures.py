@@ -88,6 +88,8 @@ def ruler_runs(
 def ruler_config(method: str, ratio: float | None, limit: int, length: int) -> dict:
     """The config of a query-agnostic RULER run of ``method`` at ``ratio`` (None: FullKV), ``limit``
     samples per task at ``length`` tokens."""
+    """The config of a query-agnostic RULER run of ``method`` at ``ratio`` (None: FullKV), ``limit``
+    samples per task at ``length`` tokens."""
     from reports.presets import presets
 
     task = {"_target_": "tasks.ruler.Ruler", "lengths": [length], "limit": limit, "query_aware": False}
@@ -102,24 +104,36 @@ def ruler_scored(store: ResultStore, scores: dict[tuple[str, float | None], dict
     """RULER runs at 4,096 tokens with the given per-sample scores: ``(method, ratio) -> sample id ->
     score`` (ratio None for FullKV); a sample's task is its id up to the last ``-`` (``vt-3``). The
     record's metrics are RULER's: each task's mean and ``avg``, their mean."""
-    out = []
-    for i, ((method, ratio), values) in enumerate(scores.items()):
-        preds = [
-            {
-                "id": sid,
-                "prediction": "x",
-                "meta": {"task": sid.rsplit("-", 1)[0], "length": 4096},
-                "metrics": {"score": value, "task": sid.rsplit("-", 1)[0]},
-            }
-            for sid, value in values.items()
-        ]
-        by_task: dict[str, list[float]] = {}
-        for p in preds:
-            by_task.setdefault(p["meta"]["task"], []).append(p["metrics"]["score"])
-        means = {t: sum(v) / len(v) for t, v in by_task.items()}
-        limit = max(len(v) for v in by_task.values())
-        cfg = ruler_config(method, ratio, limit, 4096)
-        metrics = {"avg": sum(means.values()) / len(means)} | means
-        created = f"2026-11-21T10:{i:02d}:00+00:00"
-        out.append(write_run(store, cfg, method, "ruler", created, metrics=metrics, predictions=preds))
-    return out
+    return [
+        ruler_scored_run(store, method, ratio, values, f"2026-11-21T10:{i:02d}:00+00:00")
+        for i, ((method, ratio), values) in enumerate(scores.items())
+    ]
+
+
+def ruler_scored_run(
+    store: ResultStore,
+    method: str,
+    ratio: float | None,
+    values: dict[str, float],
+    created: str,
+    config: dict | None = None,
+    **fields,
+) -> dict:
+    """One run of :func:`ruler_scored`, its config updated with ``config`` (``quant``, ``task``) and
+    its record with ``fields`` (``protocol``)."""
+    preds = [
+        {
+            "id": sid,
+            "prediction": "x",
+            "meta": {"task": sid.rsplit("-", 1)[0], "length": 4096},
+            "metrics": {"score": value, "task": sid.rsplit("-", 1)[0]},
+        }
+        for sid, value in values.items()
+    ]
+    by_task: dict[str, list[float]] = {}
+    for p in preds:
+        by_task.setdefault(p["meta"]["task"], []).append(p["metrics"]["score"])
+    means = {t: sum(v) / len(v) for t, v in by_task.items()}
+    cfg = ruler_config(method, ratio, max(len(v) for v in by_task.values()), 4096) | (config or {})
+    metrics = {"avg": sum(means.values()) / len(means)} | means
+    return write_run(store, cfg, method, "ruler", created, metrics=metrics, predictions=preds, **fields)

@@ -14,8 +14,8 @@ from reports.__main__ import main
 from reports.compare import main as compare_main
 from reports.paired import Difference, paired_difference, tied_ranks
 from reports.store import ResultStore
-from tests.report_fixtures import quality_runs, write_run, xsum_scored
-from tests.ruler_fixtures import ruler_config, ruler_scored
+from tests.report_fixtures import quality_runs, xsum_scored
+from tests.ruler_fixtures import ruler_config, ruler_scored, ruler_scored_run
 
 RESAMPLES = 2000
 AT_10 = re.compile(r"\|\s*0\.1\s*\|")
@@ -126,7 +126,7 @@ def test_ruler_leaderboard_ranks_with_ties(tmp_path, capsys):
     assert ranks["SnapKV"] == ranks["TOVA"] == "1" and ranks["KNorm"] == ranks["StreamingLLM"] == "3"
     assert (
         ranks["FullKV"] == "–"
-        and "Rank: at each compression ratio and decoding rule the best avg is rank 1" in out
+        and "Rank: at each compression ratio, decoding rule and storage kind the best avg is rank 1" in out
     )
 
 
@@ -147,17 +147,11 @@ def test_a_decode_time_run_is_ranked_and_compared_under_its_own_rule(tmp_path, c
     ids = [f"{t}-{k}" for t in ("vt", "qa_1") for k in range(5)]
     store = ResultStore(tmp_path)
     ruler_levels(store, ids, {("fullkv", None): 100.0, ("tova", 0.5): 60.0, ("snapkv", 0.5): 50.0})
-    cfg = ruler_config("tova", 0.5, 5, 4096)
-    cfg = cfg | {"task": cfg["task"] | {"decode_budget": False}, "decode_budget": True}
-    preds = [
-        {"id": sid, "prediction": "x", "meta": {"task": sid.rsplit("-", 1)[0], "length": 4096},
-         "metrics": {"score": 90.0, "task": sid.rsplit("-", 1)[0]}}
-        for sid in ids
-    ]  # fmt: skip
-    metrics = {"avg": 90.0, "vt": 90.0, "qa_1": 90.0}
+    task = ruler_config("tova", 0.5, 5, 4096)["task"] | {"decode_budget": False}
     protocol = {"decoding": "decode-time", "paper_decoding": "decode-time"}
-    write_run(store, cfg, "tova", "ruler", "2026-11-21T11:00:00+00:00", metrics=metrics, predictions=preds,
-              protocol=protocol)  # fmt: skip
+    decode_time = {"task": task, "decode_budget": True}
+    ruler_scored_run(store, "tova", 0.5, dict.fromkeys(ids, 90.0), "2026-11-21T11:00:00+00:00", decode_time,
+                     protocol=protocol)  # fmt: skip
     args = ["ruler", "--results-dir", str(tmp_path), "--baseline", "tova", "--resamples", "200"]
     assert main(args) == 0
     rows = {
@@ -169,6 +163,31 @@ def test_a_decode_time_run_is_ranked_and_compared_under_its_own_rule(tmp_path, c
     assert (
         rows["SnapKV"][6].strip() == "-10.00 [-10.00, -10.00]" and rows["TOVA decode-time"][6].strip() == "–"
     )
+
+
+def test_quantized_runs_are_rows_of_their_own_ranked_among_their_kind(tmp_path, capsys):
+    """SnapKV over int8 storage beside SnapKV at the same ratio: two rows (never pooled as seeds),
+    FullKV over int8 a row at ratio 0 (it evicts nothing), the baseline taken at the same kind."""
+    ids = [f"{t}-{k}" for t in ("vt", "qa_1") for k in range(5)]
+    store = ResultStore(tmp_path)
+    ruler_levels(store, ids, {("fullkv", None): 100.0, ("snapkv", 0.5): 60.0, ("tova", 0.5): 70.0})
+    int8 = {"quant": {"name": "int8"}}
+    for i, (method, ratio, level) in enumerate(
+        [("fullkv", None, 90.0), ("snapkv", 0.5, 40.0), ("tova", 0.5, 35.0)]
+    ):
+        ruler_scored_run(
+            store, method, ratio, dict.fromkeys(ids, level), f"2026-11-21T11:0{i}:00+00:00", int8
+        )
+    args = ["ruler", "--results-dir", str(tmp_path), "--baseline", "snapkv", "--resamples", "200"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {
+        r[1].strip(): [c.strip() for c in r[2:7]] for r in (line.split("|") for line in lines) if len(r) > 7
+    }
+    assert rows["FullKV quant=int8"] == ["0", "1", "90.00", "-10.00 [-10.00, -10.00]", "–"]
+    assert rows["SnapKV"] == ["0.5", "2", "60.00", "-40.00 [-40.00, -40.00]", "–"]
+    assert rows["SnapKV quant=int8"] == ["0.5", "1", "40.00", "-60.00 [-60.00, -60.00]", "–"]
+    assert rows["TOVA quant=int8"] == ["0.5", "2", "35.00", "-65.00 [-65.00, -65.00]", "-5.00 [-5.00, -5.00]"]
 
 
 @pytest.mark.parametrize(
