@@ -1,15 +1,17 @@
 """``python -m reports ruler``: the RULER leaderboard as kvpress publishes it (``task=ruler``).
 
 One table per protocol (model, context length, query-aware or not), one row per (method preset,
-compression ratio): the score of each RULER task the runs scored and their average ``avg`` (the
-recorded metrics, x100), FullKV first; the figure (:mod:`reports.ruler_figure`) draws the average
-against the compression ratio. kvpress's compression ratio is the fraction of the compressed tokens
-removed, ``1 - budget`` for a budget given as a fraction of the prompt (``budget_unit=prompt``);
-budgets in slots or in fractions of the context window have none and are left out with a note.
+storage kind, decoding rule, compression ratio): the score of each RULER task the runs scored and
+their average ``avg`` (the recorded metrics, x100), FullKV first; the figure
+(:mod:`reports.ruler_figure`) draws the average against the compression ratio. kvpress's compression
+ratio is the fraction of the compressed tokens removed, ``1 - budget`` for a budget given as a
+fraction of the prompt (``budget_unit=prompt``); budgets in slots or in fractions of the context
+window have none and are left out with a note.
 
 Runs are compared only on the same samples (:mod:`reports.pairing`), per length: a run over several
 lengths joins each length's table with that length's samples and ``<task>/len<L>`` scores. FullKV
-compresses nothing, so it is the reference of both protocols of its model and length. The tables,
+compresses nothing, so it is the reference of both protocols of its model and length (FullKV over
+quantized storage, ratio 0, joins both too, as a compared row). The tables,
 with each setting's paired difference and rank, are :mod:`reports.ruler_table`'s.
 """
 
@@ -56,8 +58,8 @@ ROW_COLUMNS = frozenset(
 
 
 def _name(run: pd.Series) -> str:
-    """A run's method label without the query-aware tag of the other reports (tables are per
-    protocol): its storage kind (``quant=int8``) and decoding rule (``decode-time``) stay in it."""
+    """A run's preset label (``preset_label``) without the protocol, storage-kind and decoding tags
+    of the other reports: tables are per protocol, and :func:`_tags` adds the other two."""
     return preset_label(run["method"], run["preset"], run["settings"])
 
 
@@ -115,7 +117,8 @@ def _held(record: dict) -> dict[str, float]:
     recorded."""
     eff = record.get("efficiency") or {}
     mean, fraction = eff.get("kv_bytes_end_mean"), eff.get("kv_fraction_of_fullkv")
-    if record.get("method") == "fullkv" and fraction is None and mean is not None:
+    unquantized = ((record.get("config") or {}).get("quant") or {}).get("name", "none") == "none"
+    if record.get("method") == "fullkv" and unquantized and fraction is None and mean is not None:
         fraction = 1.0
     nan = float("nan")
     mib = nan if mean is None else mean / 2**20
@@ -168,7 +171,7 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
             continue
         if predates_query_aware(record):
             notes.append(
-                f"note: {_name(run)} (run {run['run_id'][:8]}) predates task.query_aware: "
+                f"note: {label} (run {run['run_id'][:8]}) predates task.query_aware: "
                 "counted as query-aware (its runner compressed the whole prompt)"
             )
         qa, decoding = query_aware(record), decoding_tag(record)
@@ -191,7 +194,10 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
                     "quant": run["quant"],
                 }
                 | {"length": length, "query_aware": qa, "key": key, "compression_ratio": ratio}
-                | {"budget": 1.0 if run["reference"] else float(run["budget"]), "n": len(here) or run["n"]}
+                | {
+                    "budget": 1.0 if is_reference(run["method"]) else float(run["budget"]),
+                    "n": len(here) or run["n"],
+                }
                 | held
                 | {f"n/{t}": int(c) for t, c in counts.items() if t is not None}
                 | scores

@@ -25,7 +25,7 @@ from reports.tables import DASH, display
 from reports.versus import Compared, differences
 
 RANK_NOTE = (
-    "Rank: at each {level}, decoding rule and storage kind the best avg is rank 1, and so is every "
+    "Rank: at each {level} the best avg is rank 1, and so is every "
     "method whose paired 95% interval against it includes 0; the rule repeats among the rest "
     "(ranks 1, 1, 3)."
 )
@@ -48,7 +48,7 @@ def paired(
     board: pd.DataFrame, store: ResultStore, baseline: str | None = None, n_resamples: int = RESAMPLES
 ) -> Compared:
     """The leaderboard with the paired differences of ``avg`` (:func:`reports.versus.differences`:
-    FullKV of the table, ``baseline`` at the same compression ratio) and ``rank`` (see the module
+    FullKV of the table, ``baseline`` at the same :data:`LEVEL`) and ``rank`` (see the module
     docstring; None for FullKV and without intervals).
 
     Raises
@@ -58,10 +58,10 @@ def paired(
     """
     board = board.reset_index(drop=True)
     scores = row_scores(store, board)
-    compared = differences(board, scores, GROUP, LEVEL, baseline, n_resamples, "task", "compression ratio")
+    compared = differences(board, scores, GROUP, LEVEL, baseline, n_resamples, "task", LEVELS["ratio"])
     ranks: list[int | None] = [None] * len(board)
     compressed = board[~board["reference"]]
-    for _, part in compressed.groupby([*GROUP, *LEVEL], sort=False):
+    for _, part in compressed.groupby([*GROUP, *LEVEL], sort=False):  # LEVEL's columns are never NaN
         rows = list(part.index)
         if any(not scores[i].values for i in rows):
             continue
@@ -102,7 +102,8 @@ def markdown(
     method; then the samples compared and the runs left out (``pairing``)."""
     column, header = LABELS[label]
     rows = by_score(compared.frame if compared is not None else board)
-    compared = replace(compared, level=LEVELS[label]) if compared is not None else None
+    level = f"{LEVELS[label]}, decoding rule and storage kind"
+    compared = replace(compared, level=level) if compared is not None else None
     parts = ["# RULER leaderboard (scores x100)"]
     for (model, length, protocol), part in rows.groupby(GROUP, sort=False):
         tasks = task_columns(part)
@@ -121,7 +122,7 @@ def markdown(
         parts += ["", display(table).to_markdown(index=False, disable_numparse=True, colalign=align)]
         if compared is not None:
             unranked = part[~part["reference"]]["rank"].isna().any()
-            note = RANK_NOTE.format(level=LEVELS[label])
+            note = RANK_NOTE.format(level=level)
             note += f" No rank without an interval (n < {MIN_N})." if unranked else ""
             parts += ["", f"{compared.caption(part, 'avg (points x100)')} {note}"]
     if pairing is not None and (pairing.unpaired or pairing.no_reference):

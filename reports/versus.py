@@ -4,8 +4,8 @@ bootstrap interval (:func:`reports.paired.paired_difference`).
 
 FullKV is the reference of its comparison group (model, task; RULER: model, length, protocol); the
 baseline is the named method's setting in the same group at the same budget (RULER: compression
-ratio) and protocol. Runs of one setting (seeds) are averaged per sample id. The runs compared were
-paired on the same samples by :func:`reports.pairing.pair`.
+ratio, decoding rule and storage kind) and protocol. Runs of one setting (seeds) are averaged per
+sample id. The runs compared were paired on the same samples by :func:`reports.pairing.pair`.
 """
 
 from __future__ import annotations

@@ -88,8 +88,6 @@ def ruler_runs(
 def ruler_config(method: str, ratio: float | None, limit: int, length: int) -> dict:
     """The config of a query-agnostic RULER run of ``method`` at ``ratio`` (None: FullKV), ``limit``
     samples per task at ``length`` tokens."""
-    """The config of a query-agnostic RULER run of ``method`` at ``ratio`` (None: FullKV), ``limit``
-    samples per task at ``length`` tokens."""
     from reports.presets import presets
 
     task = {"_target_": "tasks.ruler.Ruler", "lengths": [length], "limit": limit, "query_aware": False}

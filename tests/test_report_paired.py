@@ -188,6 +188,10 @@ def test_quantized_runs_are_rows_of_their_own_ranked_among_their_kind(tmp_path, 
     assert rows["SnapKV"] == ["0.5", "2", "60.00", "-40.00 [-40.00, -40.00]", "–"]
     assert rows["SnapKV quant=int8"] == ["0.5", "1", "40.00", "-60.00 [-60.00, -60.00]", "–"]
     assert rows["TOVA quant=int8"] == ["0.5", "2", "35.00", "-65.00 [-65.00, -65.00]", "-5.00 [-5.00, -5.00]"]
+    assert "from SnapKV at the same compression ratio, decoding rule and storage kind" in "\n".join(lines)
+    assert main([*args, "--label", "budget"]) == 0  # FullKV over int8 keeps every token
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("|")[2].strip() for line in lines if line.startswith("| FullKV quant=int8")] == ["1"]
 
 
 @pytest.mark.parametrize(
