@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from reports.pairing import Pairing, is_reference, pair, sample_key
-from reports.runs import Filters, decoding_tag, records_frame
-from reports.store import ResultStore
+from reports.runs import Filters, decoding_tag, quant_tag, records_frame
+from reports.store import ResultStore, quant_of
 from reports.style import preset_label
 from reports.tables import budget_text
 from reports.versus import COLUMNS
@@ -57,16 +57,12 @@ ROW_COLUMNS = frozenset(
 )
 
 
-def _name(run: pd.Series) -> str:
-    """A run's preset label (``preset_label``) without the protocol, storage-kind and decoding tags
-    of the other reports: tables are per protocol, and :func:`_tags` adds the other two."""
-    return preset_label(run["method"], run["preset"], run["settings"])
-
-
-def _tags(run: pd.Series, record: dict) -> str:
-    """What :func:`_name` leaves out but a row must name: ``quant=<kind>`` and the decoding tag."""
-    quant = "" if run["quant"] == "none" else f"quant={run['quant']}"
-    return f"{quant} {decoding_tag(record)}".strip()
+def _name(run: pd.Series, decoding: str) -> str:
+    """A run's label in a RULER table: the other reports' (``preset_label``, its settings, the
+    decoding tag ``decoding`` and the storage kind) without the query-aware tag, tables being per
+    protocol."""
+    tags = " ".join(t for t in (run["settings"], decoding, quant_tag(run["quant"])) if t)
+    return preset_label(run["method"], run["preset"], tags)
 
 
 def query_aware(record: dict) -> bool | None:
@@ -91,7 +87,7 @@ def predates_query_aware(record: dict) -> bool:
 def compression_ratio(run: pd.Series, record: dict) -> tuple[float | None, str]:
     """kvpress's compression ratio of a run (0 for FullKV; ``config.compression_ratio`` where the
     user gave it, else ``1 - budget``) and, where it has none, why."""
-    if run["reference"] or is_reference(run["method"]):  # FullKV over quantized storage evicts nothing
+    if is_reference(run["method"]):  # FullKV, over any storage kind, evicts nothing
         return 0.0, ""
     if run["budget_realised"]:
         return None, f"kept {100 * run['budget']:.0f}% of the prompt as an outcome (no budget set)"
@@ -117,7 +113,7 @@ def _held(record: dict) -> dict[str, float]:
     recorded."""
     eff = record.get("efficiency") or {}
     mean, fraction = eff.get("kv_bytes_end_mean"), eff.get("kv_fraction_of_fullkv")
-    unquantized = ((record.get("config") or {}).get("quant") or {}).get("name", "none") == "none"
+    unquantized = quant_of(record.get("config") or {}) == "none"
     if record.get("method") == "fullkv" and unquantized and fraction is None and mean is not None:
         fraction = 1.0
     nan = float("nan")
@@ -164,7 +160,8 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
     notes, out = [], []
     for run in runs.to_dict("records"):
         record = records[run["run_id"]]
-        label = f"{_name(run)} {_tags(run, record)}".strip()
+        decoding = decoding_tag(record)
+        label = _name(run, decoding)
         ratio, why = compression_ratio(pd.Series(run), record)
         if ratio is None:
             notes.append(f"note: left out {label} (run {run['run_id'][:8]}): {why}")
@@ -174,7 +171,7 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
                 f"note: {label} (run {run['run_id'][:8]}) predates task.query_aware: "
                 "counted as query-aware (its runner compressed the whole prompt)"
             )
-        qa, decoding = query_aware(record), decoding_tag(record)
+        qa = query_aware(record)
         held = _held(record)
         lengths = list(run["task_config"].get("lengths") or [])
         samples = _samples(store, run["run_id"])

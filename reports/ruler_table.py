@@ -25,9 +25,8 @@ from reports.tables import DASH, display
 from reports.versus import Compared, differences
 
 RANK_NOTE = (
-    "Rank: at each {level} the best avg is rank 1, and so is every "
-    "method whose paired 95% interval against it includes 0; the rule repeats among the rest "
-    "(ranks 1, 1, 3)."
+    "Rank: at each {level} the best avg is rank 1, and so is every method whose paired 95% "
+    "interval against it includes 0; the rule repeats among the rest (ranks 1, 1, 3)."
 )
 #: What a setting shares with the baseline it is compared with and the settings it is ranked among:
 #: the compression ratio, the decoding rule (``decoding``: empty for the task's own rule, else

@@ -54,17 +54,22 @@ def decoding_tag(record: dict) -> str:
     return rule if rule and rule != expected else ""
 
 
+def quant_tag(quant: str) -> str:
+    """A label's tag for ``quant=`` storage kind ``quant`` (:func:`reports.run_ids.quant_of`):
+    ``quant=<kind>``, empty for ``none``."""
+    return "" if quant == "none" else f"quant={quant}"
+
+
 def protocol_tag(record: dict) -> str:
     """``query_aware=false`` for a compressing run whose question was appended after compression
     (``config.task.query_aware``), so reports never pool it with query-aware runs, its
     :func:`decoding_tag`, and ``quant=<name>`` for quantized storage; else empty."""
     task = (record.get("config") or {}).get("task") or {}
     agnostic = task.get("query_aware") is False and not is_reference(record.get("method") or "")
-    quant = quant_of(record.get("config") or {})
     tags = (
         "query_aware=false" if agnostic else "",
         decoding_tag(record),
-        "" if quant == "none" else f"quant={quant}",
+        quant_tag(quant_of(record.get("config") or {})),
     )
     return " ".join(t for t in tags if t)
 
