@@ -84,8 +84,20 @@ class StreamingLLM(ScoreEvict):
         if self.rerotate and evicted > 0 and n > 0:
             if layer.spec.rotary is None:
                 raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
-            if "sink_keys" not in layer.aux:  # first eviction: the stored sinks are still the originals
-                layer.aux["sink_keys"] = layer.keys[:, :, :n].clone()
+            self.keep_sink_keys(layer)
             sinks = torch.arange(n, device=layer.keys.device).expand(*layer.store.positions.shape[:2], n)
             layer.store.replace(sinks, keys=layer.spec.rotary.rerotate(layer.aux["sink_keys"], evicted))
         return super().decode_attention(layer, query, scaling)
+
+    def keep_sink_keys(self, layer: CompressedLayer) -> None:
+        """At the first eviction, while the stored sinks are still the originals: copy them into
+        ``layer.aux["sink_keys"]`` ``[batch, kv_heads, sinks, head_dim]`` (once)."""
+        if "sink_keys" not in layer.aux:
+            layer.aux["sink_keys"] = layer.keys[:, :, : layer.plan.first].clone()
+
+    def prepare_graph_step(self, layer: CompressedLayer, k: int) -> None:
+        """Keep the sinks' original keys eagerly before the compiled step that would first re-rotate
+        them (inside a CUDA graph the copy would be overwritten by the next replay)."""
+        evicted = layer.get_seq_length() - layer.store.n_slots
+        if self.rerotate and evicted > 0 and layer.plan.first > 0 and layer.spec.rotary is not None:
+            self.keep_sink_keys(layer)

@@ -105,6 +105,9 @@ class ScorerWrapper(ScoreEvict):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.scorer.decode_attention(layer, query, scaling)
 
+    def prepare_graph_step(self, layer: CompressedLayer, k: int) -> None:
+        self.scorer.prepare_graph_step(layer, k)
+
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         self.scorer.prefill(layer, query, scaling)
 

@@ -160,8 +160,14 @@ def main() -> None:
         )
         print(f"   {'method':<14}{'family':<15}{'ms/step':>9}{'FullKV':>9}{'ratio':>8}{'target':>8}  ok")
         for name in names:
-            ms, full_ms = interleaved(model, [(build(name), prompt, b), (full, b, None)], args)
             family = (FAMILY | FAMILY_EXTRA).get(name, "other")
+            try:
+                ms, full_ms = interleaved(model, [(build(name), prompt, b), (full, b, None)], args)
+            except Exception as exc:  # recorded as such; the next method runs
+                print(f"   {name:<14}{family:<15}  error: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                out["overhead"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "family": family}
+                save_figures(out, args.json)
+                continue
             target = TARGET.get(family)
             ratio = ms / full_ms
             ok = "-" if target is None else ("yes" if ratio <= target else "NO")

@@ -163,8 +163,8 @@ def overhead_rows(path: Path, methods: list[str], layers: int) -> Callable[[Step
         result = []
         for name in methods:
             title = f"{name} decode step / FullKV's (compiled, SmolLM2 {layers} layers, B=512)"
-            if (r := done.get(name)) is None:
-                result.append(Row(title, missing, "-", "-"))
+            if (r := done.get(name)) is None or "error" in r:
+                result.append(Row(title, "error" if r else missing, r["error"][:90] if r else "-", "-"))
                 continue
             target = r["target"]
             ok = target is None or r["ratio"] <= target

@@ -85,9 +85,10 @@ def test_compiled_decode_gives_eager_tokens_without_graph_breaks(shallow, name):
 @pytest.mark.parametrize("name", sorted(METHOD_REGISTRY))
 def test_a_prepared_decode_step_allocates_no_store_tensor(shallow, name):
     """What a CUDA graph needs of the compiled step (``CompressedCache.prepare_graph_step``): after
-    it, a decode step writes every store tensor in place, so none is born inside a captured graph's
-    memory pool; FullKV's first step, with a buffer sized exactly to the prompt, grows it in
-    ``prepare_graph_step``. Eager steps: the property is the store's, not the compiler's."""
+    it, a decode step writes every store and ``aux`` tensor in place, so none is born inside a
+    captured graph's memory pool; FullKV's first step, with a buffer sized exactly to the prompt,
+    grows it in ``prepare_graph_step``, StreamingLLM keeps its sinks' keys there at the first
+    eviction. Eager steps: the property is the store's, not the compiler's."""
     prompt = 60
     ids = synthetic_prompts(shallow.config.vocab_size, 1, prompt, 0)
     budget = None if name == "fullkv" else resolve_budget(BUDGET, prompt)
@@ -99,15 +100,18 @@ def test_a_prepared_decode_step_allocates_no_store_tensor(shallow, name):
             run.cache.prepare_graph_step()
             stores = [layer.store for layer in run.cache.layers]
             before = [[t.data_ptr() for t in store.tensors()] for store in stores]
+            aux = [{k: t.data_ptr() for k, t in layer.aux.items()} for layer in run.cache.layers]
             token = run.step(token).argmax(-1)
             after = [[t.data_ptr() for t in layer.store.tensors()] for layer in run.cache.layers]
             assert [layer.store for layer in run.cache.layers] == stores and after == before
+            assert [{k: t.data_ptr() for k, t in layer.aux.items()} for layer in run.cache.layers] == aux
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a generated Triton kernel: CUDA only")
 def test_random_scores_of_a_compiled_kernel_are_eager_scores():
-    """Random's hashed scores (int64 arithmetic with constants above 2^31) from an inductor Triton kernel
-    equal the eager ones, bit for bit (on a CPU the compiled decode test above covers them)."""
+    """Random's hashed scores from an inductor Triton kernel equal the eager ones, bit for bit: its
+    multipliers become literals in int32 index arithmetic, which Triton refuses at 2^31 or more (on a
+    CPU the compiled decode test above covers them)."""
     from methods.random import hashed_uniform
 
     positions = torch.arange(4096, device="cuda").view(1, 1, -1).expand(2, 3, -1)

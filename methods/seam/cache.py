@@ -114,7 +114,8 @@ class CompressedCache(Cache):
 
     def prepare_graph_step(self, k: int = 1) -> None:
         """Before a compiled decode step of ``k`` tokens, eagerly: every layer's store grows now if
-        the step's append would (``SlotStorage.make_room``), and every tensor the step writes in place
+        the step's append would (``SlotStorage.make_room``), the rule creates the ``aux`` state the step
+        would (``CompressionMethod.prepare_graph_step``), and every tensor the step writes in place
         (store tensors, ``aux`` state) is marked a static input, unguarded
         (``torch._dynamo.mark_static_address``; once per tensor: marking costs ~0.1 ms, a step's
         budget on a GPU a few ms): CUDA graph trees then capture the step with its in-place writes
@@ -123,8 +124,9 @@ class CompressedCache(Cache):
         next replay."""
         from torch._dynamo.utils import get_static_address_type  # loaded by then: the step compiles
 
-        for layer in self.layers:
+        for rule, layer in zip(self.rules, self.layers, strict=True):
             layer.store.make_room(k)
+            rule.prepare_graph_step(layer, k)
             for tensor in (*layer.store.tensors(), *layer.aux.values()):
                 if get_static_address_type(tensor) is None:
                     torch._dynamo.mark_static_address(tensor, guard=False)

@@ -212,6 +212,12 @@ class CompressionMethod:
         if self.decode_budget and self.traits.compresses and not self.traits.decode_rule:
             raise ValueError(f"{self.label} has no decode-time rule: decode_budget=true is not available")
 
+    def prepare_graph_step(self, layer: CompressedLayer, k: int) -> None:
+        """Before a compiled decode step of ``k`` tokens, eagerly: create the ``layer.aux`` state the
+        step would otherwise create inside the captured graph, where the next CUDA graph replay would
+        overwrite it (``CompressedCache.prepare_graph_step``). Default: nothing; StreamingLLM keeps its
+        sinks' original keys here at the first eviction."""
+
     def decode_attention(
         self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
