@@ -76,7 +76,13 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing
     task = points["task"].iloc[0]
     against = "KV memory" if memory == "kv" else "peak memory"
     style.title(fig, f"{task} ({', '.join(models)}): {style.metric_label(metric)} vs {against}")
-    note = "Points: mean over samples, labelled with the budget; bars: 95% t-interval; star: FullKV."
+    bars = (
+        "bars: 95% t-interval"
+        if points["ci_low"].notna().any()
+        else f"no bars ({metric} has no per-sample values"
+        + ("; paired intervals: python -m reports ruler)" if task == "ruler" else ")")
+    )
+    note = f"Points: mean over samples, labelled with the budget; {bars}; star: FullKV."
     quants = [q for q in style.QUANT_MARKERS if q in set(points["quant"])]
     if quants != ["none"]:
         shapes = (f"{style.MARKER_NAMES[style.QUANT_MARKERS[q]]} {q}" for q in quants)

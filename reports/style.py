@@ -115,7 +115,7 @@ def method_color(method: str) -> str:
 QUANT_MARKERS = {"none": "o", "int8": "s", "int4": "^", "kivi2": "v", "kivi4": "P"}
 #: What a caption calls each marker.
 MARKER_NAMES = {
-    "o": "circle", "s": "square", "^": "triangle up", "v": "triangle down", "P": "plus", "X": "cross",
+    "o": "circle", "s": "square", "^": "triangle up", "v": "triangle down", "P": "plus sign", "X": "cross",
 }  # fmt: skip
 
 
