@@ -50,6 +50,14 @@ METHODS: dict[str, MethodStyle] = {
     "adakv_expected_attention": MethodStyle("AdaKV-ExpectedAttention", "#d6616b"),
     "criticalkv_snapkv": MethodStyle("CriticalKV-SnapKV", "#7b4173"),
     "duo_attention": MethodStyle("DuoAttention", "#3182bd"),
+    "kvzip": MethodStyle("KVzip", "#e6550d"),
+    "observed_attention": MethodStyle("ObservedAttention", "#31a354"),
+    "chunkkv": MethodStyle("ChunkKV", "#756bb1"),
+    "dms_snapkv": MethodStyle("DMS-SnapKV", "#a55194"),
+    "key_rerotation_snapkv": MethodStyle("KeyRerotation-SnapKV", "#e7969c"),
+    "leverage_score": MethodStyle("LeverageScore", "#8ca252"),
+    "cur": MethodStyle("CUR", "#bd9e39"),
+    "simlayerkv": MethodStyle("SimLayerKV", "#17becf"),
 }
 _SPARE = ("#bcbd22", "#9edae5", "#c49c94", "#dbdb8d", "#ad494a")
 #: Line styles of a method's presets, in the order they are met (the method's own defaults first).

@@ -221,3 +221,19 @@ def test_every_command_runs_without_torch_and_honours_the_results_dir(store, tmp
         assert "must not import" not in done.stderr
     if command[0] in ("budget", "niah", "pareto", "memory"):
         assert list((store.root / "reports").glob("*.png"))
+
+
+def test_every_method_has_a_display_name_and_colour():
+    """Reports name and colour every registered method by its default label (a method missing from
+    ``reports.style.METHODS`` would show as its registry name in a spare colour)."""
+    from methods import METHOD_REGISTRY
+    from reports.style import METHODS
+
+    labels = set()
+    for cls in METHOD_REGISTRY.values():
+        try:
+            labels.add(cls().label)
+        except (TypeError, ValueError):  # needs its scorer or head pattern: named through its presets
+            continue
+    assert labels - set(METHODS) == set()
+    assert len({s.color for s in METHODS.values()}) == len(METHODS)
