@@ -56,7 +56,7 @@ METHODS: dict[str, MethodStyle] = {
     "dms_snapkv": MethodStyle("DMS-SnapKV", "#a55194"),
     "key_rerotation_snapkv": MethodStyle("KeyRerotation-SnapKV", "#e7969c"),
     "leverage_score": MethodStyle("LeverageScore", "#8ca252"),
-    "cur": MethodStyle("CUR", "#bd9e39"),
+    "cur": MethodStyle("CurDKV", "#bd9e39"),
     "simlayerkv": MethodStyle("SimLayerKV", "#17becf"),
 }
 _SPARE = ("#bcbd22", "#9edae5", "#c49c94", "#dbdb8d", "#ad494a")
