@@ -114,9 +114,25 @@ def _legend_order(item: tuple[str, pd.DataFrame]) -> tuple[bool, str, int, str]:
     )
 
 
+def told_apart(points: pd.DataFrame) -> dict[str, str]:
+    """Label -> the words that tell it apart from the other labels drawn in its colour and marker
+    (one method over one storage kind: its presets, its decode-time run), for the points' annotations;
+    labels alone in their colour and marker are left out."""
+    drawn: dict[tuple, list[str]] = {}
+    for label, group in points.groupby("label", sort=False):
+        drawn.setdefault((group["method"].iloc[0], group["quant"].iloc[0]), []).append(label)
+    out = {}
+    for labels in drawn.values():
+        if len(labels) > 1:
+            common = set.intersection(*(set(label.split()) for label in labels))
+            out |= {label: " ".join(w for w in label.split() if w not in common) for label in labels}
+    return out
+
+
 def _panel(ax, points: pd.DataFrame, x: str) -> None:
     """One model's points, method lines and Pareto front."""
     ax.margins(y=0.08)  # the star of FullKV, often the highest point, stays whole
+    apart = told_apart(points)
     for rank, (label, group) in enumerate(sorted(points.groupby("label", sort=False), key=_legend_order)):
         group = group.sort_values(["budget", x])  # a method's line follows its budgets, not the x axis
         color, is_ref = style.method_color(group["method"].iloc[0]), group["reference"].all()
@@ -135,8 +151,9 @@ def _panel(ax, points: pd.DataFrame, x: str) -> None:
         )
         for _, r in group[group["budget_unit"].notna()].iterrows():
             budget = f"{r['budget']}" if r["budget_unit"] == "slots" else f"{100 * r['budget']:.0f}%"
+            text = f"kept {budget}" if r["budget_realised"] else budget
             ax.annotate(
-                f"kept {budget}" if r["budget_realised"] else budget,
+                f"{text} {apart.get(label, '')}".strip(),
                 (r[x], r["mean"]),
                 textcoords="offset points",
                 xytext=(5, 5 - 8 * (rank % 3)),

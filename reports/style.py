@@ -50,7 +50,7 @@ METHODS: dict[str, MethodStyle] = {
     "adakv_expected_attention": MethodStyle("AdaKV-ExpectedAttention", "#d6616b"),
     "criticalkv_snapkv": MethodStyle("CriticalKV-SnapKV", "#7b4173"),
     "duo_attention": MethodStyle("DuoAttention", "#3182bd"),
-    "kvzip": MethodStyle("KVzip", "#e6550d"),
+    "kvzip": MethodStyle("KVzip", "#00a087"),
     "observed_attention": MethodStyle("ObservedAttention", "#31a354"),
     "chunkkv": MethodStyle("ChunkKV", "#756bb1"),
     "dms_snapkv": MethodStyle("DMS-SnapKV", "#a55194"),

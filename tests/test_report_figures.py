@@ -237,3 +237,28 @@ def test_every_method_has_a_display_name_and_colour():
             continue
     assert labels - set(METHODS) == set()
     assert len({s.color for s in METHODS.values()}) == len(METHODS)
+
+
+def test_points_of_one_colour_and_marker_are_annotated_apart():
+    """Presets of one method (KVzip, KVzip (layerwise)) and its decode-time run share its colour and,
+    over one storage kind, its marker: their annotations carry the words that differ; a method over
+    another kind (its own marker) and a method alone keep the budget alone."""
+    import pandas as pd
+
+    points = pd.DataFrame(
+        [
+            ("kvzip", "none", "KVzip"),
+            ("kvzip", "none", "KVzip (layerwise)"),
+            ("tova", "none", "TOVA query_aware=false"),
+            ("tova", "none", "TOVA query_aware=false decode-time"),
+            ("tova", "int8", "TOVA quant=int8 query_aware=false"),
+            ("snapkv", "none", "SnapKV"),
+        ],
+        columns=["method", "quant", "label"],
+    )
+    assert pareto.told_apart(points) == {
+        "KVzip": "",
+        "KVzip (layerwise)": "(layerwise)",
+        "TOVA query_aware=false": "",
+        "TOVA query_aware=false decode-time": "decode-time",
+    }
