@@ -3,6 +3,8 @@
     bash scripts/gpu_check.sh                     # on a CUDA machine; about 10 minutes at most
     bash scripts/gpu_check.sh --out DIR --budget 540
     bash scripts/gpu_check.sh --dry-run           # any machine: list the steps, parse their command lines
+    bash scripts/gpu_check.sh --steps compiled,bench_overhead --select random --methods streamingllm
+                                                  # a short rerun of what failed
 
 Steps (``scripts/gpu_steps.py``; each in its own process, its failure recorded in the table and the next
 one run):
@@ -45,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.gpu_steps import PY, STEP_GROUPS, STEP_NAMES, Outcome, Row, Step, steps
+from scripts.gpu_steps import OVERHEAD_METHODS, PY, STEP_GROUPS, STEP_NAMES, Outcome, Row, Step, steps
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -204,6 +206,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="list the steps and parse their command lines")
     parser.add_argument(
         "--steps", default=",".join(STEP_NAMES), help=f"steps to run, of {','.join(STEP_NAMES)}"
+    )
+    parser.add_argument(
+        "--select",
+        default=None,
+        help="pytest -k expression for the test steps (a short rerun, with --steps)",
+    )
+    parser.add_argument(
+        "--methods", default=",".join(OVERHEAD_METHODS), help="bench_overhead's methods (comma-separated)"
     )
     args = parser.parse_args(argv)
     unknown = set(args.steps.split(",")) - set(STEP_NAMES)

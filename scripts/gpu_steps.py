@@ -206,7 +206,14 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
     cfg_small.write_text(json.dumps(SMOLLM2 | {"num_hidden_layers": 2}, indent=2))
     cfg_overhead.write_text(json.dumps(SMOLLM2 | {"num_hidden_layers": args.overhead_layers}, indent=2))
     parallel = ["-n", str(args.workers)] if info.get("xdist") and args.workers > 1 else []
-    methods = "h2o,snapkv,streamingllm,zsmerge,kvmerger,keepkv,less".split(",")
+    methods = args.methods.split(",")
+    select = args.select
+
+    def picked(own: str | None = None) -> list[str]:
+        """A test step's ``-k``: its own expression and ``--select`` together."""
+        both = [f"({e})" for e in (own, select) if e]
+        return ["-k", " and ".join(both)] if both else []
+
     cuda_json, overhead_json = out_dir / "bench_cuda.json", out_dir / "bench_overhead.json"
     ragged_json = out_dir / "bench_ragged.json"
     ragged = ["scripts/bench_ragged.py", "--device", "cuda", "--shape", "llama3-8b", "--slots", "4096"]
@@ -223,7 +230,7 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
             "Triton decode kernels == PyTorch paths (tests/test_kernels.py, tests/test_ragged_kernel.py)",
             ["tests/test_kernels.py", "tests/test_ragged_kernel.py"],
             work,
-            [],
+            picked(),
             **checks,
         ),
         pytest_step(
@@ -231,7 +238,7 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
             "slot bound never exceeded on CUDA (tests/test_method_matrix.py)",
             ["tests/test_method_matrix.py"],
             work,
-            ["-k", "budget_and_memory or allocated_memory"],
+            picked("budget_and_memory or allocated_memory"),
             **checks,
         ),
         pytest_step(
@@ -239,7 +246,7 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
             "compiled steps (CUDA graphs) == eager tokens (tests/test_compiled.py)",
             ["tests/test_compiled.py"],
             work,
-            parallel,
+            parallel + picked(),
             **checks,
         ),
         Step(
@@ -272,6 +279,8 @@ def steps(args, work: Path, out_dir: Path, info: dict) -> list[Step]:
     ]
 
 
+#: bench_overhead's methods: one of each family (eviction, merging, LESS) and the ones with their own step.
+OVERHEAD_METHODS = ("h2o", "snapkv", "streamingllm", "zsmerge", "kvmerger", "keepkv", "less")
 #: The steps by group, in the order they run (a group's steps side by side; ``--steps`` picks some).
 STEP_GROUPS = (("kernels", "slot_bound", "compiled"), ("bench_cuda",), ("bench_ragged",), ("bench_overhead",))
 STEP_NAMES = tuple(name for group in STEP_GROUPS for name in group)
