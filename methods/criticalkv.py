@@ -180,7 +180,7 @@ class CriticalKV(ScorerWrapper):
         if n <= plan.bound:
             return None
         pos = layer.store.positions
-        candidates = (pos >= plan.first) & (pos <= layer.get_seq_length() - 1 - plan.recent)
+        candidates = (pos >= plan.first) & (pos <= layer.tokens_seen() - 1 - plan.recent)
         critical = two_stage(
             layer.store.state["scores"] * self.scorer.score_scale(layer),
             layer.store.state["vnorm"],

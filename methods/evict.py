@@ -105,7 +105,7 @@ class ScoreEvict(CompressionMethod):
         if plan.bound is None or layer.store.n_slots <= plan.bound:
             return None
         pos = layer.store.positions
-        candidates = (pos >= plan.first) & (pos <= layer.get_seq_length() - 1 - plan.recent)
+        candidates = (pos >= plan.first) & (pos <= layer.tokens_seen() - 1 - plan.recent)
         return lowest_score(self.ranking(layer), candidates)
 
     # ------------------------------------------------------------------ hooks

@@ -137,7 +137,7 @@ class ExpectedAttention(ScoreEvict):
             return super().decode_attention(layer, query, scaling)
         q = query.float()
         if layer.spec.rotary is not None:
-            q = layer.spec.rotary.rerotate(q, 1 - layer.get_seq_length())
+            q = layer.spec.rotary.rerotate(q, 1 - layer.tokens_seen())
         q = q[:, :, 0]
         count = layer.scalars["ea_queries"]
         count += 1
@@ -159,7 +159,7 @@ class ExpectedAttention(ScoreEvict):
         rotary = layer.spec.rotary
         if rotary is not None:  # u_i = R_bar^T R(-t) k_i
             cos, sin = layer.aux["ea_turn"]
-            keys = rotate(rotary.rerotate(keys, 1 - layer.get_seq_length()), cos, -sin)
+            keys = rotate(rotary.rerotate(keys, 1 - layer.tokens_seen()), cos, -sin)
         b, kv_heads, _, d = keys.shape
         s = layer.scalars["ea_scaling"]
         mean = layer.aux["ea_mean"].view(b, kv_heads, -1, d)

@@ -115,7 +115,7 @@ class LagKV(ScoreEvict):
         """The stored scores, the newest token's ``2 + position``, and the partition whose
         reference completes at this step scored against the reference's held tokens."""
         pos, stored = layer.store.positions, layer.store.state["scores"]
-        full = (layer.get_seq_length() - self.n_sink) // self.lag_size  # complete partitions (-1: none)
+        full = (layer.tokens_seen() - self.n_sink) // self.lag_size  # complete partitions (-1: none)
         part = torch.div(pos - self.n_sink, self.lag_size, rounding_mode="floor")
         body = pos >= self.n_sink
         target = body & (part == full - 2) & (stored >= TAIL)  # nonempty only when ``full`` just grew

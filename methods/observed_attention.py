@@ -55,6 +55,5 @@ class ObservedAttention(ScoreEvict):
     def step_scores(self, layer: CompressedLayer, probs: torch.Tensor | None) -> torch.Tensor:
         """The running mean with this step's probabilities ``[batch, kv_heads, slots]``: a token at
         position ``p`` has been seen by ``t - p`` queries after this step (``t`` tokens so far)."""
-        t = layer.get_seq_length()
-        seen = t - layer.store.positions.to(probs.dtype)
+        seen = layer.tokens_seen() - layer.store.positions.to(probs.dtype)
         return (layer.store.state["scores"] * (seen - 1) + probs) / seen

@@ -162,7 +162,7 @@ class RKV(ScoreEvict):
         if plan.bound is None:
             return
         keep, _, w = plan.split
-        start = layer.get_seq_length() - n + plan.bound + 1 - w  # position of the window's first token
+        start = layer.tokens_seen() - n + plan.bound + 1 - w  # position of the window's first token
         pos = layer.store.positions
         logits = probs.amax(dim=2).masked_fill(pos >= start, -torch.inf)
         active = pos[..., n - 1 :] >= start  # this token is in the window

@@ -86,7 +86,8 @@ class StreamingLLM(ScoreEvict):
                 raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
             self.keep_sink_keys(layer)
             sinks = torch.arange(n, device=layer.keys.device).expand(*layer.store.positions.shape[:2], n)
-            layer.store.replace(sinks, keys=layer.spec.rotary.rerotate(layer.aux["sink_keys"], evicted))
+            shift = layer.tokens_seen() - layer.store.n_slots  # ``evicted``, a device count when compiled
+            layer.store.replace(sinks, keys=layer.spec.rotary.rerotate(layer.aux["sink_keys"], shift))
         return super().decode_attention(layer, query, scaling)
 
     def keep_sink_keys(self, layer: CompressedLayer) -> None:

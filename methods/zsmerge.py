@@ -210,9 +210,7 @@ class ZSMerge(CompressionMethod):
         if layer.plan.bound is None:
             return
         b_p, b_c, b_r = layer.plan.split
-        leaving = (
-            layer.get_seq_length() - 1 - b_p
-        )  # position of the token that just left the proximity window
+        leaving = layer.tokens_seen() - 1 - b_p  # position of the token that just left the proximity window
         # One eviction per step once the cache is full; more only while a prompt that fit the budget
         # overflows B_p + B_c for the first time.
         while layer.store.n_slots - layer.scalars["residual"] > b_p + b_c:

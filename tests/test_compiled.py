@@ -82,6 +82,45 @@ def test_compiled_decode_gives_eager_tokens_without_graph_breaks(shallow, name):
     assert counters["stats"]["unique_graphs"] <= 5
 
 
+HOLDING = sorted(
+    name
+    for name, cls in METHOD_REGISTRY.items()
+    if cls(**KWARGS.get(name, {})).traits.holds_in_decode and name != "rkv"  # R-KV's count cycles
+)
+
+
+@pytest.mark.parametrize("name", HOLDING)
+def test_a_full_layers_compiled_step_takes_no_integer_input(shallow, name, monkeypatch):
+    """CUDA graph trees record one graph per value of a compiled step's integer inputs: once a layer
+    that holds its budget is full, its step must take none (the token count enters as the device
+    count ``CompressedLayer.seen``, the positions as tensors). Traced by Dynamo alone (no Inductor),
+    so the check costs seconds; R-KV is left out, its slot count cycles over its buffer (one graph per
+    count)."""
+    import runners.model_run
+
+    graphs: list[list[str]] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs) -> object:
+        values = (node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder"))
+        graphs.append([str(v) for v in values if isinstance(v, torch.SymInt)])
+        return gm.forward
+
+    def compiled_forward(model):
+        torch._dynamo.reset()
+        return torch.compile(model.forward, backend=record, fullgraph=True)
+
+    monkeypatch.setattr(runners.model_run, "compiled_forward", compiled_forward)
+    prompt = PROMPTS[0]
+    ids = synthetic_prompts(shallow.config.vocab_size, 1, prompt, 0)
+    method = METHOD_REGISTRY[name](**KWARGS.get(name, {}))
+    run = ModelRun(shallow, method, resolve_budget(BUDGET, prompt), prompt + 8, backend="compiled")
+    with torch.inference_mode():
+        token = run.prefill(ids).argmax(-1)
+        for _ in range(8):
+            token = run.step(token).argmax(-1)
+    assert graphs and graphs[-1] == []
+
+
 @pytest.mark.parametrize("name", sorted(METHOD_REGISTRY))
 def test_a_prepared_decode_step_allocates_no_store_tensor(shallow, name):
     """What a CUDA graph needs of the compiled step (``CompressedCache.prepare_graph_step``): after

@@ -115,8 +115,9 @@ class CompressedCache(Cache):
     def prepare_graph_step(self, k: int = 1) -> None:
         """Before a compiled decode step of ``k`` tokens, eagerly: every layer's store grows now if
         the step's append would (``SlotStorage.make_room``), the rule creates the ``aux`` state the step
-        would (``CompressionMethod.prepare_graph_step``), and every tensor the step writes in place
-        (store tensors, ``aux`` state) is marked a static input, unguarded
+        would (``CompressionMethod.prepare_graph_step``), the layer counts the step's tokens
+        (``CompressedLayer.count_ahead``), and every tensor the step writes in place (store tensors,
+        ``aux`` and ``scalars`` state, ``layer.seen``) is marked a static input, unguarded
         (``torch._dynamo.mark_static_address``; once per tensor: marking costs ~0.1 ms, a step's
         budget on a GPU a few ms): CUDA graph trees then capture the step with its in-place writes
         instead of skipping it, and re-record when a new sample's buffers move. Without this a buffer
@@ -126,8 +127,10 @@ class CompressedCache(Cache):
 
         for rule, layer in zip(self.rules, self.layers, strict=True):
             layer.store.make_room(k)
+            layer.count_ahead(k)
             rule.prepare_graph_step(layer, k)
-            for tensor in (*layer.store.tensors(), *layer.aux.values()):
+            scalars = (t for t in layer.scalars.values() if isinstance(t, torch.Tensor))
+            for tensor in (*layer.store.tensors(), *layer.aux.values(), *scalars, layer.seen):
                 if get_static_address_type(tensor) is None:
                     torch._dynamo.mark_static_address(tensor, guard=False)
 

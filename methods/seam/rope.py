@@ -38,20 +38,25 @@ class LayerRotary:
         return "layer_type" in inspect.signature(rotary_emb.forward).parameters
 
     def angles(
-        self, delta: int, dtype: torch.dtype, device: torch.device
+        self, delta: int | torch.Tensor, dtype: torch.dtype, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` of a shift by ``delta`` positions, each ``[1, 1, 1, rotary_dim]``; kept for
-        the next call outside compiled steps only (a tensor made inside a step captured as a CUDA graph
-        is overwritten by the next replay)."""
-        key = (delta, dtype, device)
-        if self._last == key and self._angles is not None:
-            return self._angles
-        position = torch.tensor([[delta]], device=device)
+        """``(cos, sin)`` of a shift by ``delta`` positions (an int, or a ``[]`` int64 device tensor in
+        a compiled step), each ``[1, 1, 1, rotary_dim]``; an int's are kept for the next call outside
+        compiled steps only (a tensor made inside a step captured as a CUDA graph is overwritten by the
+        next replay)."""
+        if isinstance(delta, torch.Tensor):
+            position = delta.reshape(1, 1)
+            key = None
+        else:
+            key = (delta, dtype, device)
+            if self._last == key and self._angles is not None:
+                return self._angles
+            position = torch.tensor([[delta]], device=device)
         probe = torch.zeros((1,), dtype=dtype, device=device)
         args = (probe, position) if self.layer_type is None else (probe, position, self.layer_type)
         cos, sin = self.rotary_emb(*args)
         angles = (cos.unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype))
-        if not torch.compiler.is_compiling():
+        if key is not None and not torch.compiler.is_compiling():
             self._angles, self._last = angles, key
         return angles
 
@@ -63,7 +68,7 @@ class LayerRotary:
         cos, sin = self.rotary_emb(*args)
         return cos[0].to(dtype), sin[0].to(dtype)
 
-    def rerotate(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
+    def rerotate(self, keys: torch.Tensor, delta: int | torch.Tensor) -> torch.Tensor:
         """Move post-RoPE keys from position ``p`` to ``p + delta``: ``R(p + delta) k = R(delta) R(p) k``.
 
         StreamingLLM (Xiao et al. 2023, Sec. 3.2) assigns positions by cache index; this gives the
@@ -75,15 +80,16 @@ class LayerRotary:
         ----------
         keys : torch.Tensor
             ``[batch, kv_heads, slots, head_dim]`` post-RoPE keys.
-        delta : int
-            Position shift (tokens, may be negative).
+        delta : int | torch.Tensor
+            Position shift (tokens, may be negative); a ``[]`` int64 tensor on the keys' device in a
+            compiled step (:meth:`CompressedLayer.tokens_seen`).
 
         Returns
         -------
         torch.Tensor
             Keys of the same shape and dtype.
         """
-        if delta == 0:
+        if isinstance(delta, int) and delta == 0:
             return keys
         cos, sin = self.angles(delta, keys.dtype, keys.device)
         rot = cos.shape[-1]
