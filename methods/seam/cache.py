@@ -129,8 +129,8 @@ class CompressedCache(Cache):
             layer.store.make_room(k)
             layer.count_ahead(k)
             rule.prepare_graph_step(layer, k)
-            scalars = (t for t in layer.scalars.values() if isinstance(t, torch.Tensor))
-            for tensor in (*layer.store.tensors(), *layer.aux.values(), *scalars, layer.seen):
+            counts = (t for t in (*layer.scalars.values(), layer.seen) if isinstance(t, torch.Tensor))
+            for tensor in (*layer.store.tensors(), *layer.aux.values(), *counts):
                 if get_static_address_type(tensor) is None:
                     torch._dynamo.mark_static_address(tensor, guard=False)
 
