@@ -79,9 +79,8 @@ class StreamingLLM(ScoreEvict):
         ValueError
             With ``rerotate`` on a model without rotary embeddings.
         """
-        evicted = layer.get_seq_length() - layer.store.n_slots
         n = layer.plan.first
-        if self.rerotate and evicted > 0 and n > 0:
+        if self.rerotates(layer):
             if layer.spec.rotary is None:
                 raise ValueError("StreamingLLM rerotate=true needs a model with rotary embeddings")
             self.keep_sink_keys(layer)
@@ -89,6 +88,10 @@ class StreamingLLM(ScoreEvict):
             shift = layer.tokens_seen() - layer.store.n_slots  # ``evicted``, a device count when compiled
             layer.store.replace(sinks, keys=layer.spec.rotary.rerotate(layer.aux["sink_keys"], shift))
         return super().decode_attention(layer, query, scaling)
+
+    def rerotates(self, layer: CompressedLayer) -> bool:
+        """Whether this step moves the sinks: ``rerotate``, sinks kept, and tokens evicted."""
+        return self.rerotate and layer.plan.first > 0 and layer.get_seq_length() > layer.store.n_slots
 
     def keep_sink_keys(self, layer: CompressedLayer) -> None:
         """At the first eviction, while the stored sinks are still the originals: copy them into
@@ -99,6 +102,5 @@ class StreamingLLM(ScoreEvict):
     def prepare_graph_step(self, layer: CompressedLayer, k: int) -> None:
         """Keep the sinks' original keys eagerly before the compiled step that would first re-rotate
         them (inside a CUDA graph the copy would be overwritten by the next replay)."""
-        evicted = layer.get_seq_length() - layer.store.n_slots
-        if self.rerotate and evicted > 0 and layer.plan.first > 0 and layer.spec.rotary is not None:
+        if self.rerotates(layer) and layer.spec.rotary is not None:
             self.keep_sink_keys(layer)
