@@ -145,9 +145,10 @@ def draw(
     if not panels:
         panels = [(m, None) for m in dict.fromkeys(reference["model"])]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 2.0, 4.2), squeeze=False)
+    markers: list[str] = []
     for ax, (model, unit) in zip(axes[0], panels, strict=True):
         part = compressed[(compressed["model"] == model) & (compressed["budget_unit"] == unit)]
-        draw_lines(ax, part)
+        markers.append(draw_lines(ax, part))
         for _, ref in reference[reference["model"] == model].iterrows():
             draw_reference(ax, ref, ref["mean"])
             if ref["ci_low"] == ref["ci_low"]:
@@ -172,6 +173,7 @@ def draw(
         "the metric's range; dashed: FullKV. Methods are drawn a few points apart sideways so that "
         f"equal values stay visible. {small}"
     )
+    note = " ".join([note.strip(), *dict.fromkeys(m for m in markers if m)])
     if points["budget_realised"].any():
         note += (
             " Hollow diamonds: methods whose budget is an outcome, at the fraction of the prompt they kept."
@@ -215,10 +217,17 @@ def draw_reference(ax, ref: pd.Series, value: float) -> None:
     )
 
 
-def draw_lines(ax, part: pd.DataFrame) -> None:
+def draw_lines(ax, part: pd.DataFrame) -> str:
     """One line (and band) per method preset, each shifted sideways by a few points (a dodge:
-    equal values of several methods, e.g. all 0, stay visible instead of hiding each other)."""
+    equal values of several methods, e.g. all 0, stay visible instead of hiding each other).
+    A method's presets differ in line style and marker; where ``part`` holds quantized storage
+    (its ``quant`` column) the marker names the storage kind instead (:func:`style.quant_marker`)
+    and a method's presets over one kind differ in fill (:data:`style.FILLS`). Returns the caption
+    sentence for those markers (:func:`style.quant_note`; empty without quantized storage)."""
+    quants = set(part["quant"]) if "quant" in part else set()
+    by_quant = bool(quants - {"none"})
     presets_seen: dict[str, list[str]] = {}
+    fills_seen: dict[tuple[str, str], list[str]] = {}
     groups = part.groupby("label", sort=False)
     for i, (label, group) in enumerate(groups):
         shift = (i - (groups.ngroups - 1) / 2) * DODGE_POINTS
@@ -229,7 +238,12 @@ def draw_lines(ax, part: pd.DataFrame) -> None:
         rank.append(label)
         color = style.method_color(method)
         line = style.LINESTYLES[(len(rank) - 1) % len(style.LINESTYLES)]
-        marker = style.MARKERS[(len(rank) - 1) % len(style.MARKERS)]
+        marker, fill = style.MARKERS[(len(rank) - 1) % len(style.MARKERS)], "full"
+        if by_quant:
+            kind = group["quant"].iloc[0]
+            same = fills_seen.setdefault((method, kind), [])
+            same.append(label)
+            marker, fill = style.quant_marker(kind), style.FILLS[(len(same) - 1) % len(style.FILLS)]
         text = f"{label} ({_legend_n(group['n'])})"
         outcome = group["budget_realised"].all()
         if outcome:  # the budget is where the method landed, not a setting: points, no line
@@ -246,6 +260,7 @@ def draw_lines(ax, part: pd.DataFrame) -> None:
             linestyle=line,
             marker=marker,
             markerfacecolor="none" if outcome else color,
+            fillstyle="full" if outcome else fill,
             label=text,
             transform=dodge,
             clip_on=False,  # a point at 0 on the axis stays whole
@@ -262,6 +277,7 @@ def draw_lines(ax, part: pd.DataFrame) -> None:
                 transform=dodge,
             )
     ax.autoscale_view()
+    return style.quant_note(quants, half_filled=any(len(labels) > 1 for labels in fills_seen.values()))
 
 
 def build(

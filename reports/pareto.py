@@ -16,7 +16,7 @@ from matplotlib.ticker import FuncFormatter
 
 from reports import style
 from reports.budget import interval_note, quality_points
-from reports.pairing import Pairing
+from reports.pairing import Pairing, is_reference
 from reports.runs import Filters
 from reports.store import ResultStore
 
@@ -42,6 +42,7 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing
     model (runs of two models are never compared); the runs ``pairing`` left out are named in the
     caption and the notes."""
     x, xlabel = X_AXES[memory]
+    points, agnostic = shared_protocol(points)
     if memory == "peak" and (points["peak_kind"] == "process").any():
         xlabel = "peak process memory of the run (RSS, model included; MiB)"
     models = list(dict.fromkeys(points["model"]))
@@ -83,10 +84,10 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing
         + ("; paired intervals: python -m reports ruler)" if task == "ruler" else ")")
     )
     note = f"Points: mean over samples, labelled with the budget; {bars}; star: FullKV."
-    quants = [q for q in style.QUANT_MARKERS if q in set(points["quant"])]
-    if quants != ["none"]:
-        shapes = (f"{style.MARKER_NAMES[style.QUANT_MARKERS[q]]} {q}" for q in quants)
-        note += " KV storage (quant=): " + ", ".join(shapes) + "."
+    if agnostic:
+        note += f" Every compressed run {AGNOSTIC} (the context compressed, then the question appended)."
+    quants = style.quant_note(set(points["quant"]))
+    note += f" {quants}" if quants else ""
     if points["budget_realised"].any():
         note += (
             " Diamonds: methods whose budget is an outcome, labelled with the fraction of the prompt kept."
@@ -98,6 +99,20 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing
         notes += pairing.notes()
     style.caption(fig, note)
     return style.Plot(fig, points, f"pareto_{task}_{metric}_{memory}".replace("/", "-"), notes)
+
+
+#: The label tag of a query-agnostic run (:func:`reports.runs.protocol_tag`).
+AGNOSTIC = "query_aware=false"
+
+
+def shared_protocol(points: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """``points`` with the :data:`AGNOSTIC` tag taken off the labels when every compressing run
+    carries it (the caption says it once), and whether it was; else ``points`` as they are."""
+    compressing = points[~points["method"].map(is_reference)]
+    if compressing.empty or not compressing["label"].str.split().map(lambda w: AGNOSTIC in w).all():
+        return points, False
+    strip = points["label"].str.split().map(lambda w: " ".join(t for t in w if t != AGNOSTIC))
+    return points.assign(label=strip), True
 
 
 def _legend_order(item: tuple[str, pd.DataFrame]) -> tuple[bool, str, int, str]:

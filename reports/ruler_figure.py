@@ -49,11 +49,12 @@ def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = No
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.4 * columns + 3.2, 3.6 * rows + 0.9), squeeze=False)
     handles: dict[str, object] = {}
+    markers: list[str] = []
     for ax, ((model, length, protocol), part) in zip(axes.flat, panels, strict=False):
         lines = part[~part["reference"]].assign(
             budget=part[column], mean=part["avg"], ci_low=np.nan, ci_high=np.nan, budget_realised=False
         )
-        draw_lines(ax, lines)
+        markers.append(draw_lines(ax, lines))
         for _, ref in part[part["reference"]].iterrows():
             draw_reference(ax, ref, ref["avg"])
         if len(lines):
@@ -76,5 +77,6 @@ def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = No
         "Points: the recorded average of the RULER task scores; dashed: FullKV. Methods are drawn a few "
         f"points apart sideways so that equal values stay visible. {PROTOCOL_NOTE}"
     )
+    note = " ".join([note, *dict.fromkeys(m for m in markers if m)])
     style.caption(fig, note + (" " + pairing.caption() if pairing is not None else ""))
     return style.Plot(fig, board, "ruler", pairing.notes() if pairing is not None else [])

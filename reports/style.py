@@ -127,9 +127,25 @@ MARKER_NAMES = {
 }  # fmt: skip
 
 
+#: Fill styles of one method's presets over one storage kind, in the order they are met, where the
+#: marker names the storage kind (the first preset filled, the next ones half-filled).
+FILLS = ("full", "left", "bottom", "right", "top")
+
+
 def quant_marker(quant: str) -> str:
     """The marker of a ``quant=`` kind (:data:`QUANT_MARKERS`; ``X`` for an unlisted one)."""
     return QUANT_MARKERS.get(quant, "X")
+
+
+def quant_note(quants: set[str], half_filled: bool = False) -> str:
+    """The caption sentence naming the markers of storage kinds ``quants`` (:data:`QUANT_MARKERS`);
+    empty when every run is unquantized. ``half_filled``: a method also has a second preset over one
+    kind (:data:`FILLS`)."""
+    if not quants - {"none"}:
+        return ""
+    kinds = [q for q in QUANT_MARKERS if q in quants] + sorted(quants - set(QUANT_MARKERS))
+    note = "KV storage (quant=): " + ", ".join(f"{MARKER_NAMES[quant_marker(q)]} {q}" for q in kinds) + "."
+    return note + (" Half-filled: a method's further presets over one storage kind." if half_filled else "")
 
 
 def preset_label(method: str, preset: str | None, settings: str = "") -> str:
