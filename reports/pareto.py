@@ -17,7 +17,7 @@ from matplotlib.ticker import FuncFormatter
 from reports import style
 from reports.budget import interval_note, quality_points
 from reports.pairing import Pairing, is_reference
-from reports.runs import Filters
+from reports.runs import AGNOSTIC, Filters
 from reports.store import ResultStore
 
 X_AXES = {  # --memory: (column, axis label)
@@ -101,12 +101,8 @@ def draw(points: pd.DataFrame, metric: str, memory: str = "kv", pairing: Pairing
     return style.Plot(fig, points, f"pareto_{task}_{metric}_{memory}".replace("/", "-"), notes)
 
 
-#: The label tag of a query-agnostic run (:func:`reports.runs.protocol_tag`).
-AGNOSTIC = "query_aware=false"
-
-
 def shared_protocol(points: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
-    """``points`` with the :data:`AGNOSTIC` tag taken off the labels when every compressing run
+    """``points`` with the :data:`reports.runs.AGNOSTIC` tag taken off the labels when every compressing run
     carries it (the caption says it once), and whether it was; else ``points`` as they are."""
     compressing = points[~points["method"].map(is_reference)]
     if compressing.empty or not compressing["label"].str.split().map(lambda w: AGNOSTIC in w).all():

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from reports import style
-from reports.budget import DODGE_POINTS, draw_lines, draw_reference, method_legend
+from reports.lines import DODGE_POINTS, draw_lines, draw_reference, method_legend
 from reports.pairing import Pairing
 from reports.ruler import GROUP, LABELS, task_columns
 
@@ -42,7 +42,7 @@ def _x_limits(ax, ticks: list[float], n_lines: int) -> tuple[float, float]:
 def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = None) -> style.Plot:
     """The figure of :func:`reports.ruler.leaderboard` rows; the plotted numbers are the
     leaderboard itself (its CSV). Methods at equal values are drawn a few points apart sideways
-    (:func:`reports.budget.draw_lines`)."""
+    (:func:`reports.lines.draw_lines`)."""
     column = LABELS[label][0]
     panels = list(board.groupby(GROUP, sort=False))
     columns = min(len(panels), 3)

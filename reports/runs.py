@@ -60,6 +60,10 @@ def quant_tag(quant: str) -> str:
     return "" if quant == "none" else f"quant={quant}"
 
 
+#: The label tag of a query-agnostic compressing run (:func:`protocol_tag`).
+AGNOSTIC = "query_aware=false"
+
+
 def protocol_tag(record: dict) -> str:
     """``query_aware=false`` for a compressing run whose question was appended after compression
     (``config.task.query_aware``), so reports never pool it with query-aware runs, its
@@ -67,7 +71,7 @@ def protocol_tag(record: dict) -> str:
     task = (record.get("config") or {}).get("task") or {}
     agnostic = task.get("query_aware") is False and not is_reference(record.get("method") or "")
     tags = (
-        "query_aware=false" if agnostic else "",
+        AGNOSTIC if agnostic else "",
         decoding_tag(record),
         quant_tag(quant_of(record.get("config") or {})),
     )
