@@ -241,7 +241,8 @@ def record_failure(cfg: DictConfig, err: BaseException) -> str:
         method = instantiate(cfg.method)
     except Exception:  # the method config itself may be what is wrong
         method = None
-    config = run_config(cfg, budget_applies=getattr(method, "budget_applies", True))
+    budget_applies = method.traits.budget_applies if method is not None else True  # as a sweep counts it
+    config = run_config(cfg, budget_applies=budget_applies)
     inputs = {"model": None, "data": None}  # not read: the job failed before its run began
     rid = run_id(config, inputs)
     choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
