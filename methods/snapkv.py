@@ -74,10 +74,9 @@ class SnapKV(ScoreEvict):
     ) -> torch.Tensor | None:
         """Votes of the observation window, pooled over the prefix (SnapKV Sec. 4); None when the
         prompt fits the budget (nothing to select)."""
-        length, plan = layer.store.n_slots, layer.plan
-        if plan.keep is None or length <= plan.keep:
+        length, keep, w = layer.store.n_slots, layer.plan.keep, layer.plan.recent
+        if keep is None or length <= keep:
             return None
-        w = plan.recent
         votes = window_attention(query, layer.keys, w, scaling, layer.spec.softcap).sum(dim=2)
         prefix = pool_scores(votes[..., : length - w], self.kernel_size, self.pooling)
         return torch.cat([prefix, votes[..., length - w :]], dim=-1)

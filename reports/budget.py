@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reports import style
+from reports.incomplete import attached, suffix
 from reports.lines import draw_lines, draw_reference, method_legend
 from reports.paired import RESAMPLES
 from reports.pairing import Pairing, pair_frame
@@ -51,7 +52,10 @@ def quality_points(
     """
     runs = runs_frame(store, Filters(**{**vars(filters), "runner": filters.runner or "quality"}))
     if runs.empty:
-        raise KVBenchError(f"no finished quality runs under {store.root}/runs match {_describe(filters)}")
+        raise KVBenchError(
+            f"no finished quality runs under {store.root}/runs match {_describe(filters)}"
+            + suffix(attached(runs))
+        )
     tasks = sorted(set(runs["task"]))
     if len(tasks) > 1:
         raise KVBenchError(f"the runs span several tasks ({', '.join(tasks)}); choose one with --task")

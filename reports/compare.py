@@ -17,6 +17,7 @@ from dataclasses import replace
 import pandas as pd
 
 from reports import cli
+from reports.incomplete import suffix
 from reports.paired import RESAMPLES
 from reports.pairing import Pairing, describe, pair_frame
 from reports.persample import setting_scores, stratum
@@ -155,7 +156,9 @@ def _main(argv: Sequence[str]) -> int:
     frame = comparison(records, args.task, pairing)
     if frame.empty:
         of_task = f" of task {args.task}" if args.task else ""
-        raise KVBenchError(f"no finished quality runs{of_task} under {root}/runs")
+        raise KVBenchError(
+            f"no finished quality runs{of_task} under {root}/runs" + suffix(pairing.incomplete)
+        )
     found = paired(store, frame, runs, args.baseline, args.resamples)
     metric = found.frame.groupby("task")["metric"].first()
     where = frame.columns.get_loc("decode tok/s")

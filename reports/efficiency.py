@@ -1,7 +1,7 @@
 """``python -m reports.efficiency [results_dir] [--markdown]``: the efficiency tables.
 
 Reads the result store only (never re-measures), one run per setting (the newest finished; runs
-of the setting on other inputs are named in a note):
+of the setting on other inputs, and runs whose shards have not all finished, are named in a note):
 
 - throughput: one row per (model, device, prompt_len + gen_len, batch), one column per method
   (with its budget): ``tokens/s / latency s`` as ZSMerge Table 1, ``OOM`` for an OOM run;
@@ -18,9 +18,11 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from reports import incomplete as left_out
 from reports.cli import Parser, default_results_dir, open_store, run
 from reports.pairing import OtherInputs, model_key, newest_per_setting
 from reports.runs import row
+from reports.shards import INCOMPLETE
 from reports.tables import budget_text
 from tasks.errors import KVBenchError
 
@@ -134,7 +136,9 @@ def _main(argv: Sequence[str]) -> int:
     runner = {}
     for r in records:
         runner.setdefault(r["config"].get("runner", {}).get("name"), []).append(r)
-    efficiency = runner.get("efficiency", [])
+    measured = [r for name in ("efficiency", "error", "oom") for r in runner.get(name, [])]
+    left = left_out.of_rows(row(r) | {"label": _label(r)} for r in measured)
+    efficiency = [r for r in runner.get("efficiency", []) if r["status"] != INCOMPLETE]
     finished = [r for r in efficiency if r["status"] == "ok"]
     errors = [r for r in runner.get("error", []) if r["status"] == "ok"]
     ooms = [r for r in runner.get("oom", []) if r["status"] == "ok"]
@@ -148,7 +152,9 @@ def _main(argv: Sequence[str]) -> int:
     ]
     tables = [(title, t) for title, t in tables if isinstance(t, pd.DataFrame) and not t.empty]
     if not tables:
-        raise KVBenchError(f"no efficiency, error or OOM records under {args.results_dir}/runs")
+        raise KVBenchError(
+            f"no efficiency, error or OOM records under {args.results_dir}/runs" + left_out.suffix(left)
+        )
     for title, table in tables:
         print(f"\n## {title}\n")
         with pd.option_context("display.width", 220, "display.max_columns", None):
@@ -156,6 +162,8 @@ def _main(argv: Sequence[str]) -> int:
     for r in [*efficiency, *errors, *ooms]:
         if r["run_id"] in others:
             print(OtherInputs(r["run_id"], _label(r), others[r["run_id"]]).note(), file=sys.stderr)
+    for note in left_out.notes(left):
+        print(note, file=sys.stderr)
     return 0
 
 

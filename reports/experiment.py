@@ -25,12 +25,14 @@ from pathlib import Path
 import pandas as pd
 
 from reports import figures, style, tables
+from reports import incomplete as left_out
 from reports.cells import display_keys, markdown, ordered
 from reports.frame import job_frame, near_misses, not_done, report_jobs
 from reports.kinds import KINDS, Context
 from reports.paired import RESAMPLES
 from reports.pairing import Pairing, describe, model_key, pair_frame
-from reports.shards import ShardedStore
+from reports.runs import row
+from reports.shards import INCOMPLETE, ShardedStore
 from reports.store import ResultStore, atomic_write_text, setting_of
 
 
@@ -137,7 +139,7 @@ def paired(
     """The job frame with each finished run that :func:`reports.pairing.pair` leaves out marked
     ``unpaired`` (its reason in ``error``): cells and figures then skip it, the report lists it.
     A job's run is its setting's newest finished run (``ResultStore.find``); the pairing names the
-    setting's runs on other inputs."""
+    setting's runs on other inputs and the jobs whose run is incomplete (shards missing)."""
     done = frame[frame["status"] == "ok"].drop_duplicates("run_id")
     runs = pd.DataFrame(
         {
@@ -151,6 +153,8 @@ def paired(
         }
     )
     pairing = pair_frame(store, runs)
+    left = frame[frame["status"] == INCOMPLETE]["run_id"].unique()
+    pairing.incomplete = left_out.of_rows(row(records[r]) for r in left)
     reasons = {u.run_id: u.reason for u in pairing.unpaired}
     left = frame["run_id"].isin(reasons)
     frame = frame.assign(

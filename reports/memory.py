@@ -13,6 +13,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from reports import incomplete as left_out
 from reports import style
 from reports.pairing import is_reference, newest_per_setting, other_inputs
 from reports.runs import Filters, row
@@ -79,6 +80,8 @@ def curve_points(store: ResultStore, filters: Filters) -> pd.DataFrame:
     (tokens), KV MiB, memory MiB and decode tokens/s; one run per setting, the newest finished
     (``other_inputs`` names the others, :func:`reports.pairing.newest_per_setting`).
 
+    The incomplete runs that pass the filters go with the points (:func:`reports.incomplete.attach`).
+
     Raises
     ------
     KVBenchError
@@ -86,18 +89,23 @@ def curve_points(store: ResultStore, filters: Filters) -> pd.DataFrame:
     """
     keep = Filters(**{**vars(filters), "runner": None}).keep
     records, others = newest_per_setting(store.records())
+    runs = [(record, row(record)) for record in records]
+    runs = [(record, r) for record, r in runs if r["runner"] == "efficiency" and keep(r)]
     rows = [
         point
-        for record in records
-        if record.get("status") == "ok" and (row(record)["runner"] == "efficiency") and keep(row(record))
+        for record, r in runs
+        if r["status"] == "ok"
         for point in record_points(record, others.get(record["run_id"], ""))
     ]
+    left = [r for _, r in runs]  # the incomplete ones among them are named (reports.incomplete)
     if not rows:
         raise KVBenchError(
             f"no finished efficiency runs under {store.root}/runs match the filters; run e.g. "
             "`python run.py runner=efficiency runner.curve_every=32 method=zsmerge budget=128`"
+            + left_out.suffix(left_out.of_rows(left))
         )
-    return pd.DataFrame(rows).sort_values(["model", "series", "context"]).reset_index(drop=True)
+    points = pd.DataFrame(rows).sort_values(["model", "series", "context"]).reset_index(drop=True)
+    return left_out.attach(points, left)
 
 
 def draw(points: pd.DataFrame, title: str | None = None) -> style.Plot:
@@ -138,14 +146,15 @@ def draw(points: pd.DataFrame, title: str | None = None) -> style.Plot:
     alone = [m for m in models if not points[points["model"] == m]["method"].map(is_reference).any()]
     notes = [f"note: no FullKV run of model {m} to compare with" for m in alone]
     others = other_inputs(points.drop_duplicates("run_id").rename(columns={"series": "label"}))
-    notes += [o.note() for o in others]
+    notes += [o.note() for o in others] + left_out.notes(left_out.attached(points))
     style.caption(
         fig,
         "Points every runner.curve_every decode steps of one run (or one point per run at "
         "prompt_len + gen_len); dashed: FullKV; one row per model. KV cache: exact bytes of the kept "
         "keys and values."
         + (f" No FullKV run of {', '.join(alone)}." if alone else "")
-        + "".join(f" {o.label} (run {o.run_id}) also run on other inputs: {o.ids()}." for o in others),
+        + "".join(f" {o.label} (run {o.run_id}) also run on other inputs: {o.ids()}." for o in others)
+        + left_out.caption(left_out.attached(points)),
     )
     return style.Plot(fig, points, "memory_vs_context", notes)
 

@@ -13,8 +13,10 @@ import numpy as np
 import pandas as pd
 
 from reports import style
+from reports.incomplete import attach, suffix
 from reports.pairing import Pairing, pair_frame
 from reports.runs import Filters, runs_frame
+from reports.shards import INCOMPLETE
 from reports.store import ResultStore
 from tasks.errors import KVBenchError
 
@@ -25,7 +27,7 @@ def cells(store: ResultStore, filters: Filters, needle: str | None = None) -> tu
     """One row per (run, length, depth) cell of the runs paired on the same samples
     (:func:`reports.pairing.pair`): model, label, method, budget (and unit), needle task, length
     (tokens), depth (fraction of the context), score (x100) and samples per cell. Returns the
-    cells and the pairing (the runs left out and why).
+    cells and the pairing (the runs left out and why, the needle grids left out as incomplete).
 
     Raises
     ------
@@ -33,7 +35,10 @@ def cells(store: ResultStore, filters: Filters, needle: str | None = None) -> tu
         When no finished run passes the filters with grid metrics (or with ``needle``'s).
     """
     runs = runs_frame(store, filters)
-    runs = runs[runs["metrics"].map(lambda ms: any(CELL.match(k) for k in ms))]
+    grids = [
+        r for r in runs_frame(store, filters, INCOMPLETE).to_dict("records") if r["task_config"].get("depths")
+    ]
+    runs = attach(runs[runs["metrics"].map(lambda ms: any(CELL.match(k) for k in ms))], grids)
     pairing = pair_frame(store, runs)
     runs = runs[runs["run_id"].isin(pairing.kept)]
     rows = []
@@ -63,6 +68,7 @@ def cells(store: ResultStore, filters: Filters, needle: str | None = None) -> tu
         raise KVBenchError(
             f"no finished runs with {what}needle grid metrics (<task>/len<L>/depth<d>) under "
             f"{store.root}/runs; run e.g. `python run.py task=niah task.lengths=[1000,2000] method=zsmerge`"
+            + suffix(pairing.incomplete)
         )
     frame = pd.DataFrame(rows)
     first = frame["needle"].iloc[0]

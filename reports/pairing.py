@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from reports import incomplete as left_out
 from reports.store import ResultStore, by_age, newest, setting_of
 
 #: Registry names of the methods that are the reference of a comparison (the uncompressed cache).
@@ -141,6 +142,7 @@ class Pairing:
     unpaired: list[Unpaired] = field(default_factory=list)
     no_reference: list[tuple] = field(default_factory=list)
     other_inputs: list[OtherInputs] = field(default_factory=list)
+    incomplete: list[left_out.Incomplete] = field(default_factory=list)
 
     def unpaired_notes(self) -> list[str]:
         """Console lines: every unpaired run and every group compared without FullKV."""
@@ -153,13 +155,15 @@ class Pairing:
         return list(dict.fromkeys(o.note() for o in self.other_inputs))
 
     def notes(self) -> list[str]:
-        """:meth:`unpaired_notes` and :meth:`other_notes`."""
-        return self.unpaired_notes() + self.other_notes()
+        """:meth:`unpaired_notes`, :meth:`other_notes` and the incomplete runs left out."""
+        return self.unpaired_notes() + self.other_notes() + left_out.notes(self.incomplete)
 
     def other_section(self) -> list[str]:
-        """Markdown lines naming the runs on other inputs (``## Also run on other inputs``), or none."""
+        """Markdown lines naming the runs on other inputs (``## Also run on other inputs``) and the
+        incomplete runs left out (``## Left out: incomplete runs``), or none."""
         notes = [f"- {n.removeprefix('note: ')}" for n in self.other_notes()]
-        return ["", "## Also run on other inputs", "", *notes] if notes else []
+        other = ["", "## Also run on other inputs", "", *notes] if notes else []
+        return other + left_out.section(self.incomplete)
 
     def merge(self, other: Pairing) -> None:
         """Add ``other``'s runs, sample sets and notes (a report paired in several parts)."""
@@ -168,6 +172,7 @@ class Pairing:
         self.unpaired += other.unpaired
         self.no_reference += other.no_reference
         self.other_inputs += other.other_inputs
+        self.incomplete = list(dict.fromkeys(self.incomplete + other.incomplete))
 
     def caption(self) -> str:
         """One sentence for a caption: the samples compared, and how many runs were left out."""
@@ -178,7 +183,7 @@ class Pairing:
             text += f" Not paired (other samples): {runs}."
         for o in dict.fromkeys(self.other_inputs):
             text += f" {o.label} (run {o.run_id}) also run on other inputs: {o.ids()}."
-        return text.strip()
+        return (text + left_out.caption(self.incomplete)).strip()
 
 
 def pair(runs: pd.DataFrame, keys: Mapping[str, SampleKey], by: Sequence[str] = PAIR_KEYS) -> Pairing:
@@ -191,7 +196,8 @@ def pair(runs: pd.DataFrame, keys: Mapping[str, SampleKey], by: Sequence[str] = 
         and the ``by`` columns (model, task); ``reference`` (optional, else FullKV by ``method``)
         marks the reference runs (``reports.runs.row``: FullKV over unquantized storage); with
         ``other_inputs`` (:func:`newest_per_setting`) the runs of their settings on other inputs
-        are named in the notes.
+        are named in the notes, and so are the incomplete runs the frame carries
+        (:func:`reports.incomplete.attached`).
     keys : Mapping[str, SampleKey]
         The sample key of each run id (:func:`sample_key`).
     by : Sequence[str]
@@ -204,7 +210,7 @@ def pair(runs: pd.DataFrame, keys: Mapping[str, SampleKey], by: Sequence[str] = 
         runs on it, FullKV included; every other run is unpaired with its reason. A group of only
         FullKV runs keeps the one on the most samples.
     """
-    out = Pairing(other_inputs=other_inputs(runs))
+    out = Pairing(other_inputs=other_inputs(runs), incomplete=left_out.attached(runs))
     if runs.empty:
         return out
     for group, part in runs.groupby(list(by), sort=False, dropna=False):

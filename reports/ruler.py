@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from reports.incomplete import attached, suffix
 from reports.pairing import Pairing, is_reference, pair, sample_key
 from reports.runs import Filters, decoding_tag, quant_tag, records_frame
 from reports.store import ResultStore, quant_of
@@ -150,7 +151,7 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
     ------
     KVBenchError
         When ``filters`` name another task, or no finished RULER run with a compression ratio
-        passes them.
+        passes them (the message names the incomplete runs left out).
     """
     if filters.task not in (None, "ruler"):
         raise KVBenchError(f"reports ruler reads task=ruler runs (got --task {filters.task})")
@@ -202,9 +203,10 @@ def rows(store: ResultStore, filters: Filters) -> Rows:
     if not out:
         raise KVBenchError(
             f"no finished RULER runs with a compression ratio under {store.root}/runs; run e.g. "
-            "`python run.py task=ruler method=snapkv compression_ratio=0.5`"
+            "`python run.py task=ruler method=snapkv compression_ratio=0.5`" + suffix(attached(runs))
         )
     pairing, kept = _pair(pd.DataFrame(out))
+    pairing.incomplete = attached(runs)  # the runs' incomplete rows: named, never drawn
     return Rows(kept, pairing, notes)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from reports.incomplete import attach
 from reports.pairing import is_reference, model_key, newest_per_setting
 from reports.presets import identify
 from reports.store import ResultStore, quant_of
@@ -167,14 +168,18 @@ def records_frame(
 ) -> pd.DataFrame:
     """:func:`runs_frame` of records already read. Unless ``every``, a setting run on several inputs
     is one row, its newest finished run (:func:`reports.pairing.newest_per_setting`), whose
-    ``other_inputs`` names the others (space-separated run ids; empty for most runs)."""
+    ``other_inputs`` names the others (space-separated run ids; empty for most runs). The
+    incomplete runs that pass ``filters`` but not ``status`` go with the frame
+    (:func:`reports.incomplete.attach`), so that the report names them."""
     filters = filters or Filters()
     others: dict[str, str] = {}
     if not every:
         records, others = newest_per_setting(records)
     rows = [row(rec) | {"other_inputs": others.get(rec["run_id"], "")} for rec in records]
-    rows = [r for r in rows if filters.keep(r) and (status is None or r["status"] == status)]
-    return pd.DataFrame(rows, columns=list(row_columns()))
+    rows = [r for r in rows if filters.keep(r)]
+    kept = [r for r in rows if status is None or r["status"] == status]
+    left = [r for r in rows if status is not None and r["status"] != status]
+    return attach(pd.DataFrame(kept, columns=list(row_columns())), left)
 
 
 def row_columns() -> list[str]:

@@ -22,6 +22,7 @@ import pandas as pd
 from scipy.stats import bootstrap
 
 from reports.frame import label
+from reports.incomplete import suffix
 from reports.paired import RESAMPLES, SEED
 from reports.pairing import Pairing, describe, pair_frame
 from reports.runs import MIN_N, SMALL_N, Filters, pooled_scores, runs_frame, sample_values
@@ -139,8 +140,8 @@ def render(
 ) -> tuple[str, Path, list[str]]:
     """Write ``summary.md`` under ``out_dir``; returns its text, its path and warnings (runs with
     fewer than :data:`~reports.runs.SMALL_N` samples, whose bootstrap intervals are unreliable,
-    runs left out because they were scored on other samples, runs on other inputs). Each budget's
-    ranking is followed by the paired differences from FullKV and ``baseline``
+    runs left out because they were scored on other samples or are incomplete, runs on other
+    inputs). Each budget's ranking is followed by the paired differences from FullKV and ``baseline``
     (:mod:`reports.summary_paired`).
 
     Raises
@@ -154,7 +155,10 @@ def render(
 
     runs, pairing = scored_runs(store, n_resamples)
     if runs.empty:
-        raise KVBenchError(f"no finished quality runs with per-sample scores under {store.root}/runs")
+        raise KVBenchError(
+            f"no finished quality runs with per-sample scores under {store.root}/runs"
+            + suffix(pairing.incomplete)
+        )
     paired = summary_paired.compared(store, runs, baseline, n_resamples)
     deltas = summary_paired.tables(paired)
     lines = [

@@ -12,31 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 from tasks.errors import KVBenchError
 
 #: The file a converted GGUF folder records its source in (read back by ``model=hf`` on the folder).
 SOURCE_FILE = "kvbench_source.json"
-
-# GGUF metadata value types (ggml's gguf.md): struct format of each scalar type, 8 = string, 9 = array.
-_SCALARS = {
-    0: "<B",
-    1: "<b",
-    2: "<H",
-    3: "<h",
-    4: "<I",
-    5: "<i",
-    6: "<f",
-    7: "<?",
-    10: "<Q",
-    11: "<q",
-    12: "<d",
-}
-_STRING, _ARRAY = 8, 9
 
 
 def _cache_file(cache: Path, key: str) -> Path:
@@ -87,60 +69,27 @@ def folder_sha256(folder: Path, cache: Path) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def _read(fh: BinaryIO, fmt: str) -> object:
-    size = struct.calcsize(fmt)
-    data = fh.read(size)
-    if len(data) != size:
-        raise ValueError("truncated GGUF header")
-    return struct.unpack(fmt, data)[0]
-
-
-def _value(fh: BinaryIO, vtype: int) -> object:
-    """One metadata value; arrays are skipped (returned as None)."""
-    if vtype in _SCALARS:
-        return _read(fh, _SCALARS[vtype])
-    if vtype == _STRING:
-        return fh.read(_read(fh, "<Q")).decode("utf-8", errors="replace")
-    if vtype == _ARRAY:
-        etype, count = _read(fh, "<I"), _read(fh, "<Q")
-        if etype == _STRING:
-            for _ in range(count):
-                fh.seek(_read(fh, "<Q"), os.SEEK_CUR)
-        elif etype in _SCALARS:
-            fh.seek(count * struct.calcsize(_SCALARS[etype]), os.SEEK_CUR)
-        else:
-            for _ in range(count):
-                _value(fh, etype)
-        return None
-    raise ValueError(f"unknown GGUF value type {vtype}")
-
-
 def gguf_metadata(path: Path) -> dict[str, object]:
-    """The scalar ``general.*`` metadata of a GGUF file (``general.name``, ``general.file_type``,
-    ...), read from its header without loading tensors (GGUF versions 2 and 3).
+    """The scalar and string ``general.*`` metadata of a GGUF file (``general.name``,
+    ``general.file_type``, ...), read from its header by ``gguf.GGUFReader`` (which maps the file;
+    no tensor is read); arrays are left out.
 
     Raises
     ------
     KVBenchError
         If the file is not a readable GGUF.
     """
+    from gguf import GGUFReader, GGUFValueType
+
     try:
-        with open(path, "rb") as fh:
-            if fh.read(4) != b"GGUF":
-                raise ValueError("no GGUF magic")
-            version = _read(fh, "<I")
-            if version < 2:
-                raise ValueError(f"GGUF version {version} is not supported")
-            _read(fh, "<Q")  # tensor count
-            out = {}
-            for _ in range(_read(fh, "<Q")):
-                key = fh.read(_read(fh, "<Q")).decode("utf-8", errors="replace")
-                value = _value(fh, _read(fh, "<I"))
-                if key.startswith("general.") and value is not None:
-                    out[key] = value
-            return out
-    except (OSError, ValueError, struct.error) as err:
-        raise KVBenchError(f"cannot read the GGUF header of {path}: {err}") from err
+        fields = GGUFReader(path).fields
+    except (OSError, ValueError, IndexError, MemoryError) as err:  # bad magic or version, a truncated file
+        raise KVBenchError(f"cannot read the GGUF header of {path}: {type(err).__name__}: {err}") from err
+    return {
+        name: field.contents()
+        for name, field in fields.items()
+        if name.startswith("general.") and field.types[0] != GGUFValueType.ARRAY
+    }
 
 
 def quantization(file_type: object) -> str | None:

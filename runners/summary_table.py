@@ -49,8 +49,9 @@ def summary_title(record: dict) -> str:
 def summary_table(record: dict) -> Table:
     """The rich table :func:`print_summary` prints: labels never wrap, numbers are never cut (they
     fold only if the console is narrower than the number), text values (the error) wrap at words.
-    A row is shown where the record carries its figure (VRAM on CUDA only); the peak memory row is
-    the runner's own measure, else the VRAM peak on CUDA and the RSS peak elsewhere."""
+    A row is shown where the record carries its figure (VRAM on CUDA only), each figure once: the
+    peak memory row is the efficiency runner's own measure (VRAM on CUDA, else RSS, of its timed
+    repeats); other runners' peaks are their RSS and VRAM rows."""
     eff = record.get("efficiency") or {}
     metrics = record.get("metrics") or {}
     cuda = (record.get("device") or {}).get("type") == "cuda"
@@ -59,7 +60,6 @@ def summary_table(record: dict) -> Table:
     table.add_column("value", justify="right", overflow="fold", min_width=10)
     for key, value in metrics.items():
         table.add_row(key, _fmt(value, ".2f"))
-    peak = _get(eff, "peak_memory_bytes", "peak_device_bytes" if cuda else "peak_rss_bytes")
     rows = [
         ("latency s (prefill + decode)", _get(eff, "latency_seconds"), ".2f"),
         ("prefill tokens/s", _get(eff, "prefill_tokens_per_s"), ".1f"),
@@ -76,7 +76,7 @@ def summary_table(record: dict) -> Table:
         ("slots per KV head after prefill: max", _get(eff, "prefill_head_slots_max"), ",d"),
         ("prompt kept after prefill", _get(eff, "prefill_kept_fraction"), ".3f"),
         ("peak RSS MiB (run)", _mib(_get(eff, "peak_rss_bytes")), ".0f"),
-        ("peak memory MiB (VRAM or RSS)", _mib(peak), ".0f"),
+        ("peak memory MiB (VRAM or RSS)", _mib(_get(eff, "peak_memory_bytes")), ".0f"),
         ("peak VRAM MiB (run)", _mib(_get(eff, "peak_device_bytes")), ".0f"),
         ("peak RSS MiB (process, with loading)", _mib(_get(eff, "peak_rss_process_bytes")), ".0f"),
         ("peak VRAM MiB (process, with loading)", _mib(_get(eff, "peak_device_process_bytes")), ".0f"),

@@ -7,7 +7,18 @@
 # page's own records are leaderboard/ruler4k/*.tar.xz (leaderboard/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 2 ] || { echo "usage: bash scripts/leaderboard.sh ratios|quant SHARDS (comma-separated, of 0-25)" >&2; exit 2; }
+usage="bash scripts/leaderboard.sh ratios|quant SHARDS (comma-separated, each of 0-25 once)"
+[ $# -eq 2 ] || { echo "error: 2 arguments expected, got $#; usage: $usage" >&2; exit 2; }
+case "$1" in ratios|quant) ;; *) echo "error: unknown grid '$1' (ratios, quant)" >&2; exit 2 ;; esac
+# Every shard checked before run.py starts: a bad one writes nothing (no run, record or log directory).
+[[ "$2" =~ ^(0|[1-9][0-9]?)(,(0|[1-9][0-9]?))*$ ]] ||
+  { echo "error: shards '$2' are not a comma-separated list of 0-25; usage: $usage" >&2; exit 2; }
+seen=","
+for shard in ${2//,/ }; do
+  ((shard <= 25)) || { echo "error: shard $shard is not one of the 26 shards (0-25)" >&2; exit 2; }
+  [[ "$seen" != *",$shard,"* ]] || { echo "error: shard $shard given twice (each of 0-25 once)" >&2; exit 2; }
+  seen+="$shard,"
+done
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 common=(runner=quality_grid task=ruler runner.num_shards=26 "runner.shard_index=$2")
 case "$1" in
@@ -19,5 +30,4 @@ case "$1" in
     exec python run.py -m "${common[@]}" task.limit=10 'runner.methods=[fullkv,snapkv,tova]' \
       'runner.compression_ratios=[0.5]' 'runner.quants=[none,int8,int4,kivi2]' \
       'runner.extra_grids=[{methods:[kvzip,kvzip_layerwise],compression_ratios:[0.5]}]' ;;
-  *) echo "error: unknown grid '$1' (ratios, quant)" >&2; exit 2 ;;
 esac
