@@ -59,5 +59,5 @@ def test_a_file_that_is_no_gguf_is_one_error(tmp_path, cut):
     write_gguf(tmp_path / "tiny.gguf")
     data = (tmp_path / "tiny.gguf").read_bytes()
     (tmp_path / "bad.gguf").write_bytes(data[:cut] if cut else b"not a gguf at all, only text")
-    with pytest.raises(KVBenchError, match="cannot read the GGUF header of .*bad.gguf"):
+    with pytest.raises(KVBenchError, match=r"cannot read the GGUF header of .*bad\.gguf"):
         gguf_metadata(tmp_path / "bad.gguf")

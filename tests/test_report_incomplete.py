@@ -32,7 +32,8 @@ def shard(store: ResultStore, cfg: dict, method: str, task: str, index: int, cou
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> dict:
     """Every report's runs, and one run of each kind of which a shard is missing: TOVA on RULER (shard
-    0 of 2), SnapKV on XSum (shards 0 and 2 of 4), ZSMerge on a needle grid (1 of 2) and an efficiency run (0 of 2)."""
+    0 of 2), SnapKV on XSum (shards 0 and 2 of 4), ZSMerge on a needle grid (1 of 2) and an
+    efficiency run (0 of 2)."""
     root = tmp_path_factory.mktemp("incomplete")
     plain = ResultStore(root)
     quality_runs(plain)
