@@ -110,7 +110,9 @@ class DuoAttention(CompressionMethod):
         self.retrieval = torch.from_numpy(retrieval_heads(gates, self.sparsity))  # [layers, kv_heads] bool
 
     def check_model(self, config) -> None:
-        """The pattern has one row per layer and one gate per KV head."""
+        """``decode_budget`` (refused: no decode-time rule); the pattern has one row per layer and one
+        gate per KV head."""
+        super().check_model(config)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         want = (config.num_hidden_layers, heads)
         if self.retrieval.shape != want:

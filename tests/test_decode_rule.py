@@ -70,3 +70,26 @@ def test_reports_label_a_run_that_decoded_otherwise_than_its_protocol():
     assert decoding_tag(record({}, "prompt-only", "decode-time")) == "prompt-only"
     assert decoding_tag(record({}, "decode-time", "decode-time")) == ""
     assert protocol_tag(record(ruler, "decode-time", "decode-time")) == "query_aware=false decode-time"
+
+
+def test_every_method_without_a_decode_time_rule_refuses_decode_budget_true_and_the_docs_name_it():
+    """A compressing method whose traits say it has no decode-time rule refuses ``decode_budget=true``
+    before the model loads (``check_model``), and docs/methods.md lists it among those that do."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from hydra.utils import instantiate
+
+    from tests.test_failure_records import method_configs
+
+    model = SimpleNamespace(num_hidden_layers=2, num_key_value_heads=2, num_attention_heads=2)
+    docs = (REPO / "docs" / "methods.md").read_text(encoding="utf-8")
+    listed = " ".join(docs.split("`true` is refused by ")[1].split(")")[0].split())
+    refusing = set()
+    for config in method_configs():
+        method = dataclasses.replace(instantiate(config), decode_budget=True)
+        if method.traits.compresses and not method.traits.decode_rule:
+            with pytest.raises(ValueError, match="has no decode-time rule"):
+                method.check_model(model)
+            refusing.add(type(method).__name__)
+    assert refusing and not [name for name in sorted(refusing) if name not in listed]
