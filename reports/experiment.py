@@ -27,8 +27,9 @@ import pandas as pd
 from reports import figures, style, tables
 from reports import incomplete as left_out
 from reports.cells import display_keys, markdown, ordered
+from reports.context import Context
 from reports.frame import job_frame, near_misses, not_done, report_jobs
-from reports.kinds import KINDS, Context
+from reports.kinds import KINDS
 from reports.paired import RESAMPLES
 from reports.pairing import Pairing, describe, model_key, pair_frame
 from reports.runs import row

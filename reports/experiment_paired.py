@@ -5,18 +5,15 @@ alike), per metric of ``report.values``, on the same sample ids (:mod:`reports.v
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from reports.context import Context
 from reports.frame import label
 from reports.persample import setting_scores, stratum
 from reports.runs import row
 from reports.versus import differences
 from tasks.errors import KVBenchError
-
-if TYPE_CHECKING:
-    from reports.kinds import Context
 
 #: The heading of the table in the Markdown and the LaTeX caption.
 HEADING = "Paired differences from FullKV (95% CI)"
@@ -29,7 +26,7 @@ def paired_table(ctx: Context, keys: list[str], metrics: list[str]) -> pd.DataFr
 
     Parameters
     ----------
-    ctx : reports.kinds.Context
+    ctx : reports.context.Context
         The report's context (its ``baseline`` and ``n_resamples``).
     keys : list[str]
         The table's keys (index and columns); ``method`` and ``model`` name a setting, the others

@@ -6,48 +6,16 @@ table, figures and extra tables (:data:`KINDS`); ``reports.experiment.build`` wr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pandas as pd
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import ListConfig, OmegaConf
 
 from reports import figures, style
 from reports.cells import ordered, paper_cells, spread_reference, wide_table, with_paper
+from reports.context import Context
 from reports.experiment_paired import HEADING, paired_table
 from reports.frame import cell_means, label
-from reports.paired import RESAMPLES
-from reports.runs import budget_axis, mean_interval, pooled_scores, sample_values
-from reports.store import ResultStore
-
-
-@dataclass
-class Context:
-    """What every report kind reads: the job frame, the spec, the jobs, their records (by run id),
-    the table's index keys, the store, the figure title, the models of our runs, and the
-    ``--baseline`` and ``--resamples`` of the paired differences."""
-
-    frame: pd.DataFrame
-    spec: DictConfig
-    jobs: list
-    records: dict[str, dict | None]
-    index: list[str]
-    store: ResultStore
-    title: str
-    models: list[str]
-    baseline: str | None = None
-    n_resamples: int = RESAMPLES
-
-    def hue(self, key: str) -> figures.Hue:
-        """The hue of ``key`` with the spec's ``legend`` names and title."""
-        legend = self.spec.get("legend") or {}
-        names = {str(k): str(v) for k, v in (legend.get("names") or {}).items()}
-        return figures.Hue(key, names, legend.get("title"))
-
-    def budget_unit(self) -> str | None:
-        """What the sweep's budgets count (``prompt``/``context`` fractions or ``slots``)."""
-        units = {budget_axis(job.cfg.get("budget"), job.cfg.get("budget_unit")) for job in self.jobs} - {None}
-        return next(iter(units)) if len(units) == 1 else None
-
+from reports.runs import mean_interval, pooled_scores, sample_values
 
 Rendered = tuple[pd.DataFrame, list[style.Plot], list[tuple[str, pd.DataFrame]]]  # table, figures, extras
 
