@@ -158,8 +158,9 @@ class CompressionMethod:
         self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention of one decode step over the layer's slots. Default: the layer's store attends
-        (``SlotStorage.attend``, chosen from the traits). Override only to change attention itself:
-        LESS adds its low-rank term, StreamingLLM re-rotates its attention sinks and then calls this.
+        (``SlotStorage.attend``, chosen from the traits). Override to change attention or to observe
+        the query: LESS adds its low-rank term, StreamingLLM re-rotates its attention sinks and then
+        calls this, Expected Attention keeps query statistics first.
 
         Parameters
         ----------
