@@ -25,12 +25,12 @@ from typing import ClassVar
 
 import torch
 
+from kernels.prefill import group_queries, softcap_logits
 from methods.criticalkv import output_norm
 from methods.probing import Probe, Probing
 from methods.seam.architecture import UnsupportedArchitectureError
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
-from methods.seam.step import group_queries, softcap_logits
 from methods.seam.traits import NO_DECODE_RULE, Traits
 from tasks.chat import user_turn
 

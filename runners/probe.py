@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kernels.prefill import group_queries, softcap_logits
 from methods.probing import Probe
 from methods.seam.architecture import attention_modules
 from methods.seam.cache import CompressedCache
 from methods.seam.layer import CompressedLayer
-from methods.seam.step import group_queries, softcap_logits
 
 
 def probe_attention(

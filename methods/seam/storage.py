@@ -19,7 +19,8 @@ the model's dtype), ``log_weight`` (float32 attention-logit bias; ``-inf`` on pa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -110,8 +111,9 @@ class SlotStorage(ABC):
 
     @property
     def state(self) -> Mapping[str, torch.Tensor]:
-        """The method's per-slot state fields, read-only: name -> ``[batch, kv_heads, slots, *extra]``."""
-        return StateView(self)
+        """The method's per-slot state fields, read-only: name -> ``[batch, kv_heads, slots, *extra]``
+        (views made on access, so they match the store's current slots)."""
+        return MappingProxyType({name: self.view(name) for name in self.state_names()})
 
     @abstractmethod
     def state_names(self) -> tuple[str, ...]:
@@ -223,24 +225,3 @@ class MergingStorage(SlotStorage):
 #: What makes a layer's first store: ``(fills, capacity) -> SlotStorage`` (the uniform store's
 #: signature, ``methods.seam.store.SlotStore``, with its codec bound: ``partial(SlotStore, codec=...)``).
 StorageKind = Callable[[dict[str, float], Callable[[int], int]], "SlotStorage"]
-
-
-class StateView(Mapping):
-    """Read-only mapping name -> a store's state field (views made on access, so they always match
-    the store's current slots)."""
-
-    __slots__ = ("store",)
-
-    def __init__(self, store: SlotStorage) -> None:
-        self.store = store
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if name not in self.store.state_names():
-            raise KeyError(name)
-        return self.store.view(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.store.state_names())
-
-    def __len__(self) -> int:
-        return len(self.store.state_names())
