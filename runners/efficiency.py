@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from methods import CompressionMethod
 from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 from reports.store import ResultStore
 from runners.budget import resolve_budget
 from runners.build import build_method, run_budget
@@ -118,7 +119,7 @@ def measure(
     method: CompressionMethod,
     cfg: DictConfig,
     budget: int | None,
-    storage: StorageKind,
+    storage: StorageKind = SlotStore,
 ) -> tuple[dict, list[dict]]:
     """Warm-up, then ``runner.repeats`` timed runs of one shape (caches of the run's ``storage`` kind);
     the efficiency block and the curve.

@@ -19,6 +19,7 @@ from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 from runners.batched import decode_rows, start_row
 from runners.budget import resolve_budget
 from runners.build import build_components, load_prompts, refuse_untrained, run_budget
@@ -190,7 +191,7 @@ def prediction_row(tokenizer, sample, ids: torch.Tensor, start: int | None, res:
 
 def sample_rows(
     model, tokenizer, task: Task, method: CompressionMethod, samples: list, prompts: list, budgets: list,
-    starts: list, eos: set[int], storage: StorageKind,
+    starts: list, eos: set[int], storage: StorageKind = SlotStore,
 ) -> list[tuple[int, Callable[[], Row]]]:  # fmt: skip
     """``(sample index, start)`` per sample of ``task`` (``samples``, their ``prompts``), for
     :func:`runners.batched.decode_rows`: ``start()`` prefills the sample (:func:`runners.batched.start_row`)
