@@ -84,7 +84,12 @@ class AdaKV(ScorerWrapper):
         check_range(self, "alpha_safeguard")
 
     #: allocation is done once, at prefill; decoding appends to every head (the paper)
-    OVERRIDES: ClassVar[dict] = {"prompt_only": True, "decode_rule": False, "decode_input": "none"}
+    OVERRIDES: ClassVar[dict] = {
+        "prompt_only": True,
+        "decode_rule": False,
+        "decode_input": "none",
+        "ragged_heads": True,
+    }
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The scorer's plan with no decode bound."""

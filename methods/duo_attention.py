@@ -24,9 +24,10 @@ import torch
 
 from methods.checks import check_range
 from methods.scoring import lowest_score
-from methods.seam.contract import NO_DECODE_RULE, CompressionMethod, Traits
+from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
+from methods.seam.traits import NO_DECODE_RULE, Traits
 
 
 def load_pattern(path: str | Path) -> tuple[np.ndarray, dict]:
@@ -88,7 +89,7 @@ class DuoAttention(CompressionMethod):
 
     name: ClassVar[str] = "duo_attention"
     #: the budget is an outcome of the pattern; streaming heads evict while decoding (their own rule)
-    TRAITS: ClassVar[Traits] = replace(NO_DECODE_RULE, budget_applies=False)
+    TRAITS: ClassVar[Traits] = replace(NO_DECODE_RULE, budget_applies=False, ragged_heads=True)
 
     pattern: str | None = None
     sparsity: float = 0.5

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from methods.seam.contract import NO_DECODE_RULE, CompressionMethod, Traits
+from methods.seam.contract import CompressionMethod
+from methods.seam.traits import NO_DECODE_RULE, Traits
 
 
 @dataclass

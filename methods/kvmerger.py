@@ -65,7 +65,7 @@ class KVMerger(CompressionMethod):
 
     name: ClassVar[str] = "kvmerger"
     #: prompt-only; its padded heads keep the log-weight bias
-    TRAITS: ClassVar[Traits] = Traits(prompt_only=True, decode_rule=False, decode_input="none")
+    TRAITS: ClassVar[Traits] = Traits(prompt_only=True, decode_rule=False, decode_input="none", merges=True)
 
     recent_ratio: float = 0.17
     heavy_ratio: float = 0.12

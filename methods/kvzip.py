@@ -25,12 +25,13 @@ from typing import ClassVar
 
 import torch
 
+from kernels.prefill import group_queries, softcap_logits
 from methods.criticalkv import output_norm
 from methods.probing import Probe, Probing
 from methods.seam.architecture import UnsupportedArchitectureError
-from methods.seam.contract import NO_DECODE_RULE, CompressionMethod, Traits
+from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
-from methods.seam.step import group_queries, softcap_logits
+from methods.seam.traits import NO_DECODE_RULE, Traits
 from tasks.chat import user_turn
 
 #: The reconstruction instructions (kvpress's ``KVzipPress.prepare``; the official code's, without
@@ -111,6 +112,8 @@ class KVzip(Probing, CompressionMethod):
     TRAITS: ClassVar[Traits] = replace(
         NO_DECODE_RULE,
         prompt_only=True,
+        ragged_heads=True,
+        probes=True,
         state_fill={"scores": float("inf")},  # a token no chunk repeats (the template's head) is kept
     )
 

@@ -38,7 +38,8 @@ class Probe:
 
 class Probing:
     """Mixin of a :class:`~methods.seam.contract.CompressionMethod` that probes (module docstring):
-    ``class KVzip(Probing, CompressionMethod)``. The runners test ``isinstance(method, Probing)``."""
+    ``class KVzip(Probing, CompressionMethod)``, whose traits declare ``probes=True``
+    (``Traits.probes``: what the runners read)."""
 
     def attach_tokenizer(self, tokenizer, template_kwargs: dict) -> None:
         """Read what the method needs of the model's tokenizer and chat template (rendered with
@@ -69,8 +70,3 @@ class Probing:
         """Compress the layers this method rules (each holding the whole prompt), all at once, after
         the probe forwards."""
         raise NotImplementedError
-
-
-def is_probing(method: object) -> bool:
-    """Whether ``method`` (a layer's rule, or a run's method) is a :class:`Probing` method."""
-    return isinstance(method, Probing)

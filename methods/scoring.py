@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.prefill import group_queries, softcap_logits
 from methods.score_memo import lookup, remember
-from methods.seam.step import group_queries, softcap_logits
 
 __all__ = [
     "causal_column_sums",

@@ -23,9 +23,10 @@ import torch
 
 from methods.checks import check_range
 from methods.scoring import lowest_score, window_attention
-from methods.seam.contract import NO_DECODE_RULE, CompressionMethod, Traits
+from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
+from methods.seam.traits import NO_DECODE_RULE, Traits
 
 
 @dataclass
@@ -52,7 +53,9 @@ class SimLayerKV(CompressionMethod):
     """
 
     name: ClassVar[str] = "simlayerkv"
-    TRAITS: ClassVar[Traits] = replace(NO_DECODE_RULE, budget_applies=False, counters=("lazy_layers",))
+    TRAITS: ClassVar[Traits] = replace(
+        NO_DECODE_RULE, budget_applies=False, counters=("lazy_layers",), ragged_heads=True
+    )
 
     lazy_threshold: float = 0.9
     n_last: int = 1

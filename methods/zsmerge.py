@@ -61,7 +61,7 @@ class ZSMerge(CompressionMethod):
     """
 
     name: ClassVar[str] = "zsmerge"
-    TRAITS: ClassVar[Traits] = Traits(state_fill={"scores": 0.0, "fusion": 1.0})
+    TRAITS: ClassVar[Traits] = Traits(state_fill={"scores": 0.0, "fusion": 1.0}, merges=True)
 
     proximity_ratio: float = 0.5
     residual_ratio: float = 0.02

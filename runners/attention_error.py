@@ -16,14 +16,16 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from methods import CompressedCache, CompressionMethod, FullKV
-from methods.probing import is_probing
 from methods.seam.architecture import LayerSpec, layer_specs
 from methods.seam.step import decode_step, prefill_step
+from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 from runners.budget import resolve_budget
 from runners.build import build_components, load_prompts, refuse_untrained
 from runners.generate import eos_token_ids, greedy_generate
 from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
+from runners.storage import storage_of
 from tasks.errors import KVBenchError
 
 
@@ -38,6 +40,8 @@ class ShadowCaches:
         Slot budgets (tokens per layer and KV head), resolved for the current prompt.
     specs : list[LayerSpec]
         The model's decoder layers (``methods.seam.architecture.layer_specs``).
+    storage : StorageKind
+        The run's storage kind (the FullKV reference holds the same).
 
     Attributes
     ----------
@@ -50,10 +54,11 @@ class ShadowCaches:
         method: CompressionMethod,
         budgets: list[int],
         specs: list[LayerSpec],
+        storage: StorageKind = SlotStore,
     ) -> None:
         self.method = method
         num_layers = len(specs)
-        self.caches = [CompressedCache(method, b, specs) for b in budgets]
+        self.caches = [CompressedCache(method, b, specs, storage=storage) for b in budgets]
         self.error_sum = torch.zeros((len(budgets), num_layers), dtype=torch.float64)
         self.steps = torch.zeros((len(budgets), num_layers), dtype=torch.float64)
 
@@ -96,11 +101,12 @@ def run_attention_error(cfg: DictConfig) -> dict:
         cfg_b = OmegaConf.merge(cfg, {"budget": b})
         build_components(cfg_b)  # validates each budget with the method's assets
     method, task = build_components(cfg)
+    storage = storage_of(cfg, method)
     if not method.traits.compresses:
         raise KVBenchError(
             "runner=error compares a compressing method with FullKV; method=fullkv has no error"
         )
-    if is_probing(method):
+    if method.traits.probes:
         raise KVBenchError(
             f"runner=error drives its caches with FullKV's forwards; {method.label} scores with forwards "
             "of its own after the prefill: run it with runner=quality"
@@ -130,10 +136,11 @@ def run_attention_error(cfg: DictConfig) -> dict:
     with recording(cfg, store, record):
         for ids in tqdm(prompts, desc=f"error {method.label}", disable=not cfg.runner.progress):
             slots = [resolve_budget(b, ids.shape[1], cfg.model.max_context, cfg.budget_unit) for b in budgets]
-            shadows = ShadowCaches(method, slots, specs)
+            shadows = ShadowCaches(method, slots, specs, storage)
             greedy_generate(
-                model, ids, FullKV(), None, new, eos_token_ids(model, tokenizer), observer=shadows
-            )
+                model, ids, FullKV(), None, new, eos_token_ids(model, tokenizer), observer=shadows,
+                storage=storage,
+            )  # fmt: skip
             error_sum += shadows.error_sum
             steps += shadows.steps
         per_layer = (error_sum / steps.clamp(min=1)).tolist()

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 from runners.generate import (
     GenerationResult,
     Row,
@@ -36,17 +38,20 @@ def start_row(
     eos_token_ids: set[int],
     min_new_tokens: int = 0,
     question_start: int | None = None,
+    storage: StorageKind = SlotStore,
 ) -> Row:
     """Prefill one prompt ``[1, prompt]`` on its own cache (the context only, then the question chunk,
     when ``question_start`` is given) and pick its first token; arguments as
-    :func:`runners.generate.greedy_generate`.
+    :func:`runners.generate.greedy_generate`; ``storage``: the run's storage kind.
 
     Raises
     ------
     ValueError
         As :func:`runners.generate.prefill_prompt`.
     """
-    run, logits, seconds = prefill_prompt(model, input_ids, method, budget, max_new_tokens, question_start)
+    run, logits, seconds = prefill_prompt(
+        model, input_ids, method, budget, max_new_tokens, question_start, storage=storage
+    )
     return begin_generation(
         run, input_ids, logits, budget, max_new_tokens, eos_token_ids, seconds, min_new_tokens
     )

@@ -16,7 +16,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from methods import METHOD_REGISTRY, CompressionMethod
-from methods.probing import is_probing
 from methods.seam.contract import AssetRequest
 from reports.store import renamed_in_config
 from runners.budget import validate_budget
@@ -26,7 +25,6 @@ from runners.loaded import load_once
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.paths import RESULTS, check_writable_dir
-from runners.storage import set_storage
 from tasks import TASK_REGISTRY, Task
 from tasks.chat import template_kwargs
 from tasks.errors import KVBenchError
@@ -201,8 +199,7 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
     KVBenchError
         For a bad budget, unknown method target, bad hyperparameters, bad model config, an
         unsupported architecture, a Triton kernel that fails its proof with ``kernels=triton``
-        (``runners.kernel_proof.check_kernels``), a ``quant=`` the method cannot run over
-        (``runners.storage.set_storage``) or a missing method asset (LESS kernels: the
+        (``runners.kernel_proof.check_kernels``) or a missing method asset (LESS kernels: the
         message gives the training command, with this run's :func:`model_options`). Fills the
         model config's null fields from the model's own config
         (``runners.models.resolve_model_config``).
@@ -218,14 +215,13 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
     except ValueError as err:
         raise KVBenchError(f"method {method.label}: {err}") from err
     check_kernels(cfg, text)
-    set_storage(cfg, method)
     try:
         method.attach_assets(
             AssetRequest(cfg.paths.checkpoints_dir, cfg.model.name, cfg.budget, cfg.budget_unit)
         )
     except FileNotFoundError as err:
         raise KVBenchError(str(err).replace("<model options>", model_options(cfg.model))) from err
-    if is_probing(method):  # KVzip's reconstruction prompt: the tokenizer's chat template
+    if method.traits.probes:  # KVzip's reconstruction prompt: the tokenizer's chat template
         tokenizer = load_tokenizer(cfg.model)
         method.attach_tokenizer(tokenizer, chat_kwargs(cfg, tokenizer))
     return method

@@ -20,6 +20,8 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from methods import CompressionMethod
+from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 from reports.store import ResultStore
 from runners.budget import resolve_budget
 from runners.build import build_method, run_budget
@@ -32,6 +34,7 @@ from runners.environment import (
 )
 from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
+from runners.storage import storage_of
 from runners.summary_table import print_summary
 from runners.timing import TimedRun, synthetic_prompts, timed_generate
 from tasks.errors import KVBenchError
@@ -59,9 +62,10 @@ def check_shape(cfg: DictConfig) -> None:
 
 def start_synthetic_run(
     cfg: DictConfig, check: Callable[[DictConfig], None]
-) -> tuple[CompressionMethod, dict, ResultStore, str, dict | None]:
+) -> tuple[CompressionMethod, StorageKind, dict, ResultStore, str, dict | None]:
     """The start of a runner on synthetic prompts (``runner=efficiency``, ``runner=oom``): the method
-    (which fills ``model.max_context`` from the model's config), the runner's own ``check(cfg)``, then
+    (which fills ``model.max_context`` from the model's config), its storage kind
+    (``runners.storage.storage_of``), the runner's own ``check(cfg)``, then
     the run's config, store, id and finished record (:func:`runners.record.stored_run`; None when it
     is to be computed).
 
@@ -71,9 +75,10 @@ def start_synthetic_run(
         For bad input (budget, method, the runner's fields), before the model is loaded.
     """
     method = build_method(cfg)
+    storage = storage_of(cfg, method)
     check(cfg)
     config = run_config(cfg, method.traits.budget_applies)
-    return method, config, *stored_run(cfg, config, print_summary)
+    return method, storage, config, *stored_run(cfg, config, print_summary)
 
 
 def summarise(runs: list[TimedRun], batch_size: int, prompt_len: int, peaks: list[int | None]) -> dict:
@@ -110,9 +115,14 @@ def summarise(runs: list[TimedRun], batch_size: int, prompt_len: int, peaks: lis
 
 
 def measure(
-    model: torch.nn.Module, method: CompressionMethod, cfg: DictConfig, budget: int | None
+    model: torch.nn.Module,
+    method: CompressionMethod,
+    cfg: DictConfig,
+    budget: int | None,
+    storage: StorageKind = SlotStore,
 ) -> tuple[dict, list[dict]]:
-    """Warm-up, then ``runner.repeats`` timed runs of one shape; the efficiency block and the curve.
+    """Warm-up, then ``runner.repeats`` timed runs of one shape (caches of the run's ``storage`` kind);
+    the efficiency block and the curve.
 
     The progress bar (``runner.progress``) advances once per model forward, the prefill and every
     decode step of the warm-up and of each repeat (a forward hook: a counter increment per step)."""
@@ -130,11 +140,11 @@ def measure(
         hook = model.register_forward_hook(advance) if r.progress else None
         try:
             if r.warmup_steps:
-                timed_generate(model, ids, method, budget, warmup)
+                timed_generate(model, ids, method, budget, warmup, storage=storage)
             for i in range(r.repeats):
                 reset_peak_memory(device)
                 curve_every = r.curve_every if i == 0 else 0
-                runs.append(timed_generate(model, ids, method, budget, r.gen_len - 1, curve_every))
+                runs.append(timed_generate(model, ids, method, budget, r.gen_len - 1, curve_every, storage))
                 peaks.append(peak_device_bytes(device) if device.type == "cuda" else peak_rss_bytes())
         finally:
             if hook is not None:
@@ -150,7 +160,7 @@ def run_efficiency(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input (budget, method, shape), before the model is loaded.
     """
-    method, config, store, rid, done = start_synthetic_run(cfg, check_shape)
+    method, storage, config, store, rid, done = start_synthetic_run(cfg, check_shape)
     if done is not None:
         return done
     print(f"loading model {cfg.model.name}", flush=True)
@@ -165,7 +175,7 @@ def run_efficiency(cfg: DictConfig) -> dict:
         budget_slots=budget, n_samples=r.batch_size,
     )  # fmt: skip
     with recording(cfg, store, record):
-        efficiency, curve = measure(model, method, cfg, budget)
+        efficiency, curve = measure(model, method, cfg, budget, storage)
         efficiency |= {  # the process: model loading and the warm-up included
             "peak_rss_process_bytes": process_peak_rss_bytes(),
             "peak_device_process_bytes": process_peak_device_bytes(model.device),

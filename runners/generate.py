@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from methods.seam.contract import CompressionMethod
+from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 from runners.generation_result import GenerationResult
 from runners.model_run import ModelRun, forward_rows
 
@@ -60,6 +62,7 @@ def greedy_generate(
     min_new_tokens: int = 0,
     observer=None,
     question_start: int | None = None,
+    storage: StorageKind = SlotStore,
 ) -> GenerationResult:
     """Greedy decoding of one prompt through the cache seam.
 
@@ -89,6 +92,8 @@ def greedy_generate(
         Query-agnostic compression: the prefill takes the prompt's first ``question_start`` tokens
         (the context, compressed by the method), then the rest (the question) is appended as one
         chunk (:meth:`ModelRun.append`). None: the whole prompt is the prefill (query-aware).
+    storage : StorageKind
+        The run's storage kind (``runners.storage.storage_of``).
 
     Returns
     -------
@@ -101,7 +106,7 @@ def greedy_generate(
         least one token on each side.
     """
     run, logits, seconds = prefill_prompt(
-        model, input_ids, method, budget, max_new_tokens, question_start, observer
+        model, input_ids, method, budget, max_new_tokens, question_start, observer, storage
     )
     row = begin_generation(
         run, input_ids, logits, budget, max_new_tokens, eos_token_ids, seconds, min_new_tokens
@@ -117,11 +122,12 @@ def prefill_prompt(
     max_new_tokens: int,
     question_start: int | None = None,
     observer=None,
+    storage: StorageKind = SlotStore,
 ) -> tuple[ModelRun, torch.Tensor, float]:
     """Prefill one prompt ``[1, prompt]`` into a new cache sized for ``max_new_tokens`` more: the whole
     prompt, or its first ``question_start`` tokens (the context of a query-agnostic run; the question
     is appended by :func:`begin_generation`). Returns the run, the last position's logits ``[1, vocab]``
-    and the prefill's wall time (seconds).
+    and the prefill's wall time (seconds). The cache holds the run's storage kind ``storage``.
 
     Raises
     ------
@@ -135,7 +141,7 @@ def prefill_prompt(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if question_start is not None and not 0 < question_start < input_ids.shape[1]:
         raise ValueError(f"question_start must be in [1, {input_ids.shape[1] - 1}], got {question_start}")
-    run = ModelRun(model, method, budget, input_ids.shape[1] + max_new_tokens - 1, observer)
+    run = ModelRun(model, method, budget, input_ids.shape[1] + max_new_tokens - 1, observer, storage=storage)
     start = time.perf_counter()
     logits = run.prefill(input_ids if question_start is None else input_ids[:, :question_start])
     return run, logits, time.perf_counter() - start

@@ -13,9 +13,10 @@ import inspect
 import torch
 
 from kernels.switch import RAN, Switch
-from methods.probing import is_probing
 from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
+from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 from runners.kernel_proof import prove_for_model
 from runners.probe import ProbeCache
 from runners.rows import RowsCache
@@ -105,9 +106,12 @@ class ModelRun:
         observer=None,
         backend: str | None = None,
         cache: CompressedCache | None = None,
+        storage: StorageKind = SlotStore,
     ) -> None:
         self.model, self.observer = model, observer
-        self.cache = CompressedCache.for_model(model, method, budget, max_tokens) if cache is None else cache
+        if cache is None:
+            cache = CompressedCache.for_model(model, method, budget, max_tokens, storage)
+        self.cache = cache
         self.seen = self.cache.get_seq_length()
         self.backend = get_decode_backend() if backend is None else backend
         if self.backend not in BACKENDS:
@@ -136,7 +140,7 @@ class ModelRun:
         """After the prefill of ``input_ids`` ``[batch, prompt]``: the probe forwards of a probing method
         (``methods.probing``; KVzip's reconstruction chunks) over the uncompressed cache, which they leave
         unchanged (``runners.probe``), then the method compresses its layers. Nothing for other methods."""
-        if is_probing(self.cache.method):
+        if self.cache.method.traits.probes:
             probe_caches(self.model, [self.cache], input_ids)
 
     def append(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from runners.budget import resolve_budget
 from runners.build import build_method, check_device
 from runners.efficiency import start_synthetic_run
 from runners.record import failure, is_oom, new_record, recording
+from runners.storage import storage_of
 from tasks.errors import KVBenchError
 from tasks.generators.fit import bisect_fitting
 
@@ -102,6 +103,7 @@ def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Modu
     from runners.timing import synthetic_prompts, timed_generate
 
     method = build_method(cfg)
+    storage = storage_of(cfg, method)
     model = model if model is not None else load_model(cfg.model, "cpu")
     budget = resolve_budget(
         None if not method.traits.budget_applies else cfg.budget,
@@ -111,7 +113,7 @@ def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Modu
     )
     steps = cfg.runner.probe_steps if cfg.runner.probe_steps is not None else cfg.runner.gen_len - 1
     ids = synthetic_prompts(model.config.vocab_size, batch, prompt_len, cfg.seed).to(model.device)
-    timed_generate(model, ids, method, budget, steps)
+    timed_generate(model, ids, method, budget, steps, storage=storage)
 
 
 def run_capped(argv: list[str], cap_bytes: int, timeout: float) -> tuple[str, str]:
@@ -222,7 +224,7 @@ def run_oom(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input, before any probe.
     """
-    method, config, store, rid, done = start_synthetic_run(cfg, check_search)
+    method, _, config, store, rid, done = start_synthetic_run(cfg, check_search)
     if done is not None:
         return done
     r = cfg.runner

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from methods.probing import Probe, is_probing
+from kernels.prefill import group_queries, softcap_logits
+from methods.probing import Probe
 from methods.seam.architecture import attention_modules
 from methods.seam.cache import CompressedCache
 from methods.seam.layer import CompressedLayer
-from methods.seam.step import group_queries, softcap_logits
 
 
 def probe_attention(
@@ -175,6 +175,6 @@ class ProbeCache(Cache):
         out = probe_attention(self.cache.layers[layer_idx], query, key, value, scaling)
         norm = self.hidden_norms.pop(layer_idx, None)
         for cache in self.caches:
-            if is_probing(rule := cache.rules[layer_idx]):
+            if (rule := cache.rules[layer_idx]).traits.probes:
                 rule.probe(cache.layers[layer_idx], query, key, scaling, self.probe, norm)
         return out

@@ -18,6 +18,8 @@ from tqdm import tqdm
 from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
+from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 from runners.batched import decode_rows, start_row
 from runners.budget import resolve_budget
 from runners.build import build_components, load_prompts, refuse_untrained, run_budget
@@ -32,6 +34,7 @@ from runners.generate import GenerationResult, Row, eos_token_ids
 from runners.models import load_model
 from runners.record import new_record, recording, run_config, stored_run
 from runners.shards import check_shards, merge_when_complete, shard_samples
+from runners.storage import storage_of
 from runners.summary_table import print_summary
 from tasks import Task
 from tasks.errors import KVBenchError
@@ -188,18 +191,18 @@ def prediction_row(tokenizer, sample, ids: torch.Tensor, start: int | None, res:
 
 def sample_rows(
     model, tokenizer, task: Task, method: CompressionMethod, samples: list, prompts: list, budgets: list,
-    starts: list, eos: set[int],
+    starts: list, eos: set[int], storage: StorageKind = SlotStore,
 ) -> list[tuple[int, Callable[[], Row]]]:  # fmt: skip
     """``(sample index, start)`` per sample of ``task`` (``samples``, their ``prompts``), for
     :func:`runners.batched.decode_rows`: ``start()`` prefills the sample (:func:`runners.batched.start_row`)
     with its budget, question start, new-token limit and stop tokens (EOS ids ``eos`` plus the
-    sample's stop strings)."""
+    sample's stop strings), each on a cache of the run's ``storage`` kind."""
 
     def begin(i: int) -> Callable[[], Row]:
         return lambda: start_row(
             model, prompts[i].to(model.device), method, budgets[i], task.max_new(samples[i]),
             eos | stop_token_ids(tokenizer, samples[i].stop_strings),
-            min_new_tokens=task.min_new_tokens, question_start=starts[i],
+            min_new_tokens=task.min_new_tokens, question_start=starts[i], storage=storage,
         )  # fmt: skip
 
     return [(i, begin(i)) for i in range(len(samples))]
@@ -236,6 +239,7 @@ def run_quality(cfg: DictConfig) -> dict:
     batch_size = check_batch_size(cfg)
     check_shards(cfg)
     method, task = build_components(cfg)
+    storage = storage_of(cfg, method)
     config = run_config(cfg, method.traits.budget_applies)
     tokenizer, every, prompts = load_prompts(cfg, task)
     samples, prompts = shard_samples(cfg, every, prompts)  # the run is identified by every sample
@@ -268,7 +272,9 @@ def run_quality(cfg: DictConfig) -> dict:
 
     with recording(cfg, store, record, predictions, lambda: record.update(samples_done=len(results))):
         start = time.perf_counter()
-        starting = sample_rows(model, tokenizer, task, method, samples, prompts, budgets, starts, eos)
+        starting = sample_rows(
+            model, tokenizer, task, method, samples, prompts, budgets, starts, eos, storage
+        )
         rows = decode_rows(starting, batch_size)
         for i, res in tqdm(rows, total=len(samples), desc=method.label, disable=not cfg.runner.progress):
             done.append(i)

@@ -20,7 +20,6 @@ from functools import partial
 import torch
 
 from methods import CompressedCache, CompressionMethod, FullKV
-from methods.probing import is_probing
 from methods.score_memo import shared_scores
 from methods.seam.step import prefill_step
 from methods.seam.storage import StorageKind
@@ -80,8 +79,8 @@ def shared_generate(
     batch_size : int
         Settings whose decode steps run in one forward (``runners.batched``; 1: one by one).
     storages : list[StorageKind] | None
-        Each setting's storage kind (a grid over ``quant=``); None: the process's
-        (``methods.seam.cache.DEFAULT_STORAGE``). The shared forward's own cache is full precision.
+        Each setting's storage kind (a grid over ``quant=``); None: full precision for every setting.
+        The shared forward's own cache is full precision.
 
     Returns
     -------
@@ -104,7 +103,7 @@ def shared_generate(
     if storages is not None and len(storages) != len(settings):
         raise ValueError(f"{len(storages)} storage kinds for {len(settings)} settings")
     most = input_ids.shape[1] + max_new_tokens - 1
-    kinds = storages or [None] * len(settings)
+    kinds = storages or [SlotStore] * len(settings)
     caches = [
         CompressedCache.for_model(model, method, budget, most, kind)
         for (method, budget), kind in zip(settings, kinds, strict=True)
@@ -132,7 +131,7 @@ def shared_generate(
 
 
 def probe_groups(
-    caches: list[CompressedCache], kinds: list[StorageKind | None], prompt: torch.Tensor
+    caches: list[CompressedCache], kinds: list[StorageKind], prompt: torch.Tensor
 ) -> list[list[CompressedCache]]:
     """The prefilled caches of probing methods (``methods.probing``) grouped so that each group's
     probe forwards run once (:func:`runners.model_run.probe_caches`): the same storage kind (its
@@ -147,7 +146,7 @@ def probe_groups(
     """
     groups: dict[object, list[CompressedCache]] = {}
     for i, (cache, kind) in enumerate(zip(caches, kinds, strict=True)):
-        if not is_probing(cache.method):
+        if not cache.method.traits.probes:
             continue
         if all(rule is cache.method for rule in cache.rules):
             chunks = tuple((tuple(p.ids[0].tolist()), p.span) for p in cache.method.probe_prompts(prompt))

@@ -1,16 +1,14 @@
-"""The run's storage kind (``quant=``, docs/quantization.md): checked before any work and set for the
-process (``methods.seam.cache.DEFAULT_STORAGE``), so every cache the run makes holds its keys and
-values that way, whatever the method."""
+"""The run's storage kind (``quant=``, docs/quantization.md): worked out once per run (per setting of
+a grid), before any model loads, and passed to every cache the run makes
+(``CompressedCache(storage=...)``), so its caches hold keys and values that way, whatever the method."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
 from methods import CompressionMethod
-from methods.quant import QUANT_REGISTRY, check_method, storage_kind
-from methods.seam.cache import DEFAULT_STORAGE
-from methods.seam.storage import StorageKind
-from methods.seam.store import SlotStore
+from methods.quant import QUANT_REGISTRY, storage_kind
+from methods.seam.storage import MergingStorage, StorageKind
 from reports.store import quant_of
 from tasks.errors import KVBenchError
 
@@ -21,8 +19,8 @@ def storage_of(cfg: DictConfig, method: CompressionMethod) -> StorageKind:
     Raises
     ------
     KVBenchError
-        For an unknown name, parameters its kind refuses, a method with ragged heads over a kind without them
-        (``methods.quant.check_method``), or quantized storage with ``backend=compiled`` (not proven:
+        For an unknown name, parameters its kind refuses, a merging method (``Traits.merges``) over a
+        kind whose store does not merge, or quantized storage with ``backend=compiled`` (not proven:
         KIVI's residual bookkeeping is host-side).
     """
     name = quant_of(cfg)
@@ -36,12 +34,8 @@ def storage_of(cfg: DictConfig, method: CompressionMethod) -> StorageKind:
         raise KVBenchError(f"unknown quant {name!r} (known: {sorted(QUANT_REGISTRY)})")
     try:
         kind = storage_kind(name, params)
-        check_method(method, name)
     except (ValueError, TypeError) as err:
         raise KVBenchError(f"quant={name}: {err}") from err
-    return kind or SlotStore
-
-
-def set_storage(cfg: DictConfig, method: CompressionMethod) -> None:
-    """Make :func:`storage_of` the storage kind of every cache of this process (raises as it does)."""
-    DEFAULT_STORAGE[0] = storage_of(cfg, method)
+    if method.traits.merges and not isinstance(kind({}, lambda needed: needed), MergingStorage):
+        raise KVBenchError(f"{method.label} merges slots, which quant={name} storage does not offer")
+    return kind

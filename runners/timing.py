@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 
 from methods.seam.contract import CompressionMethod
+from methods.seam.storage import StorageKind
+from methods.seam.store import SlotStore
 from runners.environment import rss_bytes
 from runners.model_run import ModelRun
 
@@ -108,6 +110,8 @@ class Decoder:
         Slots per (layer, KV head); None for no compression.
     max_tokens : int | None
         Tokens the run will append at most (prompt + steps), when known: caps the cache's buffers.
+    storage : StorageKind
+        The run's storage kind (``runners.storage.storage_of``).
 
     Attributes
     ----------
@@ -131,12 +135,13 @@ class Decoder:
         method: CompressionMethod,
         budget: int | None,
         max_tokens: int | None = None,
+        storage: StorageKind = SlotStore,
     ) -> None:
         if input_ids.numel() == 0:
             raise ValueError(f"need a non-empty batch, got shape {tuple(input_ids.shape)}")
         self.model, self.device = model, input_ids.device
         self.batch, self.length = input_ids.shape
-        self.run = ModelRun(model, method, budget, max_tokens)
+        self.run = ModelRun(model, method, budget, max_tokens, storage=storage)
         self.cache = self.run.cache
         _sync(self.device)
         start = time.perf_counter()
@@ -160,6 +165,7 @@ def timed_generate(
     budget: int | None,
     steps: int,
     curve_every: int = 0,
+    storage: StorageKind = SlotStore,
 ) -> TimedRun:
     """Prefill a batch of equal-length prompts, then exactly ``steps`` greedy decode steps (no
     end-of-sequence stop), timing each phase; the efficiency runner's loop.
@@ -172,6 +178,8 @@ def timed_generate(
         Decode steps (tokens per row after the first).
     curve_every : int
         Record a context-growth point every this many steps (0: none).
+    storage : StorageKind
+        The run's storage kind (``runners.storage.storage_of``).
 
     Returns
     -------
@@ -184,7 +192,7 @@ def timed_generate(
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
-    decoder = Decoder(model, input_ids, method, budget, input_ids.shape[1] + steps)
+    decoder = Decoder(model, input_ids, method, budget, input_ids.shape[1] + steps, storage)
     cache, device, batch = decoder.cache, decoder.device, decoder.batch
     step_seconds: list[float] = []
     curve: list[dict] = []

@@ -22,23 +22,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from methods import METHOD_REGISTRY
 from methods.quant import storage_kind
-from methods.seam import cache as seam_cache
-from methods.seam.store import SlotStore
 from runners.timing import Decoder, synthetic_prompts
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def decoder(model, prompt: torch.Tensor, name: str, budget: float, quant: str, steps: int) -> Decoder:
-    """A prefilled decoder of method ``name`` over ``quant`` storage (set while its cache is made)."""
+    """A prefilled decoder of method ``name`` over ``quant`` storage."""
     params = {k: v for k, v in OmegaConf.load(CONFIGS / "quant" / f"{quant}.yaml").items() if k != "name"}
-    seam_cache.DEFAULT_STORAGE[0] = storage_kind(quant, params) or SlotStore
     method = METHOD_REGISTRY[name]()
     slots = None if not method.traits.budget_applies else max(2, int(budget * prompt.shape[1]))
-    try:
-        return Decoder(model, prompt, method, slots, prompt.shape[1] + steps + 8)
-    finally:
-        seam_cache.DEFAULT_STORAGE[0] = SlotStore
+    return Decoder(model, prompt, method, slots, prompt.shape[1] + steps + 8, storage_kind(quant, params))
 
 
 def main() -> None:

@@ -93,7 +93,7 @@ HOLDING = sorted(
 def test_a_full_layers_compiled_step_takes_no_integer_input(shallow, name, monkeypatch):
     """CUDA graph trees record one graph per value of a compiled step's integer inputs: once a layer
     that holds its budget is full, its step must take none (the token count enters as the device
-    count ``CompressedLayer.seen``, the positions as tensors). Traced by Dynamo alone (no Inductor),
+    count of ``CompressedLayer.tokens_seen``, the positions as tensors). Traced by Dynamo alone (no Inductor),
     so the check costs seconds; R-KV is left out, its slot count cycles over its buffer (one graph per
     count)."""
     import runners.model_run

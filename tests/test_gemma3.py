@@ -13,7 +13,6 @@ import torch
 from omegaconf import OmegaConf
 
 from methods import METHOD_REGISTRY, FullKV
-from methods.probing import is_probing
 from methods.seam.architecture import layer_specs
 from methods.seam.cache import CompressedCache
 from methods.seam.sliding import sliding_bound
@@ -92,7 +91,7 @@ def test_every_method_on_a_real_article(gemma3, data_dir, name):
     specs = layer_specs(model)
     kwargs = {"kvmerger": {"exact_budget": True}, "less": {"checkpoint": "random"}} | allocator_kwargs(model)
     method = METHOD_REGISTRY[name](**kwargs.get(name, {}))
-    if is_probing(method):  # KVzip: its reconstruction prompt (a base model: no chat template)
+    if method.traits.probes:  # KVzip: its reconstruction prompt (a base model: no chat template)
         method.attach_tokenizer(tokenizer, {})
 
     statistics = []  # Expected Attention's query statistics (KV bytes): 260 slots a layer at head_dim 256

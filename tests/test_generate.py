@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 from kernels import decode_attention
 from methods import METHOD_REGISTRY, FullKV, ZSMerge
-from methods.probing import is_probing
 from runners.generate import eos_token_ids, greedy_generate
 from tests.conftest import set_attn
 
@@ -153,7 +152,7 @@ def test_every_method_on_the_embedded_model(embedded, article_fullkv, name):
     kwargs = {"kvmerger": {"exact_budget": True}, "less": {"kernels": untrained_less_kernels(model)}}
     kwargs |= allocator_kwargs(model)  # SnapKV under AdaKV, PyramidKV, equal layer ratios
     method = METHOD_REGISTRY[name](**kwargs.get(name, {}))
-    if is_probing(method):  # KVzip: its reconstruction prompt in this tokenizer's template
+    if method.traits.probes:  # KVzip: its reconstruction prompt in this tokenizer's template
         method.attach_tokenizer(tokenizer, {})
     assert greedy_generate(model, ids, method, ids.shape[1] + 16, 16, eos).tokens == full.tokens
     small = greedy_generate(model, ids, method, int(0.05 * ids.shape[1]), 16, eos)

@@ -9,7 +9,6 @@ import torch
 
 from methods import METHOD_REGISTRY, TOVA, AdaKV, FullKV, KNorm, SnapKV
 from methods.kvzip import ReconstructionPrompt
-from methods.probing import is_probing
 from runners.generate import greedy_generate
 from tests.conftest import REPO
 from tests.test_less import tiny_kernels
@@ -196,7 +195,7 @@ def build_preset(name: str):
         if key in cfg.method.keys() and OmegaConf.is_missing(cfg.method, key):
             cfg.method[key] = value
     method = instantiate(cfg.method)
-    if is_probing(method):  # what the runners read from the tokenizer (runners.build.build_method)
+    if method.traits.probes:  # what the runners read from the tokenizer (runners.build.build_method)
         method.prompt = TINY_PROMPT
     return method
 

@@ -1,40 +1,49 @@
-"""Quantized storage (``quant=``) x every method: the method's budget holds at every step, the layers
-really hold codes, and the bytes are the codes, scales, zero points, references and full-precision
-rows of the held slots; head-adaptive allocators hold their ragged heads as codes over every kind (a
-kind without ragged heads would refuse them before any work)."""
+"""Every registered storage kind (``quant=``, ``methods.quant.QUANT_REGISTRY``) x every method: the
+method's budget holds at every step, the layers really hold codes, the bytes are what the codec holds
+for the held slots (KIVI: codes, scales, zero points, references and full-precision rows), and
+head-adaptive allocators hold their ragged heads in the same codec. A new kind is tested here by
+registering it, with no edit of this file."""
 
 from __future__ import annotations
 
-from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from methods import METHOD_REGISTRY
-from methods.quant import QUANT_REGISTRY, KiviStore, PerTokenStore, check_method, ragged_parts, storage_kind
-from methods.quant.base import QuantizedStore
-from methods.quant.kivi_ragged import KiviRaggedStore
-from methods.quant.ragged import QuantizedRaggedStore
-from methods.seam import cache as seam_cache
+from methods.quant import QUANT_REGISTRY, storage_kind
+from methods.quant.kivi import KiviStore
+from methods.seam.ragged import RaggedStore
+from methods.seam.store import SlotStore
 from runners.generate import greedy_generate
 from tests.test_method_matrix import NEW, PROMPT, SETTINGS, prompt
 
 HEAD_DIM, KV_HEADS, FP32 = 16, 2, 4
-#: The kinds over the tiny model (head_dim 16): KIVI with a small G and R, so that its key blocks
-#: are quantized and its residuals move during 16 decode steps of a 64-token prompt.
-KINDS = {
-    "int8": partial(PerTokenStore, bits=8, group=8),
-    "int4": partial(PerTokenStore, bits=4, group=8),
-    "kivi2": partial(KiviStore, bits=2, group=4, residual=8),
-}
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "quant"
+#: Parameters shrunk for the tiny model (head_dim 16, 64-token prompts, 16 decode steps): groups of 4
+#: channels or tokens and KIVI's residual of 8, so that key blocks are quantized and residuals move.
+SMALL = {"group": 4, "residual": 8}
 
 
-def per_token_slot_bytes(bits: int, group: int) -> int:
-    """Bytes of one slot of one head: codes, scale and zero point per group, for keys and values."""
-    return 2 * (HEAD_DIM * bits // 8 + 2 * (HEAD_DIM // group) * FP32)
+def params(name: str) -> dict:
+    """The config's parameters of ``quant=<name>``, shrunk as :data:`SMALL` says."""
+    cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / f"{name}.yaml"))
+    return {k: SMALL.get(k, v) for k, v in cfg.items() if k != "name"}
 
 
-def kivi_bytes(store: KiviStore | KiviRaggedStore) -> int:
+#: Every registered kind but full precision, made from its config.
+KINDS = {name: storage_kind(name, params(name)) for name in sorted(QUANT_REGISTRY) if name != "none"}
+
+
+def slot_bytes(store) -> int:
+    """Bytes the codec holds for one token of one head (its fields for a key and a value)."""
+    row = torch.randn(1, HEAD_DIM)
+    return sum(t.nbytes for name in ("keys", "values") for t in store.codec.encode(name, row).values())
+
+
+def kivi_bytes(store) -> int:
     """KIVI's bytes counted head by head from the held slots' references: two int32 per slot, codes of a
     quantized key, codes, scale and zero point of a quantized value, a full-precision row of a residual
     key or value, the scale and zero rows of every distinct key group the head refers to."""
@@ -50,38 +59,16 @@ def kivi_bytes(store: KiviStore | KiviRaggedStore) -> int:
     return total
 
 
-def refused(kind: str, name: str, kwargs: dict) -> bool:
-    try:
-        check_method(METHOD_REGISTRY[name](**kwargs), kind)
-    except ValueError:
-        return True
-    return False
-
-
 CASES = [
     pytest.param(kind, name, kwargs, budget, id=f"{kind}-{name}-{level}")
     for kind in KINDS
     for name, pair in SETTINGS.items()
     for level, kwargs, budget in (("mild", pair[0], 40), ("harsh", pair[1], 10))
-    if not refused(kind, name, kwargs)
 ]
 
 
-@pytest.fixture
-def storage():
-    """Sets the process's storage kind (as ``runners.storage.set_storage`` does) and restores it."""
-    before = list(seam_cache.DEFAULT_STORAGE)
-
-    def use(kind) -> None:
-        seam_cache.DEFAULT_STORAGE[0] = kind
-
-    yield use
-    seam_cache.DEFAULT_STORAGE[:] = before
-
-
 @pytest.mark.parametrize(("kind", "name", "kwargs", "budget"), CASES)
-def test_budget_and_bytes_at_every_step(tiny_model, storage, kind, name, kwargs, budget):
-    storage(KINDS[kind])
+def test_budget_and_bytes_at_every_step(tiny_model, kind, name, kwargs, budget):
     method = METHOD_REGISTRY[name](**kwargs)
     steps, kinds = [], set()
     pooled = getattr(method, "layerwise", True) is False
@@ -91,60 +78,61 @@ def test_budget_and_bytes_at_every_step(tiny_model, storage, kind, name, kwargs,
         for layer in cache.layers:
             store = layer.store
             kinds.add(type(store))
-            assert isinstance(store, (QuantizedStore, QuantizedRaggedStore, KiviRaggedStore)), type(store)
-            assert "keys" not in store.buffers and store.buffers["keys.codes"].dtype == torch.uint8  # codes
+            assert "keys" not in store.buffers and "values" not in store.buffers  # codes
+            assert all(f.startswith(("keys.", "values.")) for f in store.kv_fields)
             allowed = PROMPT + len(steps) - 1
             if method.traits.budget_applies:
                 allowed = layer.budget + (0 if method.traits.holds_in_decode else len(steps) - 1)
             assert store.head_slots().float().mean() <= allowed or pooled  # the layer's mean over heads
             held = int(store.head_slots().sum())
-            if isinstance(store, (PerTokenStore, QuantizedRaggedStore)):
-                bits, group = store.codec.bits, store.codec.group
-                assert store.kv_bytes() == held * per_token_slot_bytes(bits, group)
-            else:
+            if "keys.ref" in store.buffers:  # KIVI, the stateful codec
                 assert store.kv_bytes() == kivi_bytes(store)
+            else:
+                assert store.kv_bytes() == held * slot_bytes(store)
             assert store.token_bytes() == KV_HEADS * 2 * HEAD_DIM * FP32  # FullKV's bytes per token
         state = sum(t.nbytes for layer in cache.layers for t in layer.aux.values())
         assert cache.kv_bytes() == sum(layer.store.kv_bytes() for layer in cache.layers) + state
 
     res = greedy_generate(
-        tiny_model, prompt(0), method, budget if method.traits.compresses else None, NEW, set(), check
-    )
+        tiny_model, prompt(0), method, budget if method.traits.compresses else None, NEW, set(), check,
+        storage=KINDS[kind],
+    )  # fmt: skip
     assert len(steps) == NEW
     assert res.kv_bytes < res.fullkv_bytes  # codes: less than the uncompressed cache, even for FullKV
-    if ragged_parts(method) and budget == 40:  # head-adaptive: ragged heads, as codes (DMS's harsh
-        assert kinds & {QuantizedRaggedStore, KiviRaggedStore}  # setting keeps one count per head: no swap)
+    if method.traits.ragged_heads and budget == 40:  # head-adaptive: ragged heads, in the same codec
+        assert any(issubclass(k, RaggedStore) for k in kinds)  # (DMS's harsh setting keeps one count
+        # per head: no swap)
 
 
-@pytest.mark.parametrize("kind", ["kivi2", "kivi4", "int8", "int4", "none"])
-def test_every_kind_holds_ragged_heads(kind):
-    assert not {name for name, pair in SETTINGS.items() if any(refused(kind, name, kw) for kw in pair)}
+@pytest.mark.parametrize("kind", sorted(QUANT_REGISTRY))
+def test_every_kind_hands_its_codec_to_ragged_heads(kind):
+    """A kind's uniform store made ragged reads back the kept slots as they were: the codes are packed
+    as they are (no token encoded twice), so ragged heads read what the uniform store read."""
+    store = storage_kind(kind, params(kind) if kind != "none" else {})({}, lambda n: n + 4)
+    store.append(torch.randn(1, 2, 24, HEAD_DIM), torch.randn(1, 2, 24, HEAD_DIM), torch.arange(24))
+    keep = torch.rand(1, 2, 24, generator=torch.Generator().manual_seed(0)) < 0.6
+    keep[..., :2] = True
+    before = {name: store.view(name) for name in ("keys", "values", "positions")}
+    ragged = store.ragged(keep)
+    assert ragged.codec is store.codec
+    for name, full in before.items():
+        view = ragged.view(name)
+        for h in range(2):
+            kept = full[0, h][keep[0, h]]
+            assert torch.equal(view[0, h, : len(kept)], kept), (kind, name, h)
 
 
-def test_a_kind_without_ragged_heads_refuses_head_adaptive_allocators(monkeypatch):
-    """The check stays for a kind that does not hold ragged heads (the base store refuses the swap)."""
-    monkeypatch.setitem(QUANT_REGISTRY, "plain", QuantizedStore)
-    assert {name for name, pair in SETTINGS.items() if any(refused("plain", name, kw) for kw in pair)} == {
-        "adakv",
-        "duo_attention",
-        "simlayerkv",
-        "kvzip",
-        "dms",
-        "key_rerotation",
-    }
-    with pytest.raises(NotImplementedError, match="ragged"):
-        QuantizedStore.ragged(KiviStore({}, lambda n: n), torch.ones(1, 1, 1, dtype=torch.bool))
-
-
-def test_registry_kinds_take_the_config_parameters():
-    assert set(QUANT_REGISTRY) == {"none", "int8", "int4", "kivi2", "kivi4"}
-    assert storage_kind("none", {}) is None
+def test_registry_has_every_config_and_takes_its_parameters():
+    assert set(QUANT_REGISTRY) == {p.stem for p in CONFIGS.glob("*.yaml")}
+    assert storage_kind("none", {}) is SlotStore
     store = storage_kind("kivi4", {"bits": 4, "group": 32, "residual": 128})({}, lambda n: n)
     assert (store.bits, store.group, store.residual) == (4, 32, 128)
     with pytest.raises(ValueError, match="multiple"):
         storage_kind("kivi2", {"bits": 2, "group": 32, "residual": 100})
     with pytest.raises(ValueError, match="bits"):
         storage_kind("int4", {"bits": 3, "group": 64})
+    with pytest.raises(ValueError, match="no parameters"):
+        storage_kind("none", {"bits": 8})
 
 
 def test_kivi_bytes_are_the_formula():

@@ -1,7 +1,7 @@
-"""Ragged heads over quantized storage (``methods.quant.ragged``, ``methods.quant.kivi_ragged``): the
-kept slots' codes move as they are, appended and written tokens are quantized once, bytes are the codes,
-scales and zero points of the held slots, decode attention reads the dequantized slots, and KIVI's
-residuals and key-block flushes run per head."""
+"""Ragged heads over quantized storage (``methods.seam.ragged`` holding a codec,
+``methods.quant.kivi_ragged``): the kept slots' codes move as they are, appended and written tokens
+are quantized once, bytes are the codes, scales and zero points of the held slots, decode attention
+reads the dequantized slots, and KIVI's residuals and key-block flushes run per head."""
 
 from __future__ import annotations
 
@@ -9,18 +9,19 @@ import pytest
 import torch
 
 from methods.quant.kivi import KiviStore
-from methods.quant.per_token import PerTokenCodec, PerTokenStore
-from methods.quant.ragged import QuantizedRaggedStore
+from methods.quant.per_token import PerTokenCodec
 from methods.seam.contract import Traits
+from methods.seam.ragged import RaggedStore
+from methods.seam.store import SlotStore
 
 B, H, D, N = 2, 3, 16, 20
 
 
-def made(bits: int) -> tuple[PerTokenStore, QuantizedRaggedStore, torch.Tensor]:
+def made(bits: int) -> tuple[SlotStore, RaggedStore, torch.Tensor]:
     """A uniform store of ``N`` random tokens and its ragged heads: each head keeps its own slots, the
     first head bounded at 4 slots, the others growing."""
     g = torch.Generator().manual_seed(bits)
-    store = PerTokenStore({}, lambda n: n + 4, bits=bits, group=8)
+    store = SlotStore({}, lambda n: n + 4, codec=PerTokenCodec(bits, 8))
     store.append(torch.randn(B, H, N, D, generator=g), torch.randn(B, H, N, D, generator=g), torch.arange(N))
     keep = torch.rand(B, H, N, generator=g) < torch.linspace(0.2, 0.9, H).view(1, H, 1)
     keep[..., 0] = True
@@ -28,7 +29,7 @@ def made(bits: int) -> tuple[PerTokenStore, QuantizedRaggedStore, torch.Tensor]:
     return store, store.ragged(keep, bounds), keep
 
 
-def per_head(store: QuantizedRaggedStore, name: str) -> list[torch.Tensor]:
+def per_head(store: RaggedStore, name: str) -> list[torch.Tensor]:
     """Field ``name`` of every (batch, head), its valid slots only."""
     view, lengths = store.view(name), store.head_slots()
     return [view[b, h, : lengths[b, h]] for b in range(B) for h in range(H)]
@@ -38,7 +39,7 @@ def per_head(store: QuantizedRaggedStore, name: str) -> list[torch.Tensor]:
 def test_kept_codes_move_as_they_are(bits):
     store, ragged, keep = made(bits)
     assert "keys" not in ragged.buffers and ragged.buffers["keys.codes"].dtype == torch.uint8
-    for name in ("keys", "values", *store.code_fields):
+    for name in ("keys", "values", *store.kv_fields):
         uniform = store.view(name)
         want = [uniform[b, h][keep[b, h]] for b in range(B) for h in range(H)]
         for got, expected in zip(per_head(ragged, name), want, strict=True):

@@ -10,8 +10,10 @@ import torch
 from transformers import LlamaConfig
 from transformers.cache_utils import QuantizedCache
 
-from methods.quant import KiviStore, PerTokenStore
 from methods.quant import codes as q
+from methods.quant.kivi import KiviStore
+from methods.quant.per_token import PerTokenCodec
+from methods.seam.store import SlotStore
 
 B, H, D = 1, 2, 64
 
@@ -31,7 +33,7 @@ def test_per_token_codes_are_transformers_quanto_cache(bits, group):
     keys, values = tokens(12, 0)
     cache.update(keys, values, 0)  # the prompt is quantized (axis 0: groups along each token's channels)
     ref_keys, ref_values = cache.update(*tokens(1, 1), 0)  # dequantized prompt, then the new token
-    store = PerTokenStore({}, lambda n: n, bits=bits, group=group)
+    store = SlotStore({}, lambda n: n, codec=PerTokenCodec(bits, group))
     store.append(keys, values, torch.arange(12))
     torch.testing.assert_close(store.keys, ref_keys[:, :, :12], rtol=0, atol=1e-5)
     torch.testing.assert_close(store.values, ref_values[:, :, :12], rtol=0, atol=1e-5)
@@ -126,7 +128,7 @@ def test_kivi_reads_after_a_slot_moves_are_the_moved_slots(operation):
 
 
 @pytest.mark.parametrize(
-    "kind", [lambda: PerTokenStore({}, lambda n: n, bits=4), lambda: KiviStore({}, lambda n: n)]
+    "kind", [lambda: SlotStore({}, lambda n: n, codec=PerTokenCodec(4)), lambda: KiviStore({}, lambda n: n)]
 )
 def test_eviction_keeps_the_codes(kind):
     """A token is quantized once: keeping or dropping other slots leaves its dequantized value as it was."""

@@ -10,12 +10,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from methods import METHOD_REGISTRY, FullKV
-from methods.quant import PerTokenStore, storage_kind
-from methods.seam import cache as seam_cache
+from methods.quant import storage_kind
+from methods.quant.kivi import KiviStore
+from methods.quant.per_token import PerTokenCodec
+from methods.seam.store import SlotStore
 from reports.pairing import pair
 from reports.runs import row
 from reports.store import setting_id
-from runners.storage import set_storage
+from runners.storage import storage_of
 from tasks.errors import KVBenchError
 from tests.conftest import REPO
 from tests.test_method_matrix import SETTINGS
@@ -31,14 +33,12 @@ def config(*overrides: str):
 @pytest.mark.parametrize("quant", QUANTS)
 def test_every_quant_config_sets_its_kind(quant):
     cfg = config(f"quant={quant}", "method=fullkv")
-    before = list(seam_cache.DEFAULT_STORAGE)
-    try:
-        set_storage(cfg, FullKV())
-        store = seam_cache.DEFAULT_STORAGE[0]({}, lambda n: n)
-        assert store.kind == ("uniform" if quant == "none" else "per-token" if "int" in quant else "kivi")
-        assert getattr(store, "bits", None) == (None if quant == "none" else int(quant[-1]))
-    finally:
-        seam_cache.DEFAULT_STORAGE[:] = before
+    store = storage_of(cfg, FullKV())({}, lambda n: n)
+    assert isinstance(store, KiviStore if "kivi" in quant else SlotStore)
+    if quant.startswith("int"):
+        assert store.codec == PerTokenCodec(int(quant[-1]), 64)
+    elif "kivi" in quant:
+        assert store.bits == int(quant[-1])
 
 
 def test_quant_none_keeps_the_ids_and_a_quantized_run_is_another_setting():
@@ -72,24 +72,19 @@ def test_labels_name_the_quantization_and_only_unquantized_fullkv_is_the_referen
 
 
 def test_a_ragged_method_over_kivi_is_accepted():
-    before = list(seam_cache.DEFAULT_STORAGE)
-    try:
-        set_storage(
-            config("method=adakv_snapkv", "quant=kivi2"), METHOD_REGISTRY["adakv"](**SETTINGS["adakv"][0])
-        )
-        assert seam_cache.DEFAULT_STORAGE[0]({}, lambda n: n).ragged_heads
-    finally:
-        seam_cache.DEFAULT_STORAGE[:] = before
+    method = METHOD_REGISTRY["adakv"](**SETTINGS["adakv"][0])
+    assert method.traits.ragged_heads
+    storage_of(config("method=adakv_snapkv", "quant=kivi2"), method)({}, lambda n: n).ragged  # noqa: B018
 
 
 def test_compiled_decode_steps_are_refused_over_quantized_storage():
     with pytest.raises(KVBenchError, match="backend=compiled"):
-        set_storage(config("method=snapkv", "quant=int8", "backend=compiled"), FullKV())
+        storage_of(config("method=snapkv", "quant=int8", "backend=compiled"), FullKV())
 
 
 def test_kind_parameters_reach_the_store():
     store = storage_kind("int4", {"bits": 4, "group": 32})({}, lambda n: n)
-    assert isinstance(store, PerTokenStore) and (store.bits, store.group) == (4, 32)
+    assert store.codec == PerTokenCodec(4, 32)
 
 
 def test_the_memory_figure_marks_each_storage_kind_and_stars_only_unquantized_fullkv(tmp_path):

@@ -51,7 +51,6 @@ def test_a_grid_over_storage_kinds_equals_each_settings_own_run(tiny_model):
     precision). One row per decode forward: the grid refuses quantized settings in batches
     (``runners.quality_grid``)."""
     from methods.quant import storage_kind
-    from methods.seam import cache as seam_cache
     from methods.seam.store import SlotStore
 
     ids = torch.randint(3, 128, (1, PROMPT), generator=torch.Generator().manual_seed(7))
@@ -71,11 +70,9 @@ def test_a_grid_over_storage_kinds_equals_each_settings_own_run(tiny_model):
         tiny_model, ids, grid, NEW, {2}, question_start=PROMPT - QUESTION, storages=storages
     )
     for (method, budget), kind, result in zip(grid, storages, shared, strict=True):
-        seam_cache.DEFAULT_STORAGE[0] = kind
-        try:
-            own = greedy_generate(tiny_model, ids, method, budget, NEW, {2}, question_start=PROMPT - QUESTION)
-        finally:
-            seam_cache.DEFAULT_STORAGE[0] = SlotStore
+        own = greedy_generate(
+            tiny_model, ids, method, budget, NEW, {2}, question_start=PROMPT - QUESTION, storage=kind
+        )
         fields = ("tokens", "slots", "kv_bytes", "allocated_bytes", "prefill_slots")
         assert [getattr(result, f) for f in fields] == [getattr(own, f) for f in fields], (method.label, kind)
     assert len({r.kv_bytes for r in shared}) >= 8  # the kinds do hold different bytes
@@ -105,7 +102,6 @@ def test_settings_that_probe_alike_share_the_probe_forwards(tiny_model, monkeypa
     still its own run's."""
     import runners.shared_prefill as shared
     from methods.quant import storage_kind
-    from methods.seam import cache as seam_cache
     from methods.seam.store import SlotStore
 
     groups = []
@@ -120,11 +116,7 @@ def test_settings_that_probe_alike_share_the_probe_forwards(tiny_model, monkeypa
     results = shared.shared_generate(tiny_model, ids, grid, NEW, {2}, storages=kinds)
     assert sorted(groups) == [1, 1, 4]
     for (method, budget), kind, result in zip(grid, kinds, results, strict=True):
-        seam_cache.DEFAULT_STORAGE[0] = kind
-        try:
-            own = greedy_generate(tiny_model, ids, method, budget, NEW, {2})
-        finally:
-            seam_cache.DEFAULT_STORAGE[0] = SlotStore
+        own = greedy_generate(tiny_model, ids, method, budget, NEW, {2}, storage=kind)
         fields = ("tokens", "slots", "kv_bytes", "prefill_head_slots")
         assert [getattr(result, f) for f in fields] == [getattr(own, f) for f in fields], method.label
 

@@ -99,7 +99,7 @@ class KeepKV(ScoreEvict):
 
     name: ClassVar[str] = "keepkv"
     TRAITS: ClassVar[Traits] = Traits(
-        decode_input="logits", counters=("merges", "evictions", "zip_fallbacks")
+        decode_input="logits", counters=("merges", "evictions", "zip_fallbacks"), merges=True
     )
 
     threshold: float = 0.8

@@ -22,58 +22,23 @@ A slot written after it was quantized (merging, key re-rotation) is re-quantized
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from methods.quant import codes as q
-from methods.quant.base import QuantizedStore
+from methods.quant.kivi_math import held_bytes, key_stats, value_codes
+from methods.quant.kivi_ragged import KiviRaggedStore
 from methods.quant.kivi_reads import KiviReads
 from methods.quant.kivi_writes import KiviWrites
-from methods.seam.store import slot_index
-
-if TYPE_CHECKING:
-    from methods.quant.kivi_ragged import KiviRaggedStore
+from methods.quant.registry import register_store
+from methods.seam.store import SlotStore, slot_index
 
 #: The paper's group size G and residual length R (Sec. 4.1: "group size 32, residual length 128").
 GROUP, RESIDUAL = 32, 128
 
 
-def key_stats(
-    x: torch.Tensor, present: torch.Tensor, group: int, bits: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """KIVI's per-channel key scale and zero point ``[b, h, k / G, d]`` of ``x`` ``[b, h, k, d]`` in
-    groups of G = ``group`` tokens over the ``present`` ``[b, h, k]`` ones (Sec. 3.1: ``z = min``,
-    ``s = (max - min) / (2^bits - 1)`` per channel; a group with none: 0 and 0)."""
-    b, h, k, d = x.shape
-    mask = present.view(b, h, k // group, group, 1)
-    grouped = x.view(b, h, k // group, group, d)
-    lo = torch.where(mask, grouped, torch.inf).amin(3)
-    hi = torch.where(mask, grouped, -torch.inf).amax(3)
-    empty = ~mask.any(3)
-    lo, hi = lo.masked_fill(empty, 0), hi.masked_fill(empty, 0)
-    return (hi - lo) / (2**bits - 1), lo
-
-
-def value_codes(x: torch.Tensor, group: int, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """KIVI's value codes: ``x`` ``[..., d]`` per token in groups of G = ``group`` channels (``head_dim``
-    when it is smaller), as ``codes.per_token``."""
-    return q.per_token(x, q.group_size(x.shape[-1], group), bits)
-
-
-def held_bytes(
-    key_ref: torch.Tensor, value_ref: torch.Tensor, code: int, value_extra: int, row: int, groups: int
-) -> int:
-    """Bytes KIVI holds for the held slots whose references are ``key_ref`` and ``value_ref`` (any
-    shape, the same count): 4 per reference; ``code`` per quantized key (reference >= 0); ``code +
-    value_extra`` (its scale and zero point) per quantized value; a full-precision ``row`` per residual
-    key or value; two rows (scale, zero point) per referenced key group (``groups`` of them)."""
-    kq, vq = int((key_ref >= 0).sum()), int((value_ref >= 0).sum())
-    refs = key_ref.numel() + value_ref.numel()
-    return refs * 4 + kq * code + vq * (code + value_extra) + (refs - kq - vq) * row + groups * 2 * row
-
-
-class KiviStore(KiviReads, KiviWrites, QuantizedStore):
+@register_store("kivi2", "kivi4")
+class KiviStore(KiviReads, KiviWrites, SlotStore):
     """KIVI storage of keys and values (module docstring).
 
     Parameters
@@ -93,9 +58,7 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
         For a bit width the packing does not take, or R not a multiple of G.
     """
 
-    kind = "kivi"
     code_fields = ("keys.codes", "keys.ref", "values.codes", "values.scale", "values.zero", "values.ref")
-    ragged_heads = True
 
     def __init__(
         self,
@@ -109,6 +72,7 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
         if residual % group:
             raise ValueError(f"KIVI's residual length {residual} is not a multiple of its group size {group}")
         super().__init__(fills, capacity)
+        self.shape: tuple[int, int, int] = (1, 1, 0)  # batch, kv_heads, head_dim
         self.bits, self.group, self.residual = bits, group, residual
         self.arrived = 0  # tokens appended so far (a token's arrival index is its residual row's key)
         self.base = 0  # arrivals whose keys are quantized: the key residual holds arrivals base..arrived-1
@@ -117,8 +81,19 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
         self.in_order = True
 
     # ------------------------------------------------------------------ allocation
-    def _allocate(self, keys: torch.Tensor, values: torch.Tensor, cap: int) -> dict[str, torch.Tensor]:
+    def _allocate(self, keys: torch.Tensor, values: torch.Tensor, cap: int) -> None:
+        """KIVI's per-slot fields and side tables for ``cap`` slots (first append).
+
+        Raises
+        ------
+        ValueError
+            If keys and values differ in head_dim.
+        """
+        if keys.shape[-1] != values.shape[-1]:
+            raise ValueError("quantized storage needs keys and values of one head_dim")
         b, h, _, d = keys.shape
+        self.dtype, self.shape, self.token = keys.dtype, (b, h, d), b * h * 2 * d * keys.element_size()
+        self.kv_fields = self.code_fields
         width = d * self.bits // 8
         self.key_scale = keys.new_zeros((b, h, 1, d))
         self.key_zero = keys.new_zeros((b, h, 1, d))
@@ -126,14 +101,17 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
         self.value_rows = keys.new_zeros((b, h, self.residual + 2, d))
         groups = d // q.group_size(d, self.group)
         u8, i32 = {"dtype": torch.uint8, "device": keys.device}, {"dtype": torch.int32, "device": keys.device}
-        return {
+        self.buffers = {
             "keys.codes": torch.empty((b, h, cap, width), **u8),
             "keys.ref": torch.empty((b, h, cap), **i32),
             "values.codes": torch.empty((b, h, cap, width), **u8),
             "values.scale": keys.new_empty((b, h, cap, groups)),
             "values.zero": keys.new_empty((b, h, cap, groups)),
             "values.ref": torch.empty((b, h, cap), **i32),
+            "positions": torch.empty((b, h, cap), dtype=torch.long, device=keys.device),
         }
+        for name in self.fills:
+            self.buffers[name] = torch.empty((b, h, cap), dtype=torch.float32, device=keys.device)
 
     # ------------------------------------------------------------------ bytes
     def _referenced_groups(self, n: int | None = None) -> torch.Tensor:
@@ -159,10 +137,10 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
             int(self._referenced_groups().sum()),
         )
 
-    def side_allocated(self) -> int:
-        """Bytes of the key group tables and the residual rows."""
+    def allocated_bytes(self) -> int:
+        """Bytes of every buffer, capacity included, and of the key group tables and residual rows."""
         tables = (self.key_scale, self.key_zero, self.key_rows, self.value_rows) if self.buffers else ()
-        return sum(t.untyped_storage().nbytes() for t in tables)
+        return super().allocated_bytes() + sum(t.untyped_storage().nbytes() for t in tables)
 
     # ------------------------------------------------------------------ writing
     def _value_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -177,7 +155,7 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
     def _key_stats(self, x: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return key_stats(x, present, self.group, self.bits)
 
-    def _append_codes(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
+    def _append_kv(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if self.n == 0 and self.arrived == 0:
             self._prefill(keys, values)
             return
@@ -277,8 +255,6 @@ class KiviStore(KiviReads, KiviWrites, QuantizedStore):
     def ragged(self, keep: torch.Tensor, bounds: torch.Tensor | None = None) -> KiviRaggedStore:
         """``SlotStore.ragged`` over KIVI's fields: the kept slots' codes and references packed per head
         as they are, the side tables per segment (``methods.quant.kivi_ragged``)."""
-        from methods.quant.kivi_ragged import KiviRaggedStore
-
         room = self.capacity_for(self.n + 1) - self.n
         fields = {name: self.view(name) for name in (*self.code_fields, "positions")}
         return KiviRaggedStore.from_mask(fields, keep, room, bounds, source=self)

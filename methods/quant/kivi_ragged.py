@@ -10,7 +10,7 @@ receives every decode token, so the arrival counters of the uniform store (``arr
 for each segment and KIVI's rule runs per segment unchanged: a token enters its segment's residuals;
 the value of arrival ``t - R`` leaves the value residual (quantized per token) where the segment still
 holds it; when the key residual holds R arrivals, the segment's residual keys still held are quantized
-as one block, per-channel min/max over each group of G arrivals (``methods.quant.kivi.key_stats``).
+as one block, per-channel min/max over each group of G arrivals (``methods.quant.kivi_math.key_stats``).
 Eviction (``drop``) moves codes and references. Decode attention dequantizes and runs
 ``kernels.ragged_decode``. Written keys or values (key re-rotation) are re-quantized as the uniform
 store does (``methods.quant.kivi_writes``).
@@ -18,16 +18,15 @@ store does (``methods.quant.kivi_writes``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from methods.quant import codes as q
-from methods.quant.kivi import held_bytes, key_stats, value_codes
-from methods.seam.ragged import KV, RaggedStore
-
-if TYPE_CHECKING:
-    from methods.quant.kivi import KiviStore
+from methods.quant.kivi_math import held_bytes, key_stats, value_codes
+from methods.seam.ragged import RaggedStore
+from methods.seam.storage import KV
+from methods.seam.store import SlotStore
 
 
 def _rows(table: torch.Tensor, segment: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -47,15 +46,13 @@ class KiviRaggedStore(RaggedStore):
         ``buffers, offsets, capacity, lengths, shape, bounds, room``, as
         :class:`~methods.seam.ragged.RaggedStore` takes them; ``buffers`` holds ``positions`` and KIVI's
         code fields (``KiviStore.code_fields``) instead of ``keys`` and ``values``.
-    source : KiviStore
-        The uniform store the slots come from: its parameters, arrival counters and side tables
+    source : SlotStore
+        The uniform KIVI store the slots come from (``methods.quant.kivi.KiviStore``): its parameters,
+        arrival counters and side tables
         (copied).
     """
 
-    kind = "kivi-ragged"
-    kv_fields = ("keys.codes", "keys.ref", "values.codes", "values.scale", "values.zero", "values.ref")
-
-    def __init__(self, *layout: Any, source: KiviStore) -> None:
+    def __init__(self, *layout: Any, source: SlotStore) -> None:
         super().__init__(*layout)
         self.bits, self.group, self.residual = source.bits, source.group, source.residual
         self.dtype = source.dtype

@@ -86,7 +86,7 @@ class KiviReads:
         super().swap(a, b)
 
     def reset(self, **fields: torch.Tensor) -> None:
-        """``QuantizedStore.reset`` (compact ``[batch, kv_heads, k, *extra]`` fields); reads gather
+        """``SlotStore.reset`` (compact ``[batch, kv_heads, k, *extra]`` fields); reads gather
         from then on."""
         self.in_order = False
         super().reset(**fields)

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 
+from kernels.prefill import prefill_attention
 from methods.seam.cache import CompressedCache
-from methods.seam.step import prefill_attention
 
 __all__ = ["ATTN_IMPLEMENTATION", "kvbench_attention", "prefill_attention"]
 

@@ -24,10 +24,6 @@ from methods.seam.step import layer_step
 from methods.seam.storage import StorageKind
 from methods.seam.store import SlotStore
 
-#: The storage kind a cache's layers start with when none is given (a one-element list so the runner
-#: can set it for the process: ``runners.build``).
-DEFAULT_STORAGE: list[StorageKind] = [SlotStore]
-
 
 class CompressedCache(Cache):
     """A ``transformers.Cache`` of :class:`CompressedLayer` for one batch of prompts.
@@ -52,9 +48,9 @@ class CompressedCache(Cache):
     max_tokens : int | None
         Tokens the run will append at most (prompt + new tokens - 1), when known: caps every
         buffer (``CompressedLayer._capacity``).
-    storage : StorageKind | None
-        What makes each layer's first store; None: :data:`DEFAULT_STORAGE` (the run's choice, set
-        once by the runner: the uniform store, or a quantized kind).
+    storage : StorageKind
+        What makes each layer's first store: the run's storage kind (``quant=``,
+        ``runners.storage.storage_of``); default the uniform full-precision store.
 
     Attributes
     ----------
@@ -68,7 +64,7 @@ class CompressedCache(Cache):
         budget: int | None,
         specs: list[LayerSpec] | int,
         max_tokens: int | None = None,
-        storage: StorageKind | None = None,
+        storage: StorageKind = SlotStore,
     ) -> None:
         if isinstance(specs, int):
             specs = [LayerSpec() for _ in range(specs)]
@@ -79,8 +75,7 @@ class CompressedCache(Cache):
                 (method, budget) if spec.window is None else (window_rule, sliding_bound(budget, spec.window))
             )
             spec = replace(spec, layer_idx=i, num_layers=len(specs))
-            kind = storage or DEFAULT_STORAGE[0]
-            layers.append(CompressedLayer(rule.traits.state_fill, bound, spec, max_tokens, kind))
+            layers.append(CompressedLayer(rule.traits.state_fill, bound, spec, max_tokens, storage))
             self.rules.append(rule)
         super().__init__(layers=layers)
         self.method = method
@@ -93,7 +88,7 @@ class CompressedCache(Cache):
         method: CompressionMethod,
         budget: int | None,
         max_tokens: int | None = None,
-        storage: StorageKind | None = None,
+        storage: StorageKind = SlotStore,
     ) -> CompressedCache:
         """A cache for ``model``'s layers (:func:`~methods.seam.architecture.layer_specs`); ``max_tokens``
         and ``storage`` as in the class docstring.
@@ -116,8 +111,8 @@ class CompressedCache(Cache):
         """Before a compiled decode step of ``k`` tokens, eagerly: every layer's store grows now if
         the step's append would (``SlotStorage.make_room``), the rule creates the ``aux`` state the step
         would (``CompressionMethod.prepare_graph_step``), the layer counts the step's tokens
-        (``CompressedLayer.count_ahead``), and every tensor the step writes in place (store tensors,
-        ``aux`` and ``scalars`` state, ``layer.seen``) is marked a static input, unguarded
+        (``CompressedLayer._count_ahead``), and every tensor the step writes in place (store tensors,
+        ``aux`` and ``scalars`` state, the layer's device count) is marked a static input, unguarded
         (``torch._dynamo.mark_static_address``; once per tensor: marking costs ~0.1 ms, a step's
         budget on a GPU a few ms): CUDA graph trees then capture the step with its in-place writes
         instead of skipping it, and re-record when a new sample's buffers move. Without this a buffer
@@ -127,9 +122,9 @@ class CompressedCache(Cache):
 
         for rule, layer in zip(self.rules, self.layers, strict=True):
             layer.store.make_room(k)
-            layer.count_ahead(k)
+            layer._count_ahead(k)
             rule.prepare_graph_step(layer, k)
-            counts = (t for t in (*layer.scalars.values(), layer.seen) if isinstance(t, torch.Tensor))
+            counts = (t for t in (*layer.scalars.values(), layer._seen_device) if isinstance(t, torch.Tensor))
             for tensor in (*layer.store.tensors(), *layer.aux.values(), *counts):
                 if get_static_address_type(tensor) is None:
                     torch._dynamo.mark_static_address(tensor, guard=False)

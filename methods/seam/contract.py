@@ -18,74 +18,10 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from methods.seam.plan import LayerPlan
+from methods.seam.traits import Traits
 
 if TYPE_CHECKING:
     from methods.seam.layer import CompressedLayer
-
-#: What a decode step's attention can hand :meth:`CompressionMethod.decode_step`.
-DECODE_INPUTS = ("none", "probs", "logits")
-
-
-@dataclass(frozen=True)
-class Traits:
-    """What a method is, declared once per class (``CompressionMethod.TRAITS``); wrappers derive theirs
-    from their scorer's (``methods.wrap``).
-
-    Attributes
-    ----------
-    compresses : bool
-        False for FullKV: no budget, nothing evicted.
-    budget_applies : bool
-        Whether the configured budget drives the method (False: the kept fraction is an outcome,
-        KVMerger at a fixed ``theta``, DuoAttention); runners then record the budget as None.
-    prompt_only : bool
-        The budget holds for the prompt only: decoding appends, :meth:`CompressionMethod.decode_step`
-        is not called, and decode attention hands it nothing.
-    decode_rule : bool
-        Whether the method has a decode-time rule (``decode_budget=true`` is refused otherwise).
-    decode_input : str
-        What decode attention hands :meth:`CompressionMethod.decode_step` (when not ``prompt_only``):
-        ``"none"``; ``"probs"``, ``[batch, kv_heads, slots]`` float32 group-mean probabilities with the
-        ``log_weight`` bias; ``"logits"``, ``[batch, kv_heads, group, slots]`` float32 scaled logits of
-        every query head without the bias.
-    score_decay : float | None
-        ``lambda`` of a score update ``s <- lambda s + a`` that decode attention applies in place to
-        the ``scores`` field (fused into the Triton kernel on CUDA); ``decode_step`` then receives
-        ``probs=None``. Only with ``decode_input = "probs"``.
-    uses_log_weight : bool
-        Whether the method ever sets ``log_weight`` (merged or padded slots); if not, decode
-        attention skips the bias.
-    state_fill : dict[str, float]
-        Per-slot state fields the method keeps, with the value new slots start with.
-    counters : tuple[str, ...]
-        Event counters the method keeps in ``layer.scalars`` (summed into the run record).
-    """
-
-    compresses: bool = True
-    budget_applies: bool = True
-    prompt_only: bool = False
-    decode_rule: bool = True
-    decode_input: str = "probs"
-    score_decay: float | None = None
-    uses_log_weight: bool = True
-    state_fill: dict[str, float] = field(default_factory=dict)
-    counters: tuple[str, ...] = ()
-
-    @property
-    def holds_in_decode(self) -> bool:
-        """Whether the configured budget also holds while decoding (it applies, and the method is not
-        prompt-only)."""
-        return self.compresses and self.budget_applies and not self.prompt_only
-
-    @property
-    def needs(self) -> str:
-        """What decode attention must hand the method at a decode step (``"none"`` when prompt-only)."""
-        return "none" if self.prompt_only or not self.compresses else self.decode_input
-
-
-#: The traits of a method with no decode-time rule that never sets ``log_weight``: decode attention
-#: hands it nothing and skips the bias (FullKV, DuoAttention, KVzip, SimLayerKV derive theirs).
-NO_DECODE_RULE = Traits(decode_rule=False, decode_input="none", uses_log_weight=False)
 
 
 @dataclass(frozen=True)
@@ -222,8 +158,9 @@ class CompressionMethod:
         self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention of one decode step over the layer's slots. Default: the layer's store attends
-        (``SlotStorage.attend``, chosen from the traits). Override only to change attention itself:
-        LESS adds its low-rank term, StreamingLLM re-rotates its attention sinks and then calls this.
+        (``SlotStorage.attend``, chosen from the traits). Override to change attention or to observe
+        the query: LESS adds its low-rank term, StreamingLLM re-rotates its attention sinks and then
+        calls this, Expected Attention keeps query statistics first.
 
         Parameters
         ----------

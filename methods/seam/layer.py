@@ -54,11 +54,6 @@ class CompressedLayer(CacheLayerMixin):
         Fixed-size per-head state that stands in for evicted tokens (LESS: ``H``
         ``[batch, kv_heads, R, head_dim]`` and ``z`` ``[batch, kv_heads, R]``; StreamingLLM's original
         sink keys); counted in the cache's KV bytes, since it replaces cache memory.
-    seen : torch.Tensor | None
-        ``[]`` int64 on the layer's device: the tokens seen so far (``get_seq_length()``, the host
-        count), read through :meth:`tokens_seen` inside compiled steps: a host integer in a compiled
-        step is a graph input that changes every step, and CUDA graph trees record one graph per
-        value. None before the first append.
     budget : int | None
         Slot budget resolved for the current sample (None: no compression).
     spec : LayerSpec
@@ -89,8 +84,8 @@ class CompressedLayer(CacheLayerMixin):
         self.is_initialized = False  # no CacheLayerMixin.__init__: keys/values are store views here
         self._max_tokens = max_tokens
         self._seen = 0
-        self._counted = 0  # tokens of the next update already in ``_seen`` (``count_ahead``)
-        self.seen: torch.Tensor | None = None
+        self._counted = 0  # tokens of the next update already in ``_seen`` (``_count_ahead``)
+        self._seen_device: torch.Tensor | None = None  # read by ``tokens_seen`` in compiled steps
         self.budget = budget
         self.spec = spec if spec is not None else LayerSpec()
         owner = weakref.ref(self)  # no layer <-> store cycle: the cache is freed by reference counting
@@ -124,21 +119,21 @@ class CompressedLayer(CacheLayerMixin):
         self.is_initialized = True
         new = key_states.shape[2]
         if self.plan is None or new == 1:
-            if self.seen is None:
-                self.seen = torch.zeros((), dtype=torch.long, device=key_states.device)
+            if self._seen_device is None:
+                self._seen_device = torch.zeros((), dtype=torch.long, device=key_states.device)
             if torch.compiler.is_compiling():
-                positions = self.seen + torch.arange(new, device=key_states.device)
+                positions = self._seen_device + torch.arange(new, device=key_states.device)
             else:
                 positions = torch.arange(self._seen, self._seen + new, device=key_states.device)
             self.store.append(key_states, value_states, positions)
-            self.seen += new
+            self._seen_device += new
             if self._counted:  # counted before a compiled step (no host count inside its graph)
                 self._counted = 0
             else:
                 self._seen += new
         return key_states, value_states
 
-    def count_ahead(self, new: int) -> None:
+    def _count_ahead(self, new: int) -> None:
         """Count the ``new`` tokens of the next :meth:`update` now, outside a compiled step (called by
         ``CompressedCache.prepare_graph_step``): ``get_seq_length()`` reads the same inside the step
         as after an eager update, and the step's graph takes no host count."""
@@ -166,10 +161,11 @@ class CompressedLayer(CacheLayerMixin):
         return self.store.n_slots + query_length, 0
 
     def tokens_seen(self) -> int | torch.Tensor:
-        """Tokens seen so far for a method's arithmetic: ``get_seq_length()`` in eager code, the
-        device count :attr:`seen` (``[]`` int64) inside a compiled step, whose graph then takes no host
-        integer."""
-        return self.seen if torch.compiler.is_compiling() else self._seen
+        """Tokens seen so far for a method's arithmetic: ``get_seq_length()`` in eager code, a device
+        count (``[]`` int64 on the layer's device) inside a compiled step: a host integer in a compiled
+        step is a graph input that changes every step, and CUDA graph trees record one graph per
+        value."""
+        return self._seen_device if torch.compiler.is_compiling() else self._seen
 
     def get_seq_length(self) -> int:
         """Tokens seen so far (prompt + appended; not the slot count), so new tokens get their true

@@ -11,9 +11,12 @@ step appends before it evicts; an unbounded one: the run's remaining tokens), so
 the sum over heads of their slots, never ``heads x max``.
 
 Decode attention over it is ``kernels.ragged_decode`` (segment-wise softmax; per-segment lengths on
-the Triton kernel). Views are padded to the longest head (``positions`` -1, ``log_weight`` ``-inf``
-and zeros on padding). A bounded segment is evicted back to its bound after each append (the method's
-``drop``); the longest head's count is then known on the host, with no synchronisation per step.
+the Triton kernel). Keys and values are held by the uniform store's codec, handed on
+(``methods.seam.storage``): as themselves, or as its code fields packed like any other (decoded for
+views and attention, encoded when written). Views are padded to the longest head (``positions`` -1,
+``log_weight`` ``-inf`` and zeros on padding). A bounded segment is evicted back to its bound after
+each append (the method's ``drop``); the longest head's count is then known on the host, with no
+synchronisation per step.
 """
 
 from __future__ import annotations
@@ -24,15 +27,14 @@ import torch
 
 from kernels.ragged_decode import ragged_decode_attention
 from methods.seam.ragged_pack import pack_kept, regrow
-from methods.seam.storage import SlotStorage
+from methods.seam.storage import KV, PLAIN, Codec, SlotStorage
 
 if TYPE_CHECKING:
-    from methods.seam.contract import Traits
+    from methods.seam.traits import Traits
 
 #: Fields a ragged layer keeps (method state is not carried: ragged layers are written by allocators
-#: that rank once, at prefill, or by position); a quantized kind holds codes for keys and values.
+#: that rank once, at prefill, or by position); a codec holds its fields for keys and values.
 FIELDS = ("keys", "values", "positions")
-KV = ("keys", "values")
 #: Slots of room added at least when a growing segment runs out (run length unknown).
 GROWTH = 64
 
@@ -63,11 +65,17 @@ class RaggedStore(SlotStorage):
     room : int
         Appends the growing segments can still take before the buffers must grow (host counter:
         no synchronisation per step).
+    codec : Codec
+        How keys and values are held (the uniform store's).
+    token : int
+        Key + value bytes of one token in the model's dtype over the batch and every KV head.
+    dtype : torch.dtype | None
+        The model's dtype, in which keys and values held as codes are read.
+    kv_fields : tuple[str, ...]
+        The buffers counted as key/value bytes (all but ``positions``).
     """
 
     kind = "ragged"
-    #: The buffers counted as key/value bytes.
-    kv_fields: tuple[str, ...] = KV
 
     def __init__(
         self,
@@ -78,9 +86,14 @@ class RaggedStore(SlotStorage):
         shape: tuple[int, int],
         bounds: torch.Tensor,
         room: int,
+        codec: Codec = PLAIN,
+        token: int = 0,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.buffers, self.offsets, self.capacity, self.lengths = buffers, offsets, capacity, lengths
-        self.shape, self.bounds, self.room = shape, bounds, room
+        self.shape, self.bounds, self.room, self.codec, self.token = shape, bounds, room, codec, token
+        self.kv_fields = tuple(name for name in buffers if name != "positions")
+        self.dtype = dtype
         self.grows = bounds < 0
         self._index()
         # host copy of (kept, bound) per segment and the appends since: the longest head without a sync
@@ -104,7 +117,7 @@ class RaggedStore(SlotStorage):
         **kind: object,
     ) -> RaggedStore:
         """The slots ``keep`` selects, per head, in slot order (``ragged_pack.pack_kept``: arguments,
-        errors); ``kind``: what the class takes besides (a quantized kind's codec)."""
+        errors); ``kind``: what the class takes besides (``codec``, ``token``, ``dtype``)."""
         buffers, offsets, capacity, counts, bounds = pack_kept(fields, keep, room, bounds)
         return cls(buffers, offsets, capacity, counts, tuple(keep.shape[:2]), bounds, room, **kind)
 
@@ -143,14 +156,13 @@ class RaggedStore(SlotStorage):
         return self._padded(self._packed(name), -1 if name == "positions" else 0)
 
     def _packed(self, name: str) -> torch.Tensor:
-        """Field ``name`` over the whole buffer ``[total, *extra]`` (a quantized kind dequantizes)."""
-        if name not in self.buffers:
-            raise KeyError(f"a ragged store holds {FIELDS} and log_weight, not {name!r}")
-        return self.buffers[name]
-
-    def _encode(self, name: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The buffers' rows of keys or values ``x`` ``[rows, head_dim]`` (a quantized kind: codes)."""
-        return {name: x}
+        """Field ``name`` over the whole buffer ``[total, *extra]`` (keys or values held as codes:
+        decoded)."""
+        if name in self.buffers:
+            return self.buffers[name]
+        if name in KV:
+            return self.codec.decode(name, self.buffers).to(self.dtype)
+        raise KeyError(f"a ragged store holds {FIELDS} and log_weight, not {name!r}")
 
     def state_names(self) -> tuple[str, ...]:
         """None: method state is not carried into ragged heads."""
@@ -178,8 +190,8 @@ class RaggedStore(SlotStorage):
         )
 
     def token_bytes(self) -> int:
-        """Key + value bytes of one token over the batch and every KV head."""
-        return len(self.offsets) * self._slot_bytes()
+        """Key + value bytes of one token in the model's dtype over the batch and every KV head."""
+        return self.token
 
     def _slot_bytes(self) -> int:
         return sum(self.buffers[f][0].nbytes for f in self.kv_fields)
@@ -198,7 +210,7 @@ class RaggedStore(SlotStorage):
         """
         at = self._reserve(keys)
         for name, x in zip(KV, (keys, values), strict=True):
-            for field, rows in self._encode(name, x.reshape(-1, x.shape[-1])).items():
+            for field, rows in self.codec.encode(name, x.reshape(-1, x.shape[-1])).items():
                 self.buffers[field].index_copy_(0, at, rows)
         self.buffers["positions"].index_copy_(0, at, positions.expand(len(at)))
         self.lengths.add_(1)
@@ -242,7 +254,7 @@ class RaggedStore(SlotStorage):
         head_dim]`` (padded as the views; padding is not read), in place (key re-rotation)."""
         valid = self.valid()
         rows = value.reshape(-1, value.shape[-1])[(self.segment * self.n_slots + self.local)[valid]]
-        for field, t in self._encode(name, rows).items():
+        for field, t in self.codec.encode(name, rows).items():
             self.buffers[field][valid] = t.to(self.buffers[field].dtype)
 
     def keep(self, index: torch.Tensor) -> None:
@@ -254,6 +266,16 @@ class RaggedStore(SlotStorage):
             Always.
         """
         raise NotImplementedError("a ragged store keeps what it was made with; drop slots instead")
+
+    def ragged(self, keep: torch.Tensor, bounds: torch.Tensor | None = None) -> RaggedStore:
+        """Not offered: the heads are ragged already.
+
+        Raises
+        ------
+        NotImplementedError
+            Always.
+        """
+        raise NotImplementedError("the heads are ragged already")
 
     def drop(self, slot: torch.Tensor, active: torch.Tensor | None = None) -> None:
         """Evict slot ``slot`` ``[batch, kv_heads]`` (index inside each head) in the heads where

@@ -1,12 +1,15 @@
-"""The storage interface of a layer's slots (:class:`SlotStorage`): one class per storage kind, as
-transformers keeps one layer class per kind of cache.
+"""The storage interface of a layer's slots: a store is a **layout** holding a **codec**.
 
-A :class:`~methods.seam.layer.CompressedLayer` holds one storage object (``layer.store``) and never
-asks which kind it is: the uniform store (``methods.seam.store``, every head of a layer holds the same
-number of slots) and the ragged store (``methods.seam.ragged``, each head its own count, packed) both
-implement this interface, and a layer changes kind by swapping the object (an allocator's
-``layer.store = layer.store.ragged(keep)``). Views are never None: a store that holds no token yet
-raises on a view.
+- Layouts: the uniform store (``methods.seam.store``, every head of a layer holds the same number of
+  slots) and ragged heads (``methods.seam.ragged``, each head its own count, packed). Both implement
+  :class:`SlotStorage`; the uniform store also :class:`MergingStorage` (the operations merging
+  methods use). A layer changes layout by swapping the object (a head-adaptive allocator's
+  ``layer.store = layer.store.ragged(keep)``), and the codec is handed on.
+- Codecs (:class:`Codec`): how keys and values are held, as themselves (:data:`PLAIN`) or as codes
+  (``quant=``, ``methods.quant``). A codec turns rows of keys or values into its fields and back.
+
+A :class:`~methods.seam.layer.CompressedLayer` holds one store (``layer.store``) and never asks which
+kind it is. Views are never None: a store that holds no token yet raises on a view.
 
 Every per-slot field is read as ``[batch, kv_heads, slots, *extra]``: ``keys``/``values`` (post-RoPE,
 the model's dtype), ``log_weight`` (float32 attention-logit bias; ``-inf`` on padding), ``positions``
@@ -16,22 +19,59 @@ the model's dtype), ``log_weight`` (float32 attention-logit bias; ``-inf`` on pa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from methods.seam.contract import Traits
+    from methods.seam.traits import Traits
+
+#: The two fields a codec holds.
+KV = ("keys", "values")
+
+
+class Codec(Protocol):
+    """How keys or values are held (module docstring): stateless, over rows of any leading shape."""
+
+    def encode(self, name: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The fields (``name``, or ``<name>.<part>``) ``[..., *extra]`` holding ``x`` ``[..., head_dim]``
+        (already in the model's dtype)."""
+
+    def decode(self, name: str, fields: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """:meth:`encode`'s inverse over ``fields`` (field -> tensor): ``[..., head_dim]``."""
+
+
+class Plain:
+    """The codec of full-precision storage: keys and values held as they are (``quant=none``)."""
+
+    def encode(self, name: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{name: x}``."""
+        return {name: x}
+
+    def decode(self, name: str, fields: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``fields[name]`` (never called by the stores: a field held as it is is read as a view)."""
+        return fields[name]
+
+
+PLAIN = Plain()
 
 
 class SlotStorage(ABC):
-    """Where one layer's slots live (module docstring): append, keep, drop, views, per-head slot
-    counts, bytes and decode attention. The operations merging methods use (``swap``, ``replace``,
-    ``merge_into``, ``reset``) and ``ragged`` (a head-adaptive allocator's swap) belong to the kinds
-    that offer them (the uniform store); ``write`` (a field over every held slot) to both."""
+    """Where one layer's slots live (module docstring): append, keep, drop, write, views, per-head
+    slot counts, bytes, decode attention and the swap to ragged heads.
+
+    Attributes
+    ----------
+    kind : str
+        The layout: ``"uniform"`` or ``"ragged"``.
+    codec : Codec
+        How keys and values are held (handed on to ragged heads).
+    """
 
     kind: str = "storage"
+    codec: Codec = PLAIN
 
     # ------------------------------------------------------------------ reading
     @property
@@ -71,8 +111,9 @@ class SlotStorage(ABC):
 
     @property
     def state(self) -> Mapping[str, torch.Tensor]:
-        """The method's per-slot state fields, read-only: name -> ``[batch, kv_heads, slots, *extra]``."""
-        return StateView(self)
+        """The method's per-slot state fields, read-only: name -> ``[batch, kv_heads, slots, *extra]``
+        (views made on access, so they match the store's current slots)."""
+        return MappingProxyType({name: self.view(name) for name in self.state_names()})
 
     @abstractmethod
     def state_names(self) -> tuple[str, ...]:
@@ -107,6 +148,22 @@ class SlotStorage(ABC):
         """Evict slot ``slot`` ``[batch, kv_heads]`` int64 of every head (of the heads where ``active``
         ``[batch, kv_heads]`` bool, when given), in place."""
 
+    @abstractmethod
+    def write(self, name: str, value: torch.Tensor) -> None:
+        """Set field ``name`` over every held slot to ``value`` ``[batch, kv_heads, n_slots, *extra]``
+        (a codec encodes keys and values): key re-rotation, a method's scores."""
+
+    @abstractmethod
+    def ragged(self, keep: torch.Tensor, bounds: torch.Tensor | None = None) -> SlotStorage:
+        """The slots ``keep`` ``[batch, kv_heads, slots]`` (bool) selects, as ragged heads holding the
+        same codec (``methods.seam.ragged``; ``bounds`` ``[batch, kv_heads]`` as there).
+
+        Raises
+        ------
+        NotImplementedError
+            For a layout that is ragged already.
+        """
+
     # ------------------------------------------------------------------ attention
     @abstractmethod
     def attend(
@@ -134,27 +191,37 @@ class SlotStorage(ABC):
         """Key + value bytes one token takes over the batch and every KV head."""
 
 
+class MergingStorage(SlotStorage):
+    """A store that offers the operations of merging methods (``Traits.merges``) and of methods that
+    rewrite chosen slots: the uniform store."""
+
+    @abstractmethod
+    def swap(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Exchange slots ``a`` and ``b`` ``[batch, kv_heads]`` int64 of every head, in place."""
+
+    @abstractmethod
+    def replace(self, slot: torch.Tensor, **fields: torch.Tensor | float) -> None:
+        """Write ``fields`` at ``slot`` ``[batch, kv_heads, k]`` int64: each a tensor
+        ``[batch, kv_heads, k, *extra]`` or a scalar (a method's state field)."""
+
+    @abstractmethod
+    def merge_into(
+        self,
+        target: torch.Tensor,
+        source: torch.Tensor,
+        weight_target: torch.Tensor,
+        weight_source: torch.Tensor,
+        fields: tuple[str, ...] = KV,
+    ) -> None:
+        """Replace slot ``target`` by the weighted mean of ``target`` and ``source`` (``[batch,
+        kv_heads, 1]`` each, weights too) for each of ``fields``; the source slot is left as it is."""
+
+    @abstractmethod
+    def reset(self, **fields: torch.Tensor) -> None:
+        """Replace every slot at once by compact tensors ``[batch, kv_heads, k, *extra]`` (merge
+        rebuilds); fields not given take their fill value (positions: -1)."""
+
+
 #: What makes a layer's first store: ``(fills, capacity) -> SlotStorage`` (the uniform store's
-#: signature, ``methods.seam.store.SlotStore``); a quantized kind has the same.
+#: signature, ``methods.seam.store.SlotStore``, with its codec bound: ``partial(SlotStore, codec=...)``).
 StorageKind = Callable[[dict[str, float], Callable[[int], int]], "SlotStorage"]
-
-
-class StateView(Mapping):
-    """Read-only mapping name -> a store's state field (views made on access, so they always match
-    the store's current slots)."""
-
-    __slots__ = ("store",)
-
-    def __init__(self, store: SlotStorage) -> None:
-        self.store = store
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if name not in self.store.state_names():
-            raise KeyError(name)
-        return self.store.view(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.store.state_names())
-
-    def __len__(self) -> int:
-        return len(self.store.state_names())

@@ -1,5 +1,5 @@
-"""The slot store of one decoder layer: fixed-capacity buffers for every per-slot tensor and a
-handful of operations, the only code that writes them (docs/design.md, "The slot store").
+"""The uniform layout of one decoder layer's slots: fixed-capacity buffers for every per-slot tensor
+and a handful of operations, the only code that writes them (docs/design.md, "The slot store").
 
 Every per-slot tensor (``keys``, ``values``, ``log_weight``, ``positions`` and the method's
 state, e.g. scores or fusion counts) lives in one buffer ``[batch, kv_heads, capacity, *extra]``
@@ -15,7 +15,10 @@ the last slot moves into its place), :meth:`~SlotStore.swap`, :meth:`~SlotStore.
 given fields at given slots), :meth:`~SlotStore.merge_into` (weighted mean of a slot into another),
 :meth:`~SlotStore.write` (a field over all valid slots) and :meth:`~SlotStore.reset` (replace every
 slot at once by compact tensors: merge rebuilds). Slot order is not position order; methods find
-tokens by ``positions``. One write bypasses these operations by design: a method with a fused score
+tokens by ``positions``. Keys and values are held by the store's codec (``methods.seam.storage``):
+as themselves, or as its code fields, each a buffer like any other, so the operations that move slots
+move codes as they are (a token is encoded once); reads decode, writes of keys or values encode. One
+write bypasses these operations by design: a method with a fused score
 update (``Traits.score_decay``) has the decode attention update its ``scores`` view in place
 (the Triton kernel's ``s <- lambda s + a``), on the valid slots only.
 """
@@ -31,10 +34,10 @@ import torch.nn.functional as F
 from kernels import decode_attention
 from methods.seam.ragged import RaggedStore
 from methods.seam.slots import gather_slots, slot_index
-from methods.seam.storage import SlotStorage
+from methods.seam.storage import KV, PLAIN, Codec, MergingStorage
 
 if TYPE_CHECKING:
-    from methods.seam.contract import Traits
+    from methods.seam.traits import Traits
 
 #: Fields every store has, besides the method's state: name -> fill of slots appended by the seam.
 BASE_FILLS = {"log_weight": 0.0}
@@ -42,7 +45,7 @@ BASE_FILLS = {"log_weight": 0.0}
 FIXED_DTYPES = ("keys", "values", "log_weight", "positions")
 
 
-class SlotStore(SlotStorage):
+class SlotStore(MergingStorage):
     """Fixed-capacity slot buffers of one layer (module docstring).
 
     Parameters
@@ -52,23 +55,30 @@ class SlotStore(SlotStorage):
         (``Traits.state_fill``); ``log_weight`` (0) is always present.
     capacity : Callable[[int], int]
         Slots to allocate for a buffer that must hold ``needed`` slots (the owner's rule).
+    codec : Codec
+        How keys and values are held (default: as they are).
 
     Attributes
     ----------
     n : int
         Valid slots per (batch, KV head).
     buffers : dict[str, torch.Tensor]
-        ``[batch, kv_heads, capacity, *extra]`` per field: ``keys``/``values`` in the model's dtype,
+        ``[batch, kv_heads, capacity, *extra]`` per field: ``keys``/``values`` (or the codec's fields),
         ``log_weight`` and method state float32, ``positions`` int64.
+    kv_fields : tuple[str, ...]
+        The buffers holding keys and values (counted as key/value bytes); set by the first append.
+    dtype : torch.dtype | None
+        The model's dtype of keys and values (set by the first append).
     """
 
     kind = "uniform"
 
-    def __init__(self, fills: dict[str, float], capacity: Callable[[int], int]) -> None:
+    def __init__(self, fills: dict[str, float], capacity: Callable[[int], int], codec: Codec = PLAIN) -> None:
         self.fills = BASE_FILLS | dict(fills)
-        self.capacity_for = capacity
+        self.capacity_for, self.codec = capacity, codec
         self.buffers: dict[str, torch.Tensor] = {}
-        self.n = 0
+        self.n, self.token, self.kv_fields = 0, 0, KV
+        self.dtype: torch.dtype | None = None
 
     # ------------------------------------------------------------------ reading
     @property
@@ -77,16 +87,24 @@ class SlotStore(SlotStorage):
         return self.n
 
     def view(self, name: str) -> torch.Tensor:
-        """The valid slots of field ``name``: ``[batch, kv_heads, n, *extra]`` (a view).
+        """The valid slots of field ``name``: ``[batch, kv_heads, n, *extra]`` (a view; keys and values
+        held as codes: decoded, a new tensor in the model's dtype).
 
         Raises
         ------
         KeyError
             For a field the store does not hold, or before the first append.
         """
-        if name not in self.buffers:
-            raise KeyError(f"the layer holds no {name!r} (fields: {sorted(self.buffers) or 'none yet'})")
-        return self.buffers[name].narrow(2, 0, self.n)
+        if name in self.buffers:
+            return self.buffers[name].narrow(2, 0, self.n)
+        if name in KV and self.buffers:
+            return self._read(name)
+        raise KeyError(f"the layer holds no {name!r} (fields: {sorted(self.buffers) or 'none yet'})")
+
+    def _read(self, name: str) -> torch.Tensor:
+        """Keys or values held as codes, decoded: ``[batch, kv_heads, n, head_dim]`` (model dtype)."""
+        fields = {f: self.view(f) for f in self.kv_fields if f.startswith(f"{name}.")}
+        return self.codec.decode(name, fields).to(self.dtype)
 
     def state_names(self) -> tuple[str, ...]:
         """The method's state fields (``Traits.state_fill``)."""
@@ -94,60 +112,69 @@ class SlotStore(SlotStorage):
 
     def head_slots(self) -> torch.Tensor:
         """``[batch, kv_heads]`` int64, every head ``n``."""
-        b, h = self.buffers["keys"].shape[:2] if self.buffers else (1, 1)
+        b, h = self.buffers["positions"].shape[:2] if self.buffers else (1, 1)
         return torch.full((b, h), self.n, dtype=torch.long)
 
     @property
     def capacity(self) -> int:
         """Slots the buffers hold (valid or not)."""
-        return self.buffers["keys"].shape[2] if self.buffers else 0
+        return self.buffers["positions"].shape[2] if self.buffers else 0
 
     def allocated_bytes(self) -> int:
         """Bytes of every buffer, capacity included."""
         return sum(buf.untyped_storage().nbytes() for buf in self.buffers.values())
 
     def kv_bytes(self) -> int:
-        """Bytes of the held keys and values (slots x kv_heads x head_dim x dtype size x batch)."""
-        if not self.buffers:
-            return 0
-        return sum(self.view(name).numel() * self.buffers[name].element_size() for name in ("keys", "values"))
+        """Bytes of the held slots' keys and values (or their codes)."""
+        return sum(self.buffers[f].narrow(2, 0, self.n).nbytes for f in self.kv_fields if f in self.buffers)
 
     def state_bytes(self) -> int:
         """Bytes of the held slots' bias, positions and method state."""
-        names = [name for name in self.buffers if name not in ("keys", "values")]  # none before an append
+        names = [name for name in self.buffers if name not in self.kv_fields]  # none before an append
         return sum(self.view(name).numel() * self.buffers[name].element_size() for name in names)
 
     def token_bytes(self) -> int:
-        """Key + value bytes of one token over the batch and every KV head."""
-        if not self.buffers:
-            return 0
-        k, v = self.buffers["keys"], self.buffers["values"]
-        return k.shape[0] * k.shape[1] * (k.shape[-1] + v.shape[-1]) * k.element_size()
+        """Key + value bytes of one token in the model's dtype over the batch and every KV head (what
+        the uncompressed cache holds per token)."""
+        return self.token
 
     # ------------------------------------------------------------------ the seam's append
     def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
         """Append ``k`` slots: ``keys``/``values`` ``[batch, kv_heads, k, head_dim]``, ``positions``
         ``[k]`` int64 (the same tokens for every head); other fields take their fill value. The
         first call allocates the buffers with the incoming dtype and device."""
-        b, h, k = keys.shape[:3]
+        k = keys.shape[2]
         if not self.buffers:
-            cap = self.capacity_for(k)
-            self.buffers = {
-                "keys": keys.new_empty((b, h, cap, keys.shape[-1])),
-                "values": values.new_empty((b, h, cap, values.shape[-1])),
-                "positions": torch.empty((b, h, cap), dtype=torch.long, device=keys.device),
-            }
-            for name in self.fills:
-                self.buffers[name] = torch.empty((b, h, cap), dtype=torch.float32, device=keys.device)
+            self._allocate(keys, values, self.capacity_for(k))
         else:
             self.make_room(k)
         n, buffers = self.n, self.buffers
-        buffers["keys"].narrow(2, n, k).copy_(keys)
-        buffers["values"].narrow(2, n, k).copy_(values)
+        self._append_kv(keys, values)
         buffers["positions"].narrow(2, n, k).copy_(positions)
         for name, fill in self.fills.items():
             buffers[name].narrow(2, n, k).fill_(fill)
         self.n = n + k
+
+    def _encode(self, keys: torch.Tensor, values: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The codec's fields of ``keys`` and ``values`` ``[batch, kv_heads, k, head_dim]``."""
+        codec, dtype = self.codec, self.dtype
+        return codec.encode("keys", keys.to(dtype)) | codec.encode("values", values.to(dtype))
+
+    def _allocate(self, keys: torch.Tensor, values: torch.Tensor, cap: int) -> None:
+        """The buffers for ``cap`` slots, shaped as the codec's fields of the first token."""
+        b, h = keys.shape[:2]
+        self.dtype, self.token = keys.dtype, b * h * (keys.shape[-1] + values.shape[-1]) * keys.element_size()
+        first = self._encode(keys[:, :, :1], values[:, :, :1])
+        self.buffers = {f: t.new_empty((b, h, cap, *t.shape[3:])) for f, t in first.items()}
+        self.kv_fields = tuple(first)
+        self.buffers["positions"] = torch.empty((b, h, cap), dtype=torch.long, device=keys.device)
+        for name in self.fills:
+            self.buffers[name] = torch.empty((b, h, cap), dtype=torch.float32, device=keys.device)
+
+    def _append_kv(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write ``k`` appended tokens' keys and values at slots ``n .. n + k - 1``."""
+        for field, t in self._encode(keys, values).items():
+            self.buffers[field].narrow(2, self.n, t.shape[2]).copy_(t)
 
     def make_room(self, k: int) -> None:
         """Reallocate now (to the owner's capacity) if ``k`` more slots do not fit
@@ -210,13 +237,27 @@ class SlotStore(SlotStorage):
 
     def replace(self, slot: torch.Tensor, **fields: torch.Tensor | float) -> None:
         """Write ``fields`` at ``slot`` ``[batch, kv_heads, k]`` int64: each a tensor
-        ``[batch, kv_heads, k, *extra]`` (cast to the field's dtype) or a scalar."""
+        ``[batch, kv_heads, k, *extra]`` (cast to the field's dtype; keys and values held as codes:
+        encoded) or a scalar."""
         for name, value in fields.items():
+            if name not in self.buffers:
+                self._put(name, slot, value)
+                continue
             buf = self.buffers[name]
             if isinstance(value, torch.Tensor):
                 buf.scatter_(2, slot_index(buf, slot), value.to(buf.dtype))
             else:
                 buf.scatter_(2, slot_index(buf, slot), torch.full_like(gather_slots(buf, slot), value))
+
+    def _put(self, name: str, slot: torch.Tensor | None, value: torch.Tensor) -> None:
+        """Encode and write ``value`` ``[batch, kv_heads, k, head_dim]`` as keys or values held as
+        codes at ``slot`` ``[batch, kv_heads, k]`` (None: every valid slot, ``k = n``)."""
+        for field, t in self.codec.encode(name, value.to(self.dtype)).items():
+            buf = self.buffers[field]
+            if slot is None:
+                buf.narrow(2, 0, self.n).copy_(t)
+            else:
+                buf.scatter_(2, slot_index(buf, slot), t)
 
     def merge_into(
         self,
@@ -224,14 +265,21 @@ class SlotStore(SlotStorage):
         source: torch.Tensor,
         weight_target: torch.Tensor,
         weight_source: torch.Tensor,
-        fields: tuple[str, ...] = ("keys", "values"),
+        fields: tuple[str, ...] = KV,
     ) -> None:
         """Replace slot ``target`` by the weighted mean of ``target`` and ``source`` for each field:
         ``(w_t x_t + w_s x_s) / (w_t + w_s)``, in float32 or better (ZSMerge Eq. 7's incremental
-        mean with fusion counts as weights). ``target``, ``source``, ``weight_*`` are
-        ``[batch, kv_heads, 1]``; the source slot is left as it is (evict it after)."""
+        mean with fusion counts as weights); keys and values held as codes: the mean of the decoded
+        slots, encoded. ``target``, ``source``, ``weight_*`` are ``[batch, kv_heads, 1]``; the source
+        slot is left as it is (evict it after)."""
         total = weight_target + weight_source
         for name in fields:
+            if name not in self.buffers:
+                full = self.view(name).float()
+                w_t = (weight_target.float() / total.float()).unsqueeze(-1)
+                mean = w_t * gather_slots(full, target) + (1 - w_t) * gather_slots(full, source)
+                self._put(name, target, mean)
+                continue
             buf = self.buffers[name]
             acc = torch.promote_types(buf.dtype, torch.float32)
             x_t, x_s = gather_slots(buf, target).to(acc), gather_slots(buf, source).to(acc)
@@ -240,8 +288,12 @@ class SlotStore(SlotStorage):
             buf.scatter_(2, slot_index(buf, target), (w_t * x_t + w_s * x_s).to(buf.dtype))
 
     def write(self, name: str, value: torch.Tensor) -> None:
-        """Set field ``name`` over all valid slots to ``value`` ``[batch, kv_heads, n, *extra]``; a
-        field whose trailing shape changes (a method's state sized at prefill) gets a new buffer."""
+        """Set field ``name`` over all valid slots to ``value`` ``[batch, kv_heads, n, *extra]`` (keys
+        and values held as codes: encoded); a field whose trailing shape changes (a method's state
+        sized at prefill) gets a new buffer."""
+        if name not in self.buffers:
+            self._put(name, None, value)
+            return
         buf = self.buffers[name]
         if buf.shape[3:] != value.shape[3:] or buf.dtype != value.dtype:
             buf = self.buffers[name] = value.new_empty((*buf.shape[:3], *value.shape[3:]))
@@ -249,9 +301,13 @@ class SlotStore(SlotStorage):
 
     def reset(self, **fields: torch.Tensor) -> None:
         """Replace every slot at once by compact tensors ``[batch, kv_heads, k, *extra]`` (merge
-        rebuilds: ZSMerge's residual slots, KVMerger's sets, KeepKV's groups); fields not given
-        take their fill value (positions: -1). New buffers sized for ``k`` slots plus an append."""
+        rebuilds: ZSMerge's residual slots, KVMerger's sets, KeepKV's groups); keys and values held
+        as codes are encoded afresh (:meth:`_encode_all`); fields not given take their fill value
+        (positions: -1). New buffers sized for ``k`` slots plus an append."""
         k = fields["keys"].shape[2]
+        if "keys" not in self.buffers:
+            keys, values = fields.pop("keys"), fields.pop("values")
+            fields = self._encode_all(keys, values, fields.get("positions")) | fields
         cap = max(self.capacity_for(k + 1), k)
         new = {}
         for name, buf in self.buffers.items():
@@ -262,14 +318,23 @@ class SlotStore(SlotStorage):
             new[name][:, :, :k] = value if value is not None else self.fills.get(name, -1)
         self.buffers, self.n = new, k
 
-    # ------------------------------------------------------------------ kinds and attention
+    def _encode_all(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
+        """The codec's fields ``[batch, kv_heads, k, *extra]`` of a compact set of ``k`` slots
+        (:meth:`reset`; ``positions`` for a stateful codec)."""
+        return self._encode(keys, values)
+
+    # ------------------------------------------------------------------ layouts and attention
     def ragged(self, keep: torch.Tensor, bounds: torch.Tensor | None = None) -> RaggedStore:
         """The slots ``keep`` ``[batch, kv_heads, slots]`` (bool) selects, packed per head in a
-        :class:`~methods.seam.ragged.RaggedStore` (``bounds`` as there); room for what the owner's
-        capacity rule says an unbounded layer will still receive. Method state is not carried over."""
+        :class:`~methods.seam.ragged.RaggedStore` holding this codec (``bounds`` as there); codes are
+        packed as they are (no token is encoded twice), with room for what the owner's capacity rule
+        says an unbounded layer will still receive. Method state is not carried over."""
         room = self.capacity_for(self.n + 1) - self.n
-        fields = {name: self.view(name) for name in ("keys", "values", "positions")}
-        return RaggedStore.from_mask(fields, keep, room, bounds)
+        fields = {name: self.view(name) for name in (*self.kv_fields, "positions")}
+        kind = {"codec": self.codec, "token": self.token, "dtype": self.dtype}
+        return RaggedStore.from_mask(fields, keep, room, bounds, **kind)
 
     def attend(
         self, query: torch.Tensor, scaling: float, traits: Traits, softcap: float | None

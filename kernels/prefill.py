@@ -1,0 +1,83 @@
+"""Prompt attention (:func:`prefill_attention`: causal, with an optional sliding window and logit
+soft-cap) and the two helpers every attention over cached keys uses: soft-capping and the grouping of
+query heads onto their KV head. The PyTorch path; the seam's prefill (``methods.seam.step``), probe
+forwards (``runners.probe``) and methods' scoring (``methods.scoring``) call it."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def softcap_logits(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Attention-logit soft-capping (Gemma-2, ``attn_logit_softcapping``): ``c * tanh(logits / c)``;
+    ``logits`` unchanged when ``softcap`` is None."""
+    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
+
+
+def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """View ``[batch, q_heads, q, head_dim]`` as ``[batch, kv_heads, group, q, head_dim]`` (no copy)."""
+    b, hq, q, d = query.shape
+    return query.view(b, kv_heads, hq // kv_heads, q, d)
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    chunk: int = 512,
+) -> torch.Tensor:
+    """Causal attention of a prompt over itself, with an optional sliding window and logit soft-cap.
+
+    Query ``i`` attends to keys ``j`` with ``i - window < j <= i`` (transformers'
+    ``sliding_window_overlay``); soft-capping maps logits to ``c * tanh(logits / c)`` before the
+    softmax (Gemma-2, ``attn_logit_softcapping``). Without either this is fused causal SDPA;
+    with them, queries go in chunks whose keys start at the window's start, so memory is
+    ``O(chunk x (chunk + window))`` per head, never ``prompt x prompt``.
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        ``[batch, q_heads, prompt, head_dim]`` post-RoPE.
+    key, value : torch.Tensor
+        ``[batch, kv_heads, prompt, head_dim]``.
+    scaling : float
+        Softmax scale.
+    window : int | None
+        Sliding window (tokens), or None for full causal attention.
+    softcap : float | None
+        Logit soft-cap ``c``, or None.
+    chunk : int
+        Query rows per chunk.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, q_heads, prompt, head_dim]`` in the query's dtype.
+    """
+    length = query.shape[2]
+    if softcap is None and (window is None or window >= length):
+        return F.scaled_dot_product_attention(
+            query, key, value, is_causal=length > 1, scale=scaling, enable_gqa=True
+        )
+    b, hq = query.shape[:2]
+    hkv = key.shape[1]
+    out = torch.empty((b, hq, length, value.shape[-1]), dtype=query.dtype, device=query.device)
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
+        lo = 0 if window is None else max(0, start - window + 1)
+        q_pos = torch.arange(start, stop, device=query.device)[:, None]
+        k_pos = torch.arange(lo, stop, device=query.device)[None, :]
+        allowed = k_pos <= q_pos
+        if window is not None:
+            allowed &= k_pos > q_pos - window
+        q = group_queries(query[:, :, start:stop], hkv).float()
+        logits = torch.einsum("bhgqd,bhkd->bhgqk", q, key[:, :, lo:stop].float()) * scaling
+        logits = softcap_logits(logits, softcap).masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        rows = torch.einsum("bhgqk,bhkd->bhgqd", probs, value[:, :, lo:stop].float())
+        out[:, :, start:stop] = rows.reshape(b, hq, stop - start, -1).to(query.dtype)
+    return out
