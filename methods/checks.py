@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from tasks.options import RANGE, option
+
+__all__ = ["RANGE", "check_range", "option"]
+
 
 def check_range(method: object, *fields: str, low: float = 0.0, high: float = 1.0) -> None:
     """Check that each named field of ``method`` lies in ``[low, high]`` (a fraction by default).

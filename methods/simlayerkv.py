@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from methods.checks import check_range
+from methods.checks import check_range, option
 from methods.scoring import lowest_score, window_attention
 from methods.seam.contract import NO_DECODE_RULE, CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
@@ -54,10 +54,10 @@ class SimLayerKV(CompressionMethod):
     name: ClassVar[str] = "simlayerkv"
     TRAITS: ClassVar[Traits] = replace(NO_DECODE_RULE, budget_applies=False, counters=("lazy_layers",))
 
-    lazy_threshold: float = 0.9
-    n_last: int = 1
-    n_recent: int = 1024
-    n_initial: int = 4
+    lazy_threshold: float = option(0.9, low=0, high=1)
+    n_last: int = option(1, low=1)
+    n_recent: int = option(1024, low=1)
+    n_initial: int = option(4, low=0, high="max_context")
 
     def __post_init__(self) -> None:
         check_range(self, "lazy_threshold")

@@ -25,7 +25,9 @@ from runners.kernel_proof import check_kernels
 from runners.loaded import load_once
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
+from runners.options import QuantOptions, check_quant_group
 from runners.paths import RESULTS, check_writable_dir
+from runners.schema import check_config, check_node, check_target, model_facts
 from runners.storage import set_storage
 from tasks import TASK_REGISTRY, Task
 from tasks.chat import template_kwargs
@@ -112,6 +114,7 @@ def check_run(cfg: DictConfig) -> None:
     renamed = renamed_in_config(cfg)
     if renamed is not None:
         raise KVBenchError(renamed)
+    check_config(cfg)
     apply_compression_ratio(cfg)
     check_writable_dir(cfg.paths.results_dir, RESULTS)
     check_device(cfg.get("device"))
@@ -185,6 +188,7 @@ def build_node(node: DictConfig, group: str, registry: dict) -> object:
     if missing:
         names = ", ".join(key if key.startswith(f"{group}.") else f"{group}.{key}" for key in missing)
         raise KVBenchError(f"{names} must be set (the {group} config leaves it ???)")
+    check_target(node, group)
     try:
         return instantiate(node)
     except Exception as err:  # hydra wraps the dataclass' ValueError/TypeError
@@ -213,6 +217,10 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
         raise KVBenchError(str(err)) from err
     method = apply_decode_rule(cfg, build_node(cfg.method, "method", METHOD_REGISTRY))
     text = resolve_model_config(cfg.model)
+    facts = model_facts(cfg.model, text)
+    check_target(cfg.method, "method", facts)  # the ranges that name the model's context or head_dim
+    check_node(cfg.get("quant") or {}, QuantOptions, "quant")
+    check_quant_group((cfg.get("quant") or {}).get("group"), facts["head_dim"])
     try:
         method.check_model(text)
     except ValueError as err:
