@@ -257,14 +257,23 @@ def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.
     ``enable_thinking=false`` where the template reads it), recorded in its protocol. The jobs of a
     multirun in one process load a task in the same state once (``runners.loaded.load_once``).
 
+    A note says once when ``model.chat_template_kwargs`` is set but ``task.chat_template=none``.
+
     Raises
     ------
     KVBenchError
         If the task selects no samples (and as ``Task.load`` for missing or unreadable data), or for
-        a ``model.chat_template_kwargs`` that is not a dict.
+        a ``model.chat_template_kwargs`` that is not a dict or names a variable the template never
+        reads.
     """
     tokenizer = load_tokenizer(cfg.model)
     task.chat_template_kwargs = chat_kwargs(cfg, tokenizer)
+    if task.chat_template == "none" and cfg.model.get("chat_template_kwargs") is not None:
+        print(
+            "note: task.chat_template=none renders no chat template: model.chat_template_kwargs does not "
+            "apply to the prompts",
+            flush=True,
+        )
 
     def load() -> tuple[list, list[torch.Tensor]]:
         samples = task.load(tokenizer)

@@ -45,10 +45,16 @@ def template_kwargs(tokenizer, configured: Mapping | None) -> dict:
     Raises
     ------
     KVBenchError
-        As :func:`check_template_kwargs`.
+        As :func:`check_template_kwargs`, or for a variable the template never names.
     """
     check_template_kwargs(configured)
     if configured is not None:
+        template = getattr(tokenizer, "chat_template", None) or ""
+        text = " ".join(template.values()) if isinstance(template, Mapping) else str(template)
+        if unread := [key for key in configured if key not in text]:
+            raise KVBenchError(
+                f"model.chat_template_kwargs.{unread[0]}: the tokenizer's chat template never reads it"
+            )
         return dict(configured)
     return {THINKING: False} if THINKING in (getattr(tokenizer, "chat_template", None) or "") else {}
 
