@@ -95,25 +95,40 @@ def _fits(value: object, kind: object) -> bool:
 
 
 def _bound(edge: object, facts: Mapping) -> tuple[float | None, str]:
+    """A range's edge and its text: a number, or a model fact (None until ``facts`` holds it)."""
     if isinstance(edge, str):
         value = facts.get(edge)
         return value, f"{value} ({FACTS.get(edge, edge)})"
     return edge, f"{edge:g}" if edge is not None else ""
 
 
-def _range_error(key: str, value: object, edges: tuple, kind: str, nullable: bool, facts: Mapping) -> str:
-    """The message for ``value`` outside ``edges`` (``(low, high)``), empty when it lies inside."""
+def _inside(value: object, edges: tuple, facts: Mapping) -> bool:
+    """Whether a number ``value`` lies in ``edges`` (``(low, high)``); anything else is not ranged."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return True
+    (low, _), (high, _) = _bound(edges[0], facts), _bound(edges[1], facts)
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+def _wanted(kind: object, edges: tuple | None, facts: Mapping) -> str:
+    """What a value of annotation ``kind`` with range ``edges`` must be, in words."""
+    arms = _arms(kind)
+    null = " or null" if type(None) in arms else ""
+    if not edges:
+        return " or ".join(_words(arm) if arm is not type(None) else "null" for arm in arms)
+    words = _words(next(arm for arm in arms if arm is not type(None)))
     (low, low_text), (high, high_text) = _bound(edges[0], facts), _bound(edges[1], facts)
-    if (low is None or value >= low) and (high is None or value <= high):
-        return ""
-    if high is None:
-        positive = kind == "an integer" and low == 1 and not nullable
-        wanted = "a positive integer" if positive else f"{kind} >= {low_text}"
-    elif low is None:
-        wanted = f"{kind} <= {high_text}"
-    else:
-        wanted = f"{kind} in [{low_text}, {high_text}]"
-    return f"{key} must be {wanted}{' or null' if nullable else ''}, got {value!r}"
+    if low is not None and high is not None:
+        return f"{words} in [{low_text}, {high_text}]{null}"
+    if high is not None:
+        return f"{words} <= {high_text}{null}"
+    if low is None:
+        return f"{words}{null}"
+    return (
+        "a positive integer"
+        if words == "an integer" and low == 1 and not null
+        else f"{words} >= {low_text}{null}"
+    )
 
 
 def _value(node: DictConfig, key: str) -> object:
@@ -149,22 +164,14 @@ def check_node(
         value, kind = _value(node, key), hints.get(key, typing.Any)
         if value is None and OmegaConf.is_config(node) and OmegaConf.is_interpolation(node, key):
             continue  # a model fact not read yet (``${model.max_context}``)
-        if not _fits(value, kind):
-            wanted = " or ".join(_words(arm) if arm is not type(None) else "null" for arm in _arms(kind))
+        edges = fields[key].metadata.get(RANGE)
+        if not (_fits(value, kind) and (not edges or _inside(value, edges, facts))):
             finite = " (finite)" if isinstance(value, float) and not math.isfinite(value) else ""
-            raise KVBenchError(f"{prefix}.{key} must be {wanted}{finite}, got {value!r}")
+            raise KVBenchError(f"{prefix}.{key} must be {_wanted(kind, edges, facts)}{finite}, got {value!r}")
         target = value.get("_target_") if isinstance(value, DictConfig | dict) else None
         nested = target_class(target) if target else None
         if nested is not None and dataclasses.is_dataclass(nested):
             check_node(value, nested, f"{prefix}.{key}", facts)
-        edges = fields[key].metadata.get(RANGE)
-        if edges and isinstance(value, int | float) and not isinstance(value, bool):
-            arms = [a for a in _arms(kind) if a is not type(None)]
-            error = _range_error(
-                f"{prefix}.{key}", value, edges, _words(arms[0]), type(None) in _arms(kind), facts
-            )
-            if error:
-                raise KVBenchError(error)
 
 
 def check_target(node: DictConfig, group: str, facts: Mapping | None = None) -> None:
