@@ -13,9 +13,10 @@ def check_range(method: object, *fields: str, low: float = 0.0, high: float = 1.
     Raises
     ------
     ValueError
-        ``<field> must be in [<low>, <high>], got <value>`` for the first field outside (or NaN).
+        ``<field> must be in [<low>, <high>], got <value>`` for the first field outside (or NaN, or not a
+        number).
     """
     for name in fields:
         value = getattr(method, name)
-        if not low <= value <= high:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
             raise ValueError(f"{name} must be in [{low:g}, {high:g}], got {value}")
