@@ -147,3 +147,20 @@ def test_chat_template_kwargs_with_no_chat_template_are_noted(tmp_path, monkeypa
     task = XSum(data_dir=str(tmp_path), limit=1, chat_template="none")
     load_prompts(OmegaConf.create({"model": model}), task)
     assert "note: task.chat_template=none renders no chat template" in capsys.readouterr().out
+
+
+def test_a_template_variable_the_template_never_reads_is_refused():
+    """``model.chat_template_kwargs`` keys are the variables the template reads (``jinja2.meta``), not
+    any text in it: ``role`` and ``message`` appear in Qwen3's template but are no variable of it."""
+    from types import SimpleNamespace
+
+    from tasks.chat import template_kwargs
+    from tests.test_chat_template_kwargs import QWEN3
+
+    tokenizer = SimpleNamespace(chat_template=QWEN3)
+    assert template_kwargs(tokenizer, {"enable_thinking": True}) == {"enable_thinking": True}
+    for key in ("role", "message", "thinking"):
+        with pytest.raises(
+            KVBenchError, match=f"chat_template_kwargs.{key}: the tokenizer.s chat template"
+        ):
+            template_kwargs(tokenizer, {key: True})
