@@ -160,7 +160,5 @@ def test_a_template_variable_the_template_never_reads_is_refused():
     tokenizer = SimpleNamespace(chat_template=QWEN3)
     assert template_kwargs(tokenizer, {"enable_thinking": True}) == {"enable_thinking": True}
     for key in ("role", "message", "thinking"):
-        with pytest.raises(
-            KVBenchError, match=f"chat_template_kwargs.{key}: the tokenizer.s chat template"
-        ):
+        with pytest.raises(KVBenchError, match=f"chat_template_kwargs.{key}: the tokenizer.s chat template"):
             template_kwargs(tokenizer, {key: True})
