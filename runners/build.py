@@ -7,7 +7,6 @@ Order (bad input fails before anything expensive): :func:`check_run` (results di
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import torch
@@ -27,7 +26,7 @@ from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.options import QuantOptions, check_quant_group
 from runners.paths import RESULTS, check_writable_dir
-from runners.schema import check_config, check_node, check_target, model_facts
+from runners.schema import check_config, check_node, check_target, model_facts, target_class
 from runners.storage import set_storage
 from tasks import TASK_REGISTRY, Task
 from tasks.chat import template_kwargs
@@ -161,14 +160,8 @@ def registered_name(target: str | None, registry: dict) -> str | None:
     The target is resolved, not compared as text: a class may be named through the package that
     exports it (``methods.keepkv.KeepKV``) rather than the module defining it
     (``methods.keepkv.method``)."""
-    if not target:
-        return None
-    module, _, name = target.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return None
-    return next((n for n, c in registry.items() if c is cls), None)
+    cls = target_class(target)
+    return next((n for n, c in registry.items() if c is cls), None) if cls is not None else None
 
 
 def build_node(node: DictConfig, group: str, registry: dict) -> object:

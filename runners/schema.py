@@ -27,7 +27,7 @@ from reports.store import quant_of
 from runners.options import RUNNER_OPTIONS, QuantOptions
 from tasks.errors import KVBenchError
 
-#: The facts of the model a range may name (``runners.build.model_facts``), in words for a message.
+#: The facts of the model a range may name (:func:`model_facts`), in words for a message.
 FACTS = {"max_context": "the model's context", "head_dim": "the model's head_dim"}
 
 
