@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tasks.options import RANGE, option
+from tasks.options import CLAMP, RANGE, option
 
-__all__ = ["RANGE", "check_range", "option"]
+__all__ = ["CLAMP", "RANGE", "check_range", "option"]
 
 
 def check_range(method: object, *fields: str, low: float = 0.0, high: float = 1.0) -> None:

@@ -56,7 +56,7 @@ class SimLayerKV(CompressionMethod):
 
     lazy_threshold: float = option(0.9, low=0, high=1)
     n_last: int = option(1, low=1)
-    n_recent: int = option(1024, low=1)
+    n_recent: int = option(1024, low=1, clamp="max_context")
     n_initial: int = option(4, low=0, high="max_context")
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
 from runners.options import QuantOptions, check_quant_group
 from runners.paths import RESULTS, check_writable_dir
-from runners.schema import check_config, check_node, check_target, model_facts, target_class
+from runners.schema import check_config, check_node, check_target, clamp_notes, model_facts, target_class
 from runners.storage import set_storage
 from tasks import TASK_REGISTRY, Task
 from tasks.chat import template_kwargs
@@ -212,6 +212,8 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
     text = resolve_model_config(cfg.model)
     facts = model_facts(cfg.model, text)
     check_target(cfg.method, "method", facts)  # the ranges that name the model's context or head_dim
+    for note in clamp_notes(cfg.method, facts):
+        print(f"note: {note}", flush=True)
     check_node(cfg.get("quant") or {}, QuantOptions, "quant")
     check_quant_group((cfg.get("quant") or {}).get("group"), facts["head_dim"])
     try:

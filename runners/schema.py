@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from methods.checks import RANGE
+from methods.checks import CLAMP, RANGE
 from reports.store import quant_of
 from runners.options import RUNNER_OPTIONS, QuantOptions
 from tasks.errors import KVBenchError
@@ -172,6 +172,25 @@ def check_node(
         nested = target_class(target) if target else None
         if nested is not None and dataclasses.is_dataclass(nested):
             check_node(value, nested, f"{prefix}.{key}", facts)
+
+
+def clamp_notes(node: DictConfig, facts: Mapping, prefix: str = "method") -> list[str]:
+    """One note for each option of ``node`` (a method) above the model fact its field's ``clamp``
+    names: the method clamps it, and the run says so (``runners.build.build_method``)."""
+    cls = target_class(node.get("_target_"))
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return []
+    notes = []
+    for f in dataclasses.fields(cls):
+        value, fact = node.get(f.name), f.metadata.get(CLAMP)
+        if isinstance(value, DictConfig) and "_target_" in value:
+            notes += clamp_notes(value, facts, f"{prefix}.{f.name}")
+        elif fact and isinstance(value, int) and facts.get(fact) is not None and value > facts[fact]:
+            notes.append(
+                f"{prefix}.{f.name}={value} is above {FACTS[fact]} ({facts[fact]}): the method clamps it "
+                "to each prompt's length"
+            )
+    return notes
 
 
 def check_target(node: DictConfig, group: str, facts: Mapping | None = None) -> None:

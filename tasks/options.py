@@ -11,15 +11,22 @@ from typing import Any
 CHAT_TEMPLATE_CHOICES = ("auto", "none")
 #: The key of a field's metadata that holds its range ``(low, high)``: ``runners.schema`` checks it.
 RANGE = "range"
+#: The key of a field's metadata that names the model fact the method clamps it to.
+CLAMP = "clamp"
 
 
 def option(
-    default: object = MISSING, *, low: float | str | None = None, high: float | str | None = None
+    default: object = MISSING,
+    *,
+    low: float | str | None = None,
+    high: float | str | None = None,
+    clamp: str | None = None,
 ) -> Any:
     """A dataclass field with a range that the run's schema checks before anything loads
     (``runners.schema``): ``low <= value <= high``, None for no bound; a bound may name a fact of the
-    model (``"max_context"``: its context in tokens, ``"head_dim"``), checked once its config is read."""
-    return field(default=default, metadata={RANGE: (low, high)})
+    model (``"max_context"``: its context in tokens, ``"head_dim"``), checked once its config is read.
+    ``clamp`` names a fact above which the method clamps the value: the run says so once."""
+    return field(default=default, metadata={RANGE: (low, high), CLAMP: clamp})
 
 
 def check_chat_template(value: str, choices: tuple[str, ...] = CHAT_TEMPLATE_CHOICES) -> None:

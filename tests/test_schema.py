@@ -162,3 +162,17 @@ def test_a_template_variable_the_template_never_reads_is_refused():
     for key in ("role", "message", "thinking"):
         with pytest.raises(KVBenchError, match=f"chat_template_kwargs.{key}: the tokenizer.s chat template"):
             template_kwargs(tokenizer, {key: True})
+
+
+def test_a_value_the_method_clamps_is_said_once():
+    """SimLayerKV's recent window above the model's context covers every prompt: the run says so."""
+    from runners.schema import clamp_notes
+
+    with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
+        cfg = compose("config", ["method=simlayerkv", "method.n_recent=100000"])
+        default = compose("config", ["method=simlayerkv"])
+    assert clamp_notes(cfg.method, {"max_context": 8192}) == [
+        "method.n_recent=100000 is above the model's context (8192): the method clamps it to each "
+        "prompt's length"
+    ]
+    assert clamp_notes(default.method, {"max_context": 8192}) == []
