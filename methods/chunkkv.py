@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import torch
 
+from methods.checks import option
 from methods.evict import ScoreEvict
 from methods.scoring import keep_index
 from methods.seam.contract import CompressionMethod
@@ -71,7 +72,7 @@ class ChunkKV(ScorerWrapper):
     PAPER_SCORER: ClassVar[str] = "snapkv"  # the paper's and kvpress's: named ``chunkkv``
 
     scorer: ScoreEvict = field(default_factory=lambda: SnapKV(window_size=64, kernel_size=5, pooling="avg"))
-    chunk_length: int = 20
+    chunk_length: int = option(20, low=1, high="max_context")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -18,6 +18,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from methods.checks import option
 from methods.evict import ScoreEvict
 from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
@@ -62,9 +63,9 @@ class CurDKV(ScoreEvict):
         ScoreEvict.TRAITS, prompt_only=True, decode_rule=False, decode_input="none"
     )
 
-    num_sinks: int = 4
+    num_sinks: int = option(4, low=0, high="max_context")
     leverage_type: str = "kv_product"
-    local_window_size: int = 16
+    local_window_size: int = option(16, low=0, high="max_context")
 
     def __post_init__(self) -> None:
         if self.leverage_type not in COMBINE:

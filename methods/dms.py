@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from methods.adakv import AdaKV
+from methods.checks import option
 from methods.evict import ScoreEvict
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
@@ -45,7 +46,8 @@ class DMS(ScorerWrapper):
     Raises
     ------
     ValueError
-        For a scorer without scores or a window < 1.
+        For a scorer without scores, a window < 1, or a threshold <= 0 over SnapKV (whose scores are
+        attention probabilities: every token kept).
     """
 
     name: ClassVar[str] = "dms"
@@ -54,7 +56,7 @@ class DMS(ScorerWrapper):
 
     scorer: ScoreEvict = field(default_factory=lambda: SnapKV(window_size=64, kernel_size=5, pooling="avg"))
     threshold: float = 0.001
-    sliding_window_size: int = 128
+    sliding_window_size: int = option(128, low=1, high="max_context")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -62,6 +64,11 @@ class DMS(ScorerWrapper):
             raise ValueError(f"dms needs a scorer with scores (snapkv, knorm, ...), got {self.scorer.label}")
         if self.sliding_window_size < 1:
             raise ValueError(f"sliding_window_size must be >= 1, got {self.sliding_window_size}")
+        if isinstance(self.scorer, SnapKV) and self.threshold <= 0:
+            raise ValueError(
+                f"threshold={self.threshold} keeps every token (SnapKV's averaged votes are >= 0): that is "
+                "FullKV under the DMS label; use a threshold > 0 (kvpress: 0.001 keeps about half)"
+            )
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The scorer's plan under a budget of the sliding window (its protected tokens), no bound."""

@@ -26,6 +26,7 @@ from typing import ClassVar
 import torch
 
 from kernels.prefill import group_queries, softcap_logits
+from methods.checks import option
 from methods.criticalkv import output_norm
 from methods.probing import Probe, Probing
 from methods.seam.architecture import UnsupportedArchitectureError
@@ -117,10 +118,10 @@ class KVzip(Probing, CompressionMethod):
         state_fill={"scores": float("inf")},  # a token no chunk repeats (the template's head) is kept
     )
 
-    n_sink: int = 4
+    n_sink: int = option(4, low=1, high="max_context")
     layerwise: bool = False
-    chunk_size: int = 2048
-    resume_tokens: int = 8
+    chunk_size: int = option(2048, low=1)
+    resume_tokens: int = option(8, low=0, high="max_context")
     prompt: ReconstructionPrompt | None = None
     kvzip_plus_normalization: bool = False
 

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import torch
 
+from methods.checks import option
 from methods.evict import ScoreEvict
 from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
@@ -65,7 +66,7 @@ class LeverageScore(ScoreEvict):
         ScoreEvict.TRAITS, prompt_only=True, decode_rule=False, decode_input="none"
     )
 
-    sketch_dimension: int = 48
+    sketch_dimension: int = option(48, low=1, high="head_dim")
     seed: int = 0
 
     def __post_init__(self) -> None:

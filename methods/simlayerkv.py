@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from methods.checks import check_range
+from methods.checks import check_range, option
 from methods.scoring import lowest_score, window_attention
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
@@ -57,10 +57,10 @@ class SimLayerKV(CompressionMethod):
         NO_DECODE_RULE, budget_applies=False, counters=("lazy_layers",), ragged_heads=True
     )
 
-    lazy_threshold: float = 0.9
-    n_last: int = 1
-    n_recent: int = 1024
-    n_initial: int = 4
+    lazy_threshold: float = option(0.9, low=0, high=1)
+    n_last: int = option(1, low=1)
+    n_recent: int = option(1024, low=1, clamp="max_context")
+    n_initial: int = option(4, low=0, high="max_context")
 
     def __post_init__(self) -> None:
         check_range(self, "lazy_threshold")

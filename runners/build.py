@@ -7,7 +7,6 @@ Order (bad input fails before anything expensive): :func:`check_run` (results di
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import torch
@@ -24,7 +23,9 @@ from runners.kernel_proof import check_kernels
 from runners.loaded import load_once
 from runners.model_sources import safe_name
 from runners.models import load_tokenizer, resolve_model_config
+from runners.options import QuantOptions, check_quant_group
 from runners.paths import RESULTS, check_writable_dir
+from runners.schema import check_config, check_node, check_target, clamp_notes, model_facts, target_class
 from tasks import TASK_REGISTRY, Task
 from tasks.chat import template_kwargs
 from tasks.errors import KVBenchError
@@ -110,6 +111,7 @@ def check_run(cfg: DictConfig) -> None:
     renamed = renamed_in_config(cfg)
     if renamed is not None:
         raise KVBenchError(renamed)
+    check_config(cfg)
     apply_compression_ratio(cfg)
     check_writable_dir(cfg.paths.results_dir, RESULTS)
     check_device(cfg.get("device"))
@@ -156,14 +158,8 @@ def registered_name(target: str | None, registry: dict) -> str | None:
     The target is resolved, not compared as text: a class may be named through the package that
     exports it (``methods.keepkv.KeepKV``) rather than the module defining it
     (``methods.keepkv.method``)."""
-    if not target:
-        return None
-    module, _, name = target.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return None
-    return next((n for n, c in registry.items() if c is cls), None)
+    cls = target_class(target)
+    return next((n for n, c in registry.items() if c is cls), None) if cls is not None else None
 
 
 def build_node(node: DictConfig, group: str, registry: dict) -> object:
@@ -183,6 +179,7 @@ def build_node(node: DictConfig, group: str, registry: dict) -> object:
     if missing:
         names = ", ".join(key if key.startswith(f"{group}.") else f"{group}.{key}" for key in missing)
         raise KVBenchError(f"{names} must be set (the {group} config leaves it ???)")
+    check_target(node, group)
     try:
         return instantiate(node)
     except Exception as err:  # hydra wraps the dataclass' ValueError/TypeError
@@ -210,6 +207,12 @@ def build_method(cfg: DictConfig) -> CompressionMethod:
         raise KVBenchError(str(err)) from err
     method = apply_decode_rule(cfg, build_node(cfg.method, "method", METHOD_REGISTRY))
     text = resolve_model_config(cfg.model)
+    facts = model_facts(cfg.model, text)
+    check_target(cfg.method, "method", facts)  # the ranges that name the model's context or head_dim
+    for note in clamp_notes(cfg.method, facts):
+        print(f"note: {note}", flush=True)
+    check_node(cfg.get("quant") or {}, QuantOptions, "quant")
+    check_quant_group((cfg.get("quant") or {}).get("group"), facts["head_dim"])
     try:
         method.check_model(text)
     except ValueError as err:
@@ -245,14 +248,23 @@ def load_prompts(cfg: DictConfig, task: Task) -> tuple[object, list, list[torch.
     ``enable_thinking=false`` where the template reads it), recorded in its protocol. The jobs of a
     multirun in one process load a task in the same state once (``runners.loaded.load_once``).
 
+    A note says once when ``model.chat_template_kwargs`` is set but ``task.chat_template=none``.
+
     Raises
     ------
     KVBenchError
         If the task selects no samples (and as ``Task.load`` for missing or unreadable data), or for
-        a ``model.chat_template_kwargs`` that is not a dict.
+        a ``model.chat_template_kwargs`` that is not a dict or names a variable the template never
+        reads.
     """
     tokenizer = load_tokenizer(cfg.model)
     task.chat_template_kwargs = chat_kwargs(cfg, tokenizer)
+    if task.chat_template == "none" and cfg.model.get("chat_template_kwargs") is not None:
+        print(
+            "note: task.chat_template=none renders no chat template: model.chat_template_kwargs does not "
+            "apply to the prompts",
+            flush=True,
+        )
 
     def load() -> tuple[list, list[torch.Tensor]]:
         samples = task.load(tokenizer)

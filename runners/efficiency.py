@@ -46,13 +46,10 @@ def check_shape(cfg: DictConfig) -> None:
     Raises
     ------
     KVBenchError
-        For non-positive sizes or a prompt + generation longer than the model's context
+        For a prompt + generation longer than the model's context
         (``model.max_context``, filled from the model's config by ``runners.build.build_method``).
     """
-    r = cfg.runner
-    for key in ("prompt_len", "gen_len", "batch_size", "repeats"):
-        if int(r[key]) < 1:
-            raise KVBenchError(f"runner.{key} must be >= 1, got {r[key]}")
+    r = cfg.runner  # each size is a positive integer (runners.options.EfficiencyOptions, checked first)
     if r.prompt_len + r.gen_len > cfg.model.max_context:
         raise KVBenchError(
             f"prompt_len {r.prompt_len} + gen_len {r.gen_len} exceeds the context of {cfg.model.name} "

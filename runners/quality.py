@@ -20,6 +20,7 @@ from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from methods.seam.storage import StorageKind
 from methods.seam.store import SlotStore
+from reports.store import quant_of
 from runners.batched import decode_rows, start_row
 from runners.budget import resolve_budget
 from runners.build import build_components, load_prompts, refuse_untrained, run_budget
@@ -52,7 +53,7 @@ def check_batch_size(cfg: DictConfig) -> int:
     ------
     KVBenchError
         For a size that is not a positive integer, or a batch above 1 with ``backend=compiled`` (the
-        compiled step is of one cache; batched steps run eagerly).
+        compiled step is of one cache; batched steps run eagerly) or a quantized ``quant=``.
     """
     size = cfg.runner.get("batch_size", 1)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -61,6 +62,11 @@ def check_batch_size(cfg: DictConfig) -> int:
         raise KVBenchError(
             f"runner.batch_size={size} runs eager decode steps (each row on its own cache); "
             "backend=compiled takes runner.batch_size=1"
+        )
+    if size > 1 and quant_of(cfg) != "none":  # as runners.grid_settings refuses a grid's quantized settings
+        raise KVBenchError(
+            f"runner={cfg.runner.name} with quant={quant_of(cfg)} takes runner.batch_size=1 (got {size}): "
+            "batched rows round differently from one row's, and quantized codes turn that into other tokens"
         )
     return size
 

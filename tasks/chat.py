@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+
+import jinja2
+import jinja2.meta
 
 from tasks.errors import KVBenchError
 
@@ -27,6 +30,16 @@ def check_template_kwargs(value: object) -> None:
         )
 
 
+def template_variables(templates: Iterable[str]) -> set[str] | str:
+    """The variables the Jinja chat ``templates`` read (``jinja2.meta``); the templates' text where one
+    does not parse without transformers' own tags (a key is then looked for in it)."""
+    templates, env = list(templates), jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        return set().union(*(jinja2.meta.find_undeclared_variables(env.parse(t)) for t in templates))
+    except jinja2.TemplateSyntaxError:
+        return " ".join(templates)
+
+
 def template_kwargs(tokenizer, configured: Mapping | None) -> dict:
     """The keyword arguments the chat template is rendered with (lm-eval's ``chat_template_kwargs``).
 
@@ -45,10 +58,16 @@ def template_kwargs(tokenizer, configured: Mapping | None) -> dict:
     Raises
     ------
     KVBenchError
-        As :func:`check_template_kwargs`.
+        As :func:`check_template_kwargs`, or for a variable the template never names.
     """
     check_template_kwargs(configured)
     if configured is not None:
+        template = getattr(tokenizer, "chat_template", None) or ""
+        names = template_variables(template.values() if isinstance(template, Mapping) else [template])
+        if unread := [key for key in configured if key not in names]:
+            raise KVBenchError(
+                f"model.chat_template_kwargs.{unread[0]}: the tokenizer's chat template never reads it"
+            )
         return dict(configured)
     return {THINKING: False} if THINKING in (getattr(tokenizer, "chat_template", None) or "") else {}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from tasks.options import option
 from tasks.xsum import Summarization
 
 
@@ -20,5 +21,5 @@ class CNNDailyMail(Summarization):
     files: ClassVar[dict] = {
         "chat": ("cnndm/test_first500.jsonl", "abisee/cnn_dailymail", "3.0.0", "article", "highlights", "id"),
     }
-    max_new_tokens: int = 128
+    max_new_tokens: int = option(128, low=1)
     instruction: str = "Summarize the following news article in three sentences.\n\n{document}"

@@ -24,6 +24,7 @@ from tasks.data import load_rows, read_jsonl
 from tasks.errors import KVBenchError
 from tasks.generators import gsm_symbolic
 from tasks.metrics.gsm_metrics import realistic_correct, symbolic_recall
+from tasks.options import option
 
 #: ZSMerge's ``filter_config`` for the realistic subsets: (template, mode, share).
 ZSMERGE_SAMPLING: tuple[tuple[str, str, float], ...] = (
@@ -102,11 +103,11 @@ class GSMInfinite(Task):
     ops: list[int] = field(default_factory=lambda: [14, 15])
     per_op_limit: int = 10
     sampling: str = "zsmerge"
-    limit: int | None = None
+    limit: int | None = option(None, low=1)
     symbolic_tokens: int = 2000
     symbolic_per_op: int = 5
     seed: int = 0
-    max_new_tokens: int = 512
+    max_new_tokens: int = option(512, low=1)
     chat_template: str = "auto"
     query_aware: bool = True
     source: str = field(default="", init=False)

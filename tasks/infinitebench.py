@@ -23,6 +23,7 @@ from tasks.data import load_rows
 from tasks.errors import KVBenchError
 from tasks.generators.infinitebench_synthetic import SYNTHETIC_TASKS, generate
 from tasks.metrics.infinitebench_metrics import SCORERS, qa_f1_max
+from tasks.options import option
 
 #: Mean answer length per task (tokens) of ZSMerge's ``exam_infiniteBench.py``.
 AVG_OUTPUT_TOKENS: dict[str, float] = {
@@ -103,7 +104,7 @@ class InfiniteBench(Task):
     hub_id: ClassVar[str] = "xinrongzhang2022/InfiniteBench"
     data_dir: str | None = None
     tasks: str | list[str] = "all"
-    limit: int | None = None
+    limit: int | None = option(None, low=1)
     max_input_tokens: int | None = 100_000
     context_tokens: int | None = None
     generate: bool = False
@@ -114,7 +115,7 @@ class InfiniteBench(Task):
     choice_scoring: str = "official"
     answer_tokens: int | None = None
     query_aware: bool = True
-    max_new_tokens: int = 1024
+    max_new_tokens: int = option(1024, low=1)
     add_special_tokens: bool = True
     source: str = field(default="", init=False)
 

@@ -23,6 +23,7 @@ from tasks.base import Sample, Task
 from tasks.data import load_rows, read_jsonl
 from tasks.errors import KVBenchError
 from tasks.metrics.longbench_metrics import METRICS
+from tasks.options import option
 
 #: ZSMerge Table 3 categories (verified against its Table 5).
 CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -147,13 +148,13 @@ class LongBench(Task):
     hub_id: ClassVar[str] = "THUDM/LongBench"
     data_dir: str | None = None
     subsets: str | list[str] = "all"
-    limit: int | None = None
+    limit: int | None = option(None, low=1)
     max_input_tokens: int | None = 7500
     chat_template: str = "thudm"
     samsum_newline_eos: bool = True
     tables_dir: str | None = None
     query_aware: bool = True
-    max_new_tokens: int = 512
+    max_new_tokens: int = option(512, low=1)
     min_new_tokens: int = 1
     source: str = field(default="", init=False)
 

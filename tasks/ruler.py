@@ -26,6 +26,7 @@ from tasks.generators import ruler_data
 from tasks.generators.ruler_builders import TASKS, Inputs, builder, haystack_of
 from tasks.generators.ruler_text import SENTENCE_SPLITTER, RulerRow, largest_fitting
 from tasks.metrics.ruler_metrics import string_match_all, string_match_part
+from tasks.options import option
 
 #: RULER's ``tokens_to_generate`` per family.
 TOKENS_TO_GENERATE = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
@@ -85,7 +86,7 @@ class Ruler(Task):
     data_dir: str | None = None
     tasks: str | list[str] = "all"
     lengths: list[int] = field(default_factory=lambda: [4096])
-    limit: int | None = 100
+    limit: int | None = option(100, low=1)
     seed: int = 42
     template: str = "base"
     chat_template: str = "auto"
@@ -93,7 +94,7 @@ class Ruler(Task):
     context_tokens: int | None = None
     query_aware: bool = False
     decode_budget: bool | None = False
-    max_new_tokens: int = max(TOKENS_TO_GENERATE.values())
+    max_new_tokens: int = option(max(TOKENS_TO_GENERATE.values()), low=1)
     source: str = field(default="", init=False)
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ from rouge_score import rouge_scorer
 
 from tasks.base import Sample, Task
 from tasks.data import load_rows
-from tasks.options import check_template
+from tasks.options import check_template, option
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 HELM_STOP = "###"
@@ -70,8 +70,8 @@ class Summarization(Task):
     #: (relative local file, hub id, hub config, document field, summary field, id field)
     files: ClassVar[dict[str, tuple[str, str | None, str | None, str, str, str | None]]] = {}
     data_dir: str | None = None
-    limit: int | None = 20
-    max_new_tokens: int = 64
+    limit: int | None = option(20, low=1)
+    max_new_tokens: int = option(64, low=1)
     instruction: str = "Summarize the following article in one sentence.\n\n{document}"
     protocol_name: str = "chat"
     chat_template: str = "auto"

@@ -177,7 +177,7 @@ def test_capped_child_reports_oom_not_a_crash():
     ("overrides", "message"),
     [
         (["runner=efficiency", "runner.prompt_len=8000", "runner.gen_len=500"], "exceeds the context"),
-        (["runner=efficiency", "runner.batch_size=0"], "runner.batch_size must be >= 1"),
+        (["runner=efficiency", "runner.batch_size=0"], "runner.batch_size must be a positive integer"),
         (["runner=oom", "runner.search=width"], "runner.search must be one of"),
         (["runner=oom", "runner.low=9", "runner.high=4"], "runner.low <= runner.high"),
         (["runner=oom", "runner.device=auto"], "runner.device must be cpu or cuda[:N], got 'auto'"),
