@@ -33,7 +33,7 @@ def cli() -> None:
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     # SIGTERM (kill, a scheduler's time limit) ends a run as Ctrl-C does: its record says "interrupted".
     signal.signal(signal.SIGTERM, _terminated)
-    from reports.store import renamed_override
+    from runners.results.store import renamed_override
 
     renamed = renamed_override(sys.argv[1:])  # Hydra's own message would be a struct error
     if renamed is not None:
@@ -49,7 +49,7 @@ def cli() -> None:
     except (ConfigCompositionException, OverrideParseException) as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:  # the run's record says status "interrupted" (runners.record.recording)
+    except KeyboardInterrupt:  # the run's record says status "interrupted" (runners.output.record.recording)
         print("interrupted", file=sys.stderr)
         sys.exit(130)
 

@@ -1,7 +1,7 @@
 """Prompt attention (:func:`prefill_attention`: causal, with an optional sliding window and logit
 soft-cap) and the two helpers every attention over cached keys uses: soft-capping and the grouping of
 query heads onto their KV head. The PyTorch path; the seam's prefill (``methods.seam.step``), probe
-forwards (``runners.probe``) and methods' scoring (``methods.scoring``) call it."""
+forwards (``runners.generation.probe``) and methods' scoring (``methods.scoring``) call it."""
 
 from __future__ import annotations
 

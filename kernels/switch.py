@@ -65,5 +65,5 @@ BACKENDS = ("auto", "torch", "triton")
 BACKEND = Switch("kernels", BACKENDS, "auto")
 #: What the decode path ran: ``uniform`` / ``ragged`` -> ``torch`` / ``triton``
 #: (``kernels.decode_attention``, ``kernels.ragged_decode``), ``backend`` -> ``eager`` / ``compiled``
-#: (``runners.model_run``).
+#: (``runners.generation.model_run``).
 RAN = Ledger()

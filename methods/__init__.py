@@ -33,7 +33,7 @@ from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.store import SlotStore
+from methods.seam.uniform import SlotStore
 from methods.simlayerkv import SimLayerKV
 from methods.snapkv import SnapKV
 from methods.streamingllm import StreamingLLM

@@ -5,8 +5,8 @@ repeat its context.
 After the prefill the model is asked to repeat the context: the chat template's user turn "Repeat the
 previous context exactly." and the context itself, in chunks of ``chunk_size`` tokens (a later chunk
 asks to resume from the previous chunk's last ``resume_tokens`` tokens), fed against the cached
-context, which these forwards leave unchanged (``methods.probing``, ``runners.probe``). A cached pair
-scores the largest attention any reconstruction query of its KV head's group gives it, the softmax
+context, which these forwards leave unchanged (``methods.probing``, ``runners.generation.probe``). A cached
+pair scores the largest attention any reconstruction query of its KV head's group gives it, the softmax
 taken over the ``n_sink`` first pairs, the chunk's context and the chunk's own causal part (Sec. 3.2;
 the official ``KVScore._get_score``). Each layer then keeps the top ``heads x B`` scores across its
 heads, in ragged heads (the memory freed, where kvpress masks); with ``layerwise=false`` the top

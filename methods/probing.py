@@ -2,8 +2,8 @@
 reconstruction): the :class:`Probing` mixin and the :class:`Probe` chunks it asks for.
 
 A probing method leaves each layer uncompressed in :meth:`CompressionMethod.prefill` (the default
-no-op). Once the prompt is prefilled, the runner (``runners.model_run.probe_caches``) feeds its
-:meth:`Probing.probe_prompts` against the prefilled cache without changing it (``runners.probe``),
+no-op). Once the prompt is prefilled, the runner (``runners.generation.model_run.probe_caches``) feeds its
+:meth:`Probing.probe_prompts` against the prefilled cache without changing it (``runners.generation.probe``),
 hands each layer's chunk to :meth:`Probing.probe`, then calls :meth:`Probing.compress` on every layer
 the method rules, all at once (a budget shared across layers needs them together). The cache seam
 knows nothing of this: only the runners do.

@@ -1,4 +1,4 @@
-"""Prompt scores computed once for the settings of a grid (``runners.shared_prefill``).
+"""Prompt scores computed once for the settings of a grid (``runners.generation.shared_prefill``).
 
 The settings of a grid prefill each layer of one prompt from the same queries and keys, and several
 of them score the prompt with the same function and arguments: H2O at three budgets computes the same

@@ -21,7 +21,7 @@ from methods.scoring import causal_column_sums, keep_index, lowest_score, pool_s
 from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.store import gather_slots
+from methods.seam.uniform import gather_slots
 
 ORDERS = ("code", "paper")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from reports.cli import Parser, check_out, default_results_dir, open_store, positive_int, run
 from reports.paired import RESAMPLES
 from reports.runs import Filters
-from reports.store import ResultStore, renamed_override
 from reports.versus import check_baseline
+from runners.results.store import ResultStore, renamed_override
 from tasks.errors import KVBenchError
 
 FIGURES = ("budget", "niah", "pareto", "memory")
@@ -29,11 +29,11 @@ COMPARED = ("ruler", "summary", "budget")
 
 
 def _figures(args, store: ResultStore) -> list:
-    from reports import budget, memory, niah, pareto
+    from reports import budget_figure, memory, niah, pareto
 
     filters = Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit)
     builders: dict[str, Callable[[], list]] = {
-        "budget": lambda: budget.build(store, filters, args.metric, args.baseline, args.resamples),
+        "budget": lambda: budget_figure.build(store, filters, args.metric, args.baseline, args.resamples),
         "niah": lambda: niah.build(store, filters, args.metric),
         "pareto": lambda: pareto.build(store, filters, args.metric, args.memory),
         "memory": lambda: memory.build(store, filters),
@@ -93,7 +93,7 @@ def runs_command(args, store: ResultStore, out: Path) -> int:
 
 def table_command(args, store: ResultStore, out: Path) -> int:
     """Rebuild ``table.csv`` and ``table.parquet`` from the records."""
-    from reports.store import write_tables
+    from runners.results.store import write_tables
 
     path = write_tables(store.root)
     print(f"written: {path} and {path.with_suffix('.parquet')}")

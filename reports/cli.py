@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from reports.shards import ShardedStore
-from reports.store import ResultStore
+from runners.results.sharded import ShardedStore
+from runners.results.store import ResultStore
 from tasks.errors import KVBenchError
 
 
@@ -47,7 +47,7 @@ def default_results_dir() -> str:
 
 
 def open_store(root: str | Path, need_records: bool = True) -> ResultStore:
-    """The store under ``root`` as reports read it (``reports.shards.ShardedStore``: a run split over
+    """The store under ``root`` as reports read it (``runners.results.sharded.ShardedStore``: a run split over
     shards is one run), which must be an existing directory (never created).
 
     Parameters

@@ -23,9 +23,9 @@ from reports.pairing import Pairing, describe, pair_frame
 from reports.persample import setting_scores, stratum
 from reports.presets import non_default_settings
 from reports.runs import Filters, records_frame
-from reports.store import ResultStore
 from reports.tables import DASH, budget_text, display, missing
 from reports.versus import Compared, check_baseline, differences
+from runners.results.store import ResultStore
 from tasks.errors import KVBenchError
 
 __all__ = ["comparison", "main", "non_default_settings"]

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from reports import figures
 from reports.paired import RESAMPLES
 from reports.runs import budget_axis
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 
 
 @dataclass

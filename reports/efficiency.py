@@ -22,8 +22,8 @@ from reports import incomplete as left_out
 from reports.cli import Parser, default_results_dir, open_store, run
 from reports.pairing import OtherInputs, model_key, newest_per_setting
 from reports.runs import row
-from reports.shards import INCOMPLETE
 from reports.tables import budget_text
+from runners.results.sharded import INCOMPLETE
 from tasks.errors import KVBenchError
 
 

@@ -33,8 +33,8 @@ from reports.kinds import KINDS
 from reports.paired import RESAMPLES
 from reports.pairing import Pairing, describe, model_key, pair_frame
 from reports.runs import row
-from reports.shards import INCOMPLETE, ShardedStore
-from reports.store import ResultStore, atomic_write_text, setting_of
+from runners.results.sharded import INCOMPLETE, ShardedStore
+from runners.results.store import ResultStore, atomic_write_text, setting_of
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """An experiment's sweep joined with the result store: one row per sweep job, its record's numbers.
 
-Reports read only stored records (docs/results.md); the sweep (reports.sweep_jobs) says which records
+Reports read only stored records (docs/results.md); the sweep (runners.results.sweep_jobs) says which records
 an experiment should have, so a run that is missing or failed is listed, not silently dropped.
 """
 
@@ -13,8 +13,15 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from reports.presets import budget_ignored
-from reports.store import RENAMED_OPTIONS, ResultStore, flat_summary, run_config, run_identity, setting_id
-from reports.sweep_jobs import Job, composed_jobs
+from runners.results.store import (
+    RENAMED_OPTIONS,
+    ResultStore,
+    flat_summary,
+    run_config,
+    run_identity,
+    setting_id,
+)
+from runners.results.sweep_jobs import Job, composed_jobs
 
 GROUP_KEYS = ("method", "task", "model")  # config groups: a row shows the chosen option's name
 
@@ -121,7 +128,7 @@ def _override(value: object) -> str:
 def job_frame(jobs: Sequence[Job], records: dict[str, dict | None], keys: Sequence[str]) -> pd.DataFrame:
     """One row per job: ``run_id``, ``status`` (``ok``/``error``/``oom``, or ``missing`` when the
     store has no record), ``error``, ``overrides``, the report ``keys`` and the record's flat
-    metrics and efficiency figures (:func:`reports.store.flat_summary`). ``records`` as
+    metrics and efficiency figures (:func:`runners.results.store.flat_summary`). ``records`` as
     :func:`read_records`."""
     rows = []
     for job in jobs:

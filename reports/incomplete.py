@@ -1,5 +1,5 @@
 """The runs a report leaves out because they have not finished: a run split over shards whose shards
-have not all finished (status ``incomplete``, :func:`reports.shards.incomplete`, whose ``error``
+have not all finished (status ``incomplete``, :func:`runners.results.sharded.incomplete`, whose ``error``
 names the missing and failed shards). No report draws or ranks one, and every report names the ones
 its filters would have kept, as it names runs on other inputs:
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from reports.shards import INCOMPLETE
+from runners.results.sharded import INCOMPLETE
 
 #: The key of a frame's ``attrs`` that holds the incomplete rows its report left out.
 KEY = "incomplete"

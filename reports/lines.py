@@ -1,4 +1,4 @@
-"""The lines of the budget and RULER figures (:mod:`reports.budget`, :mod:`reports.ruler_figure`): one
+"""The lines of the budget and RULER figures (:mod:`reports.budget_figure`, :mod:`reports.ruler_figure`): one
 line per method preset in its method's colour, dodged sideways so that equal values stay visible, the
 reference (FullKV) as a dashed horizontal line, and the legend beside the axes."""
 

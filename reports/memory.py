@@ -17,7 +17,7 @@ from reports import incomplete as left_out
 from reports import style
 from reports.pairing import is_reference, newest_per_setting, other_inputs
 from reports.runs import Filters, row
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 from tasks.errors import KVBenchError
 
 PANELS = (  # column, axis label

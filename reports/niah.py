@@ -16,8 +16,8 @@ from reports import style
 from reports.incomplete import attach, suffix
 from reports.pairing import Pairing, pair_frame
 from reports.runs import Filters, runs_frame
-from reports.shards import INCOMPLETE
-from reports.store import ResultStore
+from runners.results.sharded import INCOMPLETE
+from runners.results.store import ResultStore
 from tasks.errors import KVBenchError
 
 CELL = re.compile(r"^(?P<needle>[^/]+)/len(?P<length>\d+)/depth(?P<depth>[0-9.eE+-]+)$")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from reports import incomplete as left_out
-from reports.store import ResultStore, by_age, newest, setting_of
+from runners.results.store import ResultStore, by_age, newest, setting_of
 
 #: Registry names of the methods that are the reference of a comparison (the uncompressed cache).
 REFERENCE_METHODS = frozenset({"fullkv"})
@@ -75,7 +75,7 @@ def describe(key: SampleKey) -> str:
 
 
 def newest_per_setting(records: Sequence[dict]) -> tuple[list[dict], dict[str, str]]:
-    """The records reports show: one per setting (:func:`reports.store.newest`: the newest finished,
+    """The records reports show: one per setting (:func:`runners.results.store.newest`: the newest finished,
     else the newest), in the order of ``records``; and, for each shown run whose setting has other
     runs (on other inputs: changed data, another model file), their run ids, newest first,
     space-separated."""

@@ -15,10 +15,10 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
 from reports import style
-from reports.budget import interval_note, quality_points
+from reports.budget_figure import interval_note, quality_points
 from reports.pairing import Pairing, is_reference
 from reports.runs import AGNOSTIC, Filters
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 
 X_AXES = {  # --memory: (column, axis label)
     "kv": ("kv_mib", "KV cache held at the end of generation (MiB per sample)"),

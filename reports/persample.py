@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ import pandas as pd
 from reports.incomplete import attached, suffix
 from reports.pairing import Pairing, is_reference, pair, sample_key
 from reports.runs import Filters, decoding_tag, quant_tag, records_frame
-from reports.store import ResultStore, quant_of
 from reports.style import preset_label
 from reports.tables import budget_text
 from reports.versus import COLUMNS
+from runners.results.store import ResultStore, quant_of
 from tasks.errors import KVBenchError
 from tasks.generators.ruler_builders import TASKS
 

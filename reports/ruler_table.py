@@ -20,9 +20,9 @@ from reports.pairing import Pairing
 from reports.persample import Scores, setting_scores
 from reports.ruler import GROUP, LABELS, task_columns
 from reports.runs import MIN_N
-from reports.store import ResultStore
 from reports.tables import DASH, display
 from reports.versus import Compared, differences
+from runners.results.store import ResultStore
 
 RANK_NOTE = (
     "Rank: at each {level} the best avg is rank 1, and so is every method whose paired 95% "

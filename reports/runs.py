@@ -3,7 +3,7 @@ budget|niah|pareto|memory|runs``): identity, method preset and display label, bu
 unit it is counted in, status, metrics, KV bytes and peak memory; per-sample scores and their
 confidence interval.
 
-Only the result store is read (``reports.store``); nothing here imports torch.
+Only the result store is read (``runners.results.store``); nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from scipy import stats
 from reports.incomplete import attach
 from reports.pairing import is_reference, model_key, newest_per_setting
 from reports.presets import identify
-from reports.store import ResultStore, quant_of
 from reports.style import metric_range, preset_label
+from runners.results.store import ResultStore, quant_of
 
 CONFIDENCE = 0.95
 #: Below this many samples no interval is computed or drawn (reports say so): a t-interval with
@@ -56,7 +56,7 @@ def decoding_tag(record: dict) -> str:
 
 
 def quant_tag(quant: str) -> str:
-    """A label's tag for ``quant=`` storage kind ``quant`` (:func:`reports.run_ids.quant_of`):
+    """A label's tag for ``quant=`` storage kind ``quant`` (:func:`runners.results.identity.quant_of`):
     ``quant=<kind>``, empty for ``none``."""
     return "" if quant == "none" else f"quant={quant}"
 

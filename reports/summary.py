@@ -26,7 +26,7 @@ from reports.incomplete import suffix
 from reports.paired import RESAMPLES, SEED
 from reports.pairing import Pairing, describe, pair_frame
 from reports.runs import MIN_N, SMALL_N, Filters, pooled_scores, runs_frame, sample_values
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 from tasks.errors import KVBenchError
 
 CONFIDENCE = 0.95
@@ -151,7 +151,7 @@ def render(
         no run on the compared samples (nothing is written).
     """
     from reports import summary_paired
-    from reports.store import atomic_write_text
+    from runners.results.store import atomic_write_text
 
     runs, pairing = scored_runs(store, n_resamples)
     if runs.empty:

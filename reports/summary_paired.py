@@ -9,8 +9,8 @@ import pandas as pd
 
 from reports.paired import RESAMPLES
 from reports.persample import setting_scores, stratum
-from reports.store import ResultStore
 from reports.versus import Compared, differences
+from runners.results.store import ResultStore
 
 
 def compared(

@@ -10,8 +10,8 @@ import re
 import pandas as pd
 
 from reports.runs import Filters, runs_frame
-from reports.store import ResultStore
 from reports.style import method_name
+from runners.results.store import ResultStore
 
 DASH = "–"
 #: Data columns a one-column ``table`` holds; wider tables become ``table*``.

@@ -1,7 +1,7 @@
 """Quality runner: greedy generation over a task's samples with one method at one budget.
 
 Order of work (bad input fails before anything expensive): validate config -> build method and
-task (``runners.build``) -> read data -> tokenize and check prompt lengths -> load model ->
+task (``runners.setup.build``) -> read data -> tokenize and check prompt lengths -> load model ->
 generate -> score -> record (atomic) -> loggers -> summary table.
 """
 
@@ -19,24 +19,24 @@ from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
 from methods.seam.sliding import layer_protocol
 from methods.seam.storage import StorageKind
-from methods.seam.store import SlotStore
-from reports.store import quant_of
-from runners.batched import decode_rows, start_row
-from runners.budget import resolve_budget
-from runners.build import build_components, load_prompts, refuse_untrained, run_budget
-from runners.decode_rule import decoding_protocol
-from runners.environment import (
+from methods.seam.uniform import SlotStore
+from runners.generation.batched import decode_rows, start_row
+from runners.generation.greedy import GenerationResult, Row, eos_token_ids
+from runners.models.loading import load_model
+from runners.output.environment import (
     peak_device_bytes,
     peak_rss_bytes,
     process_peak_device_bytes,
     process_peak_rss_bytes,
 )
-from runners.generate import GenerationResult, Row, eos_token_ids
-from runners.models import load_model
-from runners.record import new_record, recording, run_config, stored_run
-from runners.shards import check_shards, merge_when_complete, shard_samples
-from runners.storage import storage_of
-from runners.summary_table import print_summary
+from runners.output.record import new_record, recording, run_config, stored_run
+from runners.output.summary_table import print_summary
+from runners.results.store import quant_of
+from runners.setup.budget import resolve_budget
+from runners.setup.build import build_components, load_prompts, refuse_untrained, run_budget
+from runners.setup.decode_rule import decoding_protocol
+from runners.setup.quant_kind import storage_of
+from runners.sweeps.shards import check_shards, merge_when_complete, shard_samples
 from tasks import Task
 from tasks.errors import KVBenchError
 
@@ -47,7 +47,7 @@ def stop_token_ids(tokenizer, strings: tuple[str, ...]) -> set[int]:
 
 
 def check_batch_size(cfg: DictConfig) -> int:
-    """``runner.batch_size``: prompts whose decode steps run in one forward (``runners.batched``).
+    """``runner.batch_size``: prompts whose decode steps run in one forward (``runners.generation.batched``).
 
     Raises
     ------
@@ -63,7 +63,9 @@ def check_batch_size(cfg: DictConfig) -> int:
             f"runner.batch_size={size} runs eager decode steps (each row on its own cache); "
             "backend=compiled takes runner.batch_size=1"
         )
-    if size > 1 and quant_of(cfg) != "none":  # as runners.grid_settings refuses a grid's quantized settings
+    if (
+        size > 1 and quant_of(cfg) != "none"
+    ):  # as runners.sweeps.grid_settings refuses a grid's quantized settings
         raise KVBenchError(
             f"runner={cfg.runner.name} with quant={quant_of(cfg)} takes runner.batch_size=1 (got {size}): "
             "batched rows round differently from one row's, and quantized codes turn that into other tokens"
@@ -112,7 +114,7 @@ def check_budgets(
     task: Task,
     starts: list[int | None],
 ) -> list[int | None]:
-    """Each sample's slot budget (``runners.budget.resolve_budget``; a prompt fraction is of
+    """Each sample's slot budget (``runners.setup.budget.resolve_budget``; a prompt fraction is of
     the tokens the prefill compresses: the whole prompt, or the tokens before the appended chunk
     (``starts``), as kvpress's compression ratio; a context fraction is of
     ``model.max_context``), checked with the method (``CompressionMethod.check_budget``) before any
@@ -200,9 +202,9 @@ def sample_rows(
     starts: list, eos: set[int], storage: StorageKind = SlotStore,
 ) -> list[tuple[int, Callable[[], Row]]]:  # fmt: skip
     """``(sample index, start)`` per sample of ``task`` (``samples``, their ``prompts``), for
-    :func:`runners.batched.decode_rows`: ``start()`` prefills the sample (:func:`runners.batched.start_row`)
-    with its budget, question start, new-token limit and stop tokens (EOS ids ``eos`` plus the
-    sample's stop strings), each on a cache of the run's ``storage`` kind."""
+    :func:`runners.generation.batched.decode_rows`: ``start()`` prefills the sample
+    (:func:`runners.generation.batched.start_row`) with its budget, question start, new-token limit and stop
+    tokens (EOS ids ``eos`` plus the sample's stop strings), each on a cache of the run's ``storage`` kind."""
 
     def begin(i: int) -> Callable[[], Row]:
         return lambda: start_row(

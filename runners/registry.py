@@ -10,19 +10,19 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from kernels import KernelProofError, set_backend
-from runners.attention_error import run_attention_error
-from runners.build import check_run
-from runners.efficiency import run_efficiency
-from runners.model_run import set_decode_backend
-from runners.oom import run_oom
+from runners.generation.model_run import set_decode_backend
+from runners.measure.attention_error import run_attention_error
+from runners.measure.efficiency import run_efficiency
+from runners.measure.oom import run_oom
+from runners.output.record import in_multirun, record_failure
 from runners.quality import run_quality
-from runners.quality_grid import run_quality_grid
-from runners.record import in_multirun, record_failure
-from runners.run_lock import holding_run_locks
+from runners.results.lock import holding_run_locks
+from runners.setup.build import check_run
+from runners.sweeps.quality_grid import run_quality_grid
 from runners.train_less import run_train_less
 from tasks.errors import KVBenchError
 
-#: Runner name -> runner; each holds the run locks it takes until it returns (``runners.run_lock``).
+#: Runner name -> runner; each holds the run locks it takes until it returns (``runners.results.lock``).
 RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
     name: holding_run_locks(runner)
     for name, runner in {

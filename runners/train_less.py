@@ -24,8 +24,8 @@ from methods.less.activations import stream_activations
 from methods.less.checkpoints import assemble_kernel_set, kernel_set_dir, save_layer
 from methods.less.kernels import LessKernels
 from methods.less.student import h2o_keep_mask, lambda_keep_mask, student_attention
-from runners.models import load_model, load_tokenizer, resolve_model_config
-from runners.record import log_record, presets
+from runners.models.loading import load_model, load_tokenizer, resolve_model_config
+from runners.output.record import log_record, presets
 from tasks.data import load_rows
 from tasks.errors import KVBenchError
 
@@ -211,7 +211,7 @@ def run_train_less(cfg: DictConfig) -> dict:
         "curve": curve,
         "out_dir": str(out_dir),
     }
-    log_record(cfg, record)  # W&B: the loss curves (runners.wandb_series.training_loss)
+    log_record(cfg, record)  # W&B: the loss curves (runners.output.wandb_series.training_loss)
     return record
 
 

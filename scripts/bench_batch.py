@@ -2,7 +2,7 @@
 peak memory, and whether every batch size gives batch 1's predictions token for token.
 
 What is timed is what a quality run does per sample (``runners.quality``): the prompt's prefill on
-its own cache, its question chunk (none for XSum) and its decode steps, which ``runners.batched``
+its own cache, its question chunk (none for XSum) and its decode steps, which ``runners.generation.batched``
 runs for up to ``batch_size`` samples in one model forward (continuous batching: a finished sample's
 place goes to the next prompt at once). One model load serves every (method, batch) cell; the
 samples are the task's first ``--limit`` (XSum test, the chat prompt, 64 new tokens at most), with
@@ -42,13 +42,13 @@ from transformers import DynamicCache
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runners.batched import decode_rows  # noqa: E402
-from runners.build import build_components, load_prompts  # noqa: E402
-from runners.environment import device_info, peak_device_bytes, peak_rss_bytes, reset_peak_memory  # noqa: E402
-from runners.generate import eos_token_ids  # noqa: E402
-from runners.model_run import cache_keyword, forward_rows  # noqa: E402
-from runners.models import load_model  # noqa: E402
+from runners.generation.batched import decode_rows  # noqa: E402
+from runners.generation.greedy import eos_token_ids  # noqa: E402
+from runners.generation.model_run import cache_keyword, forward_rows  # noqa: E402
+from runners.models.loading import load_model  # noqa: E402
+from runners.output.environment import device_info, peak_device_bytes, peak_rss_bytes, reset_peak_memory  # noqa: E402
 from runners.quality import check_budgets, question_starts, sample_rows  # noqa: E402
+from runners.setup.build import build_components, load_prompts  # noqa: E402
 
 METHODS = ("fullkv", "h2o", "snapkv", "zsmerge", "keepkv")
 #: Presets a user must complete (a gate pattern, per-layer ratios) or that need trained kernels.
@@ -183,8 +183,8 @@ def print_ceilings(model, out: dict, batch: int, prompt_tokens: int) -> None:
 
 def step_times(model, cfg, batch: int, steps: int = 10) -> tuple[float, float]:
     """Median ms of one decode step of the first sample's row alone and of the first ``batch`` samples'
-    rows together (``runners.model_run.forward_rows``), alternating after 3 untimed pairs: the cache's
-    batching without the run's draining batch (each step appends a token to every row it runs)."""
+    rows together (``runners.generation.model_run.forward_rows``), alternating after 3 untimed pairs: the
+    cache's batching without the run's draining batch (each step appends a token to every row it runs)."""
     runs = [start().run for _, start in cell_rows(model, cfg, batch)[2]]
     tokens = torch.full((batch,), 100, device=model.device)
     times = {1: [], batch: []}

@@ -35,10 +35,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from methods import METHOD_REGISTRY
-from runners.budget import resolve_budget
-from runners.environment import device_info
-from runners.model_run import set_decode_backend
-from runners.timing import Decoder, save_figures, synthetic_prompts
+from runners.generation.model_run import set_decode_backend
+from runners.measure.timing import Decoder, save_figures, synthetic_prompts
+from runners.output.environment import device_info
+from runners.setup.budget import resolve_budget
 
 #: Model shapes (transformers LlamaConfig fields); the weights are random.
 SHAPES = {

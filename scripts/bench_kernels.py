@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import decode_attention_torch, set_backend
 from methods import METHOD_REGISTRY
-from runners.budget import resolve_budget
-from runners.environment import device_info
-from runners.timing import Decoder, call_ms, synthetic_prompts
+from runners.measure.timing import Decoder, call_ms, synthetic_prompts
+from runners.output.environment import device_info
+from runners.setup.budget import resolve_budget
 
 SHAPES = {  # Llama-architecture shapes: hidden, heads, kv heads, intermediate, layers, vocab
     "smollm2": dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,

@@ -7,7 +7,7 @@
    ``--contexts`` (1K ... 8K, the embedded model's longest), divided by FullKV's at the longest
    context. Target: >= 2x, and flat (within 10%) from the shortest to the longest context.
 
-Method and FullKV decode steps alternate (two caches, one model, ``runners.timing.Decoder``), so
+Method and FullKV decode steps alternate (two caches, one model, ``runners.measure.timing.Decoder``), so
 that drifts of a shared machine hit both alike; each figure is the median over ``--repeats`` fresh
 prefills x ``--steps`` timed steps, after ``--warmup`` untimed steps. Prompts are random token ids.
 LESS runs with untrained random kernels (its cost does not depend on their values) and KVMerger with
@@ -35,10 +35,10 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from methods import METHOD_REGISTRY, CompressionMethod
-from runners.budget import resolve_budget
-from runners.environment import device_info
-from runners.model_run import BACKENDS, set_decode_backend
-from runners.timing import Decoder, save_figures, synthetic_prompts
+from runners.generation.model_run import BACKENDS, set_decode_backend
+from runners.measure.timing import Decoder, save_figures, synthetic_prompts
+from runners.output.environment import device_info
+from runners.setup.budget import resolve_budget
 
 FAMILY = {
     "h2o": "eviction",
@@ -138,7 +138,7 @@ def main() -> None:
         model_cfg.dtype = args.dtype
     model = random_model(args.random_weights, model_cfg.dtype, args.device) if args.random_weights else None
     if model is None:
-        from runners.models import load_model
+        from runners.models.loading import load_model
 
         model = load_model(model_cfg, args.device)
     set_decode_backend(args.backend)

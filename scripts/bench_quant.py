@@ -2,7 +2,7 @@
 
 For each method and quant kind: the median decode-step time of the method over quantized storage
 divided by the same method's over the uniform full-precision store, their steps alternating (two
-caches, one model, ``runners.timing.Decoder``), so that a shared machine's drift hits both alike; and
+caches, one model, ``runners.measure.timing.Decoder``), so that a shared machine's drift hits both alike; and
 the KV bytes held at the end over FullKV's. Target (CPU, eager): step ratio <= 1.5.
 
     python scripts/bench_quant.py --methods fullkv,snapkv,tova --quant int8,int4,kivi2 --prompt 1024
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from methods import METHOD_REGISTRY
 from methods.quant import storage_kind
-from runners.timing import Decoder, synthetic_prompts
+from runners.measure.timing import Decoder, synthetic_prompts
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -45,7 +45,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--warmup", type=int, default=4)
     args = p.parse_args()
-    from runners.models import load_model
+    from runners.models.loading import load_model
 
     model = load_model(OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"))
     prompt = synthetic_prompts(model.config.vocab_size, 1, args.prompt, 0)

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels.decode_attention import decode_attention_torch
 from kernels.ragged_decode import per_segment_attention, ragged_decode_attention_torch
-from runners.environment import device_info
-from runners.timing import call_ms
+from runners.measure.timing import call_ms
+from runners.output.environment import device_info
 
 SHAPES = {  # KV heads, query heads per KV head, head_dim
     "smollm2": (3, 3, 64),

@@ -3,15 +3,15 @@
     python -m pytest -p scripts.cuda_tests tests/test_kernels.py tests/test_compiled.py
 
 The tests build their models (``tiny_model``, the embedded model) and prompts on the CPU. With this
-plugin every model that enters ``runners.model_run.ModelRun`` (every prefill and batch-1 step: greedy
-generation, compiled steps, timing) is moved to the GPU first, and the token ids of its ``prefill``
+plugin every model that enters ``runners.generation.model_run.ModelRun`` (every prefill and batch-1 step:
+greedy generation, compiled steps, timing) is moved to the GPU first, and the token ids of its ``prefill``
 and ``step`` with it; the compiled backend then captures CUDA graphs (``mode="reduce-overhead"``)
 and ``kernels=auto`` takes the Triton decode kernel. Tests that build tensors on ``cuda`` themselves
 (``tests/test_kernels.py``) need nothing from it.
 
 Environment:
 
-- ``KVBENCH_RANDOM_WEIGHTS=<config.json>``: ``runners.models.load_model`` returns a randomly
+- ``KVBENCH_RANDOM_WEIGHTS=<config.json>``: ``runners.models.loading.load_model`` returns a randomly
   initialised model of this transformers config instead of reading weights (a GPU machine without
   the embedded model). Its weights are scaled by 4, as ``tests.conftest.tiny_llama`` does, so that
   greedy tokens are peaked and input-dependent rather than near-ties.
@@ -41,7 +41,7 @@ def _patch_model_run() -> None:
     """``ModelRun`` moves its model before building the cache (the compiled step's mode and the
     cache's buffers follow the model's device) and the token ids of every call. Imported here, after
     the tests' conftest (which sets ``TRITON_INTERPRET`` on a machine without CUDA)."""
-    from runners.model_run import ModelRun
+    from runners.generation.model_run import ModelRun
 
     init, prefill, step = ModelRun.__init__, ModelRun.prefill, ModelRun.step
 
@@ -55,7 +55,7 @@ def _patch_model_run() -> None:
 
 
 def random_weights_model(cfg, device: str | None = "cpu") -> torch.nn.Module:
-    """Stands in for ``runners.models.load_model``: a random model of ``$KVBENCH_RANDOM_WEIGHTS``
+    """Stands in for ``runners.models.loading.load_model``: a random model of ``$KVBENCH_RANDOM_WEIGHTS``
     with the ``kvbench`` attention, in the dtype ``cfg.dtype`` names (float32 for ``auto``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -77,9 +77,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("scripts.cuda_tests: no CUDA device (torch.cuda.is_available() is False)")
     _patch_model_run()
     if RANDOM_WEIGHTS:
-        import runners.models
+        import runners.models.loading
 
-        runners.models.load_model = random_weights_model
+        runners.models.loading.load_model = random_weights_model
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -131,7 +131,7 @@ def kvbench_side(out: Path) -> None:
     from transformers.models.llama.modeling_llama import rotate_half
 
     import methods  # noqa: F401  (registers the "kvbench" attention implementation)
-    from runners.generate import greedy_generate
+    from runners.generation.greedy import greedy_generate
 
     model = tiny_llama("kvbench")
     model.load_state_dict(torch.load(out / "weights.pt"))

@@ -65,7 +65,7 @@ def context_ids(args) -> tuple[object, torch.Tensor]:
     """The run config and the RULER sample's context ``[1, context]`` (up to its question)."""
     from hydra import compose, initialize_config_dir
 
-    from runners.build import apply_compression_ratio, build_components, load_prompts
+    from runners.setup.build import apply_compression_ratio, build_components, load_prompts
 
     overrides = [f"method={'kvzip_plus' if args.plus else 'kvzip'}", f"method.layerwise={args.layerwise}"]
     overrides += ["task=ruler"]
@@ -123,9 +123,9 @@ def main() -> None:
         return kvpress_side(*args.kvpress)
     sys.path.insert(0, str(REPO))
     from methods import FullKV
-    from runners.build import build_method
-    from runners.generate import ModelRun
-    from runners.models import _source, load_model
+    from runners.generation.greedy import ModelRun
+    from runners.models.loading import _source, load_model
+    from runners.setup.build import build_method
 
     cfg, ids = context_ids(args)
     method, n = build_method(cfg), ids.shape[1]

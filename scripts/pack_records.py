@@ -15,8 +15,8 @@ import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from reports.shards import shard_of
-from reports.store import ResultStore
+from runners.results.sharded import shard_of
+from runners.results.store import ResultStore
 
 
 def packed(dest: Path) -> set[str]:

@@ -93,11 +93,11 @@ class Task:
     #: default, "query-agnostic").
     query_aware: bool = True
     #: What compressing methods do while decoding under this protocol (``decode_budget`` of every
-    #: method, ``runners.decode_rule.decode_rule``): None, each method's paper rule; False, the prompt only
-    #: (RULER, as the kvpress leaderboard runs it).
+    #: method, ``runners.setup.decode_rule.decode_rule``): None, each method's paper rule; False, the prompt
+    #: only (RULER, as the kvpress leaderboard runs it).
     decode_budget: bool | None = None
     #: Keyword arguments of the chat template (``tasks.chat.template_kwargs``): the runner sets them
-    #: from ``model.chat_template_kwargs`` (``runners.build.load_prompts``); None: the tokenizer's
+    #: from ``model.chat_template_kwargs`` (``runners.setup.build.load_prompts``); None: the tokenizer's
     #: default (thinking off where the template reads ``enable_thinking``).
     chat_template_kwargs: dict | None = None
 

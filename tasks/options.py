@@ -1,7 +1,7 @@
 """What a task's options must be (``task.limit``, ``task.max_new_tokens``, ``task.chat_template``,
 ``task.query_aware``, prompt templates), checked when the task is built, before any data or model
 loads; each raises ``ValueError`` with the option's name. And :func:`option`, the field whose range the
-run's schema checks (``runners.schema``), for the tasks' and the methods' options."""
+run's schema checks (``runners.setup.schema``), for the tasks' and the methods' options."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import MISSING, field
 from typing import Any
 
 CHAT_TEMPLATE_CHOICES = ("auto", "none")
-#: The key of a field's metadata that holds its range ``(low, high)``: ``runners.schema`` checks it.
+#: The key of a field's metadata that holds its range ``(low, high)``: ``runners.setup.schema`` checks it.
 RANGE = "range"
 #: The key of a field's metadata that names the model fact the method clamps it to.
 CLAMP = "clamp"
@@ -23,7 +23,7 @@ def option(
     clamp: str | None = None,
 ) -> Any:
     """A dataclass field with a range that the run's schema checks before anything loads
-    (``runners.schema``): ``low <= value <= high``, None for no bound; a bound may name a fact of the
+    (``runners.setup.schema``): ``low <= value <= high``, None for no bound; a bound may name a fact of the
     model (``"max_context"``: its context in tokens, ``"head_dim"``), checked once its config is read.
     ``clamp`` names a fact above which the method clamps the value: the run says so once."""
     return field(default=default, metadata={RANGE: (low, high), CLAMP: clamp})

@@ -50,7 +50,7 @@ def tiny_model() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def embedded():
     """``(model, tokenizer)`` of the embedded SmolLM2-135M-Instruct."""
-    from runners.models import load_model, load_tokenizer
+    from runners.models.loading import load_model, load_tokenizer
 
     cfg = OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml")
     return load_model(cfg), load_tokenizer(cfg)
@@ -79,7 +79,7 @@ def set_attn(model, name: str) -> None:
 @pytest.fixture(scope="session")
 def tokenizer():
     """The embedded model's tokenizer (no weights loaded)."""
-    from runners.models import load_tokenizer
+    from runners.models.loading import load_tokenizer
 
     return load_tokenizer(OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml"))
 

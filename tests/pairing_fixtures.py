@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from reports.store import ResultStore, run_id
+from runners.results.store import ResultStore, run_id
 from tests.report_fixtures import config, write_run, xsum_run
 
 #: Per-sample ROUGE-1 of the store a user builds by running FullKV twice (:func:`unequal_store`):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from reports.store import ResultStore, run_id
+from runners.results.store import ResultStore, run_id
 
 PRESETS = {
     "fullkv": {"_target_": "methods.fullkv.FullKV"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 from tests.report_fixtures import config, write_run
 
 #: RULER tasks of :func:`ruler_runs` (four of the thirteen keep the tests small).

@@ -24,7 +24,7 @@ from methods import AdaKV, DuoAttention, FullKV, LayerRatios, PyramidKV, SnapKV,
 from methods.pyramidkv import pyramid_budgets
 from methods.seam.cache import CompressedCache
 from methods.seam.step import decode_step, prefill_step
-from runners.generate import greedy_generate
+from runners.generation.greedy import greedy_generate
 from tests.conftest import REPO
 from tests.test_method_matrix import NEW, prompt
 

@@ -16,8 +16,8 @@ from methods import METHOD_REGISTRY, FullKV
 from methods.seam.architecture import UnsupportedArchitectureError, check_supported, layer_specs
 from methods.seam.cache import CompressedCache
 from methods.seam.sliding import sliding_bound
-from runners.generate import greedy_generate
-from runners.model_run import cache_arguments
+from runners.generation.greedy import greedy_generate
+from runners.generation.model_run import cache_arguments
 from tests.architectures import FAMILIES, VOCAB, WINDOW, tiny_family
 from tests.test_method_matrix import SETTINGS
 

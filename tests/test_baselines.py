@@ -118,7 +118,7 @@ def test_snapkv_window_shrinks_for_budgets_below_it():
 
 @pytest.mark.parametrize("rerotate", [True, False])
 def test_streamingllm_keeps_exactly_sinks_and_recent(tiny_model, rerotate):
-    from runners.generate import greedy_generate
+    from runners.generation.greedy import greedy_generate
 
     budget, n_sink = 12, 4
     history = []
@@ -212,7 +212,7 @@ def test_weighted_column_sums_equal_the_weighted_full_matrix():
 def test_streamingllm_small_budget_keeps_fewer_sinks_and_the_newest_token(tiny_model):
     """A budget at or below n_sink (short prompt, small fraction) keeps budget - 1 sinks + the newest."""
     from methods import StreamingLLM
-    from runners.generate import greedy_generate
+    from runners.generation.greedy import greedy_generate
 
     ids = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(5))
     seen = []

@@ -1,7 +1,7 @@
-"""Batched generation (``runners.batched``, ``runners.rows``): prompts of different lengths decode
-together, each on its own cache, and every row's tokens, slots and bytes are those of its batch-1 run
-(:func:`runners.generate.greedy_generate`), for every method, and on every architecture family for a
-method of each kind (``KINDS``)."""
+"""Batched generation (``runners.generation.batched``, ``runners.generation.rows``): prompts of different
+lengths decode together, each on its own cache, and every row's tokens, slots and bytes are those of its
+batch-1 run (:func:`runners.generation.greedy.greedy_generate`), for every method, and on every
+architecture family for a method of each kind (``KINDS``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 
 from methods import METHOD_REGISTRY, FullKV
 from methods.seam.cache import CompressedCache
-from runners.batched import decode_rows, start_row
-from runners.generate import greedy_generate
-from runners.rows import RowsCache
+from runners.generation.batched import decode_rows, start_row
+from runners.generation.greedy import greedy_generate
+from runners.generation.rows import RowsCache
 from tests.architectures import FAMILIES, tiny_family
 from tests.test_method_matrix import CASES, build_preset, preset_names
 

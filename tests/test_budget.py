@@ -1,6 +1,6 @@
 import pytest
 
-from runners.budget import resolve_budget, validate_budget
+from runners.setup.budget import resolve_budget, validate_budget
 
 
 @pytest.mark.parametrize(

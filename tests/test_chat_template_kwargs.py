@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-import runners.build
-from runners.build import load_prompts
-from runners.models import load_tokenizer
+import runners.setup.build
+from runners.models.loading import load_tokenizer
+from runners.setup.build import load_prompts
 from tasks.base import Sample, Task
 from tasks.chat import template_kwargs
 from tasks.errors import KVBenchError
@@ -59,7 +59,7 @@ def test_the_runner_applies_and_records_the_models_kwargs(qwen3, monkeypatch):
     thinking block."""
     if not (DATA_DIR / "ruler" / "PaulGrahamEssays.json").is_file():
         pytest.skip(f"no RULER inputs under {DATA_DIR / 'ruler'} (set KVBENCH_DATA_DIR)")
-    monkeypatch.setattr(runners.build, "load_tokenizer", lambda model: qwen3)
+    monkeypatch.setattr(runners.setup.build, "load_tokenizer", lambda model: qwen3)
     for configured, think in ((None, False), ({"enable_thinking": True}, True)):
         model = SMOLLM2.copy()
         if configured is not None:

@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 from torch._dynamo.utils import counters
 
 from methods import METHOD_REGISTRY, SnapKV
-from reports.store import run_identity
-from runners.budget import resolve_budget
-from runners.generate import ModelRun, greedy_generate
-from runners.timing import synthetic_prompts
+from runners.generation.greedy import ModelRun, greedy_generate
+from runners.measure.timing import synthetic_prompts
+from runners.results.store import run_identity
+from runners.setup.budget import resolve_budget
 from tests.conftest import REPO
 from tests.test_method_matrix import TINY_PROMPT
 
@@ -45,7 +45,7 @@ PROMPTS, NEW, BUDGET = (300, 260), 24, 0.2
 @pytest.fixture(scope="module")
 def shallow():
     """The embedded model with its first two decoder layers."""
-    from runners.models import load_model
+    from runners.models.loading import load_model
 
     model = load_model(OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml"))
     model.model.layers = model.model.layers[:2]
@@ -96,7 +96,7 @@ def test_a_full_layers_compiled_step_takes_no_integer_input(shallow, name, monke
     count of ``CompressedLayer.tokens_seen``, the positions as tensors). Traced by Dynamo alone (no Inductor),
     so the check costs seconds; R-KV is left out, its slot count cycles over its buffer (one graph per
     count)."""
-    import runners.model_run
+    import runners.generation.model_run
 
     graphs: list[list[str]] = []
 
@@ -109,7 +109,7 @@ def test_a_full_layers_compiled_step_takes_no_integer_input(shallow, name, monke
         torch._dynamo.reset()
         return torch.compile(model.forward, backend=record, fullgraph=True)
 
-    monkeypatch.setattr(runners.model_run, "compiled_forward", compiled_forward)
+    monkeypatch.setattr(runners.generation.model_run, "compiled_forward", compiled_forward)
     prompt = PROMPTS[0]
     ids = synthetic_prompts(shallow.config.vocab_size, 1, prompt, 0)
     method = METHOD_REGISTRY[name](**KWARGS.get(name, {}))
@@ -162,11 +162,13 @@ def test_greedy_generate_follows_the_configured_backend(tiny_model, monkeypatch)
     """``greedy_generate`` decodes through :func:`compiled_forward` exactly when the configured
     backend is ``compiled`` (that the compiled step gives eager's tokens is the test above, through
     the same ``ModelRun``); the setting is restored and an unknown backend raises."""
-    import runners.model_run
-    from runners.model_run import get_decode_backend, set_decode_backend
+    import runners.generation.model_run
+    from runners.generation.model_run import get_decode_backend, set_decode_backend
 
     compiled: list[torch.nn.Module] = []
-    monkeypatch.setattr(runners.model_run, "compiled_forward", lambda model: compiled.append(model) or model)
+    monkeypatch.setattr(
+        runners.generation.model_run, "compiled_forward", lambda model: compiled.append(model) or model
+    )
     ids = synthetic_prompts(tiny_model.config.vocab_size, 1, 40, 1)
     method = METHOD_REGISTRY["h2o"]()
     eager = greedy_generate(tiny_model, ids, method, 16, 8, set()).tokens

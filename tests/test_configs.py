@@ -7,11 +7,11 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from methods import METHOD_REGISTRY
-from reports.sweep_jobs import experiment_names
-from runners.build import registered_name
-from runners.model_sources import MODEL_SOURCES
-from runners.models import validate_model_config
-from runners.sweeps import sweep_jobs
+from runners.models.loading import validate_model_config
+from runners.models.sources import MODEL_SOURCES
+from runners.results.sweep_jobs import experiment_names
+from runners.setup.build import registered_name
+from runners.sweeps.experiment_jobs import sweep_jobs
 from tasks.errors import KVBenchError
 from tests.conftest import REPO
 

@@ -10,7 +10,7 @@ import torch
 
 from methods import FullKV
 from methods.seam.cache import CompressedCache
-from runners.model_run import cache_arguments, model_forward
+from runners.generation.model_run import cache_arguments, model_forward
 from runners.registry import QUIET_LOGGERS, quiet_library_loggers
 
 

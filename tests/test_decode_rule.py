@@ -9,9 +9,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from reports.runs import decoding_tag, protocol_tag
-from reports.store import run_config, run_id
-from runners.build import build_method
-from runners.decode_rule import decoding_protocol
+from runners.results.store import run_config, run_id
+from runners.setup.build import build_method
+from runners.setup.decode_rule import decoding_protocol
 from tasks.errors import KVBenchError
 from tests.conftest import REPO
 

@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 from methods import H2O, METHOD_REGISTRY, CompressedLayer, FullKV, ZSMerge
 from methods.seam.architecture import layer_specs
 from methods.seam.step import prefill_step
-from runners.efficiency import measure, summarise
-from runners.generate import greedy_generate
-from runners.oom import OOM_EXIT, Probe, largest_fitting, run_capped
-from runners.timing import TimedRun, timed_generate
+from runners.generation.greedy import greedy_generate
+from runners.measure.efficiency import measure, summarise
+from runners.measure.oom import OOM_EXIT, Probe, largest_fitting, run_capped
+from runners.measure.timing import TimedRun, timed_generate
 from tests.conftest import REPO
 from tests.test_cli import run_cli
 from tests.test_method_matrix import BYTES_PER_SLOT, SETTINGS
@@ -66,16 +66,16 @@ def test_timings_positive_and_kv_bytes_match_slots(tiny_model, name):
 def test_progress_bar_counts_every_forward_of_warmup_and_repeats(tiny_model, monkeypatch):
     """The bar's total is the forwards measure() runs (prefill + decode steps, warm-up included) and
     it ends full, not at a count of repeats; the hook is removed afterwards."""
-    import runners.efficiency
+    import runners.measure.efficiency
 
     bars = []
 
-    class Recorder(runners.efficiency.tqdm):
+    class Recorder(runners.measure.efficiency.tqdm):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             bars.append(self)
 
-    monkeypatch.setattr(runners.efficiency, "tqdm", Recorder)
+    monkeypatch.setattr(runners.measure.efficiency, "tqdm", Recorder)
     runner = {"batch_size": 1, "prompt_len": PROMPT, "gen_len": 6, "warmup_steps": 2, "repeats": 3,
               "curve_every": 0, "progress": True}  # fmt: skip
     cfg = OmegaConf.create({"runner": runner, "seed": 0})
@@ -160,7 +160,7 @@ def test_bisection_stops_on_a_non_oom_failure():
 
 
 def test_capped_child_reports_oom_not_a_crash():
-    """A child that fails to allocate under RLIMIT_AS exits OOM_EXIT (as ``python -m runners.oom``
+    """A child that fails to allocate under RLIMIT_AS exits OOM_EXIT (as ``python -m runners.measure.oom``
     does); a child killed by a signal also counts as oom; an ordinary failure is an error."""
     alloc = (
         "import sys\ntry:\n    b = bytearray(8 * 2**30)\nexcept MemoryError as e:\n"
@@ -229,14 +229,14 @@ def test_cpu_oom_search_on_the_embedded_model(tmp_path):
     threshold = record["metrics"]["max_batch"]
     assert threshold is not None and 1 <= threshold < 64
     assert all(p["outcome"] == ("ok" if p["value"] <= threshold else "oom") for p in probes)
-    assert (REPO / "runners" / "oom.py").is_file()
+    assert (REPO / "runners" / "measure" / "oom.py").is_file()
 
 
 @pytest.mark.parametrize("name", ["h2o", "zsmerge", "keepkv", "streamingllm"])
 def test_shadow_caches_measure_zero_error_at_a_covering_budget(tiny_model, name):
     """A shadow cache that keeps everything reproduces FullKV's attention output; a small budget
     does not (the error runner's measurement, ZSMerge Figure 4)."""
-    from runners.attention_error import ShadowCaches
+    from runners.measure.attention_error import ShadowCaches
 
     method = METHOD_REGISTRY[name]()
     shadows = ShadowCaches(method, [PROMPT + STEPS, 8], layer_specs(tiny_model))
@@ -248,8 +248,8 @@ def test_shadow_caches_measure_zero_error_at_a_covering_budget(tiny_model, name)
 
 def test_process_peak_keeps_what_a_run_window_leaves_out():
     """Memory touched before a run's window (model loading) is out of the run's peak and in the
-    process peak (``runners.environment``, as quality and efficiency records report them)."""
-    from runners.environment import peak_rss_bytes, process_peak_rss_bytes, reset_peak_memory
+    process peak (``runners.output.environment``, as quality and efficiency records report them)."""
+    from runners.output.environment import peak_rss_bytes, process_peak_rss_bytes, reset_peak_memory
 
     loading = torch.ones(2**25)  # 128 MiB touched, then freed: the loading transient
     loading.add_(1)

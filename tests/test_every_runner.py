@@ -11,8 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from runners.build import build_method, model_options
 from runners.registry import RUNNER_REGISTRY
+from runners.setup.build import build_method, model_options
 from tasks.errors import KVBenchError
 from tests.architectures import tiny_family
 from tests.conftest import REPO

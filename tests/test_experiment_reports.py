@@ -9,10 +9,10 @@ import pytest
 
 from reports.experiment import build
 from reports.frame import label
-from reports.store import ResultStore
 from reports.summary import interval, ranking, scored_runs
-from reports.sweep_jobs import experiment_names
-from runners.sweeps import sweep_jobs
+from runners.results.store import ResultStore
+from runners.results.sweep_jobs import experiment_names
+from runners.sweeps.experiment_jobs import sweep_jobs
 
 
 def fake_value(run_id: str, key: str) -> float:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from methods import METHOD_REGISTRY, FullKV
-from runners.generate import greedy_generate
+from runners.generation.greedy import greedy_generate
 from tests.architectures import FAMILIES, tiny_family
 from tests.conftest import REPO
 from tests.test_method_matrix import NEW, PROMPT, prompt

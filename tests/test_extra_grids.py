@@ -1,13 +1,13 @@
 """``runner.extra_grids``: more products of settings in the same grid, with overrides of their own,
-one prefill per sample for all (``runners.grid_settings``). Each setting is its own run: the run id and
+one prefill per sample for all (``runners.sweeps.grid_settings``). Each setting is its own run: the run id and
 the predictions of ``run.py`` with the same overrides."""
 
 from __future__ import annotations
 
 import pytest
 
-from reports.store import ResultStore
-from runners.grid_settings import setting_configs
+from runners.results.store import ResultStore
+from runners.sweeps.grid_settings import setting_configs
 from tasks.errors import KVBenchError
 from tests.test_run_lock import composed, tiny_quality
 from tests.test_shards import ROWS, lines, run

@@ -1,4 +1,4 @@
-"""A job that fails before its run writes a record (``runners.record.record_failure``) is stored
+"""A job that fails before its run writes a record (``runners.output.record.record_failure``) is stored
 under its run's setting: the id a finished run of the same config is stored under, so a sweep
 counts the job as failed, not as missing."""
 
@@ -9,10 +9,10 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-import runners.record
-from reports.store import ResultStore, run_config, setting_id, setting_of
-from runners.record import record_failure
-from runners.sweep_summary import job_setting_id, sweep_counts
+import runners.output.record
+from runners.output.record import record_failure
+from runners.results.store import ResultStore, run_config, setting_id, setting_of
+from runners.sweeps.summary import job_setting_id, sweep_counts
 from tests.conftest import REPO
 
 #: Methods whose traits say the budget does not drive them (``Traits.budget_applies`` False).
@@ -36,7 +36,7 @@ def test_a_failed_run_is_stored_under_its_own_setting_and_counted_failed(tmp_pat
     assert not instantiate(cfg.method).traits.budget_applies
     (sweep / "0" / ".hydra").mkdir(parents=True)
     OmegaConf.save(cfg, sweep / "0" / ".hydra" / "config.yaml")
-    monkeypatch.setattr(runners.record, "sweep_info", lambda: {"dir": str(sweep), "job_num": 0})
+    monkeypatch.setattr(runners.output.record, "sweep_info", lambda: {"dir": str(sweep), "job_num": 0})
 
     rid = record_failure(cfg, RuntimeError("the model did not load"))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 from tests.conftest import REPO
 from tests.test_sweeps import TINY, _env, multirun, records
 
@@ -193,7 +193,7 @@ def test_a_full_disk_while_writing_keeps_the_finished_record(tmp_path, monkeypat
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("reports.store.os.fsync", full)
+    monkeypatch.setattr("runners.results.store.os.fsync", full)
     with pytest.raises(OSError, match="No space left"):
         store.write(record | {"metrics": {"x": 2}}, [{"id": 2}])
     assert (path.read_bytes(), (path.parent / "predictions.jsonl").read_bytes()) == before

@@ -16,8 +16,8 @@ from methods import METHOD_REGISTRY, FullKV
 from methods.seam.architecture import layer_specs
 from methods.seam.cache import CompressedCache
 from methods.seam.sliding import sliding_bound
-from runners.generate import eos_token_ids, greedy_generate
-from runners.model_run import cache_arguments
+from runners.generation.greedy import eos_token_ids, greedy_generate
+from runners.generation.model_run import cache_arguments
 from tests.conftest import REPO, set_attn
 from tests.test_generate import NO_BUDGET
 
@@ -33,7 +33,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def gemma3():
-    from runners.models import load_model, load_tokenizer
+    from runners.models.loading import load_model, load_tokenizer
 
     cfg = OmegaConf.load(REPO / "configs" / "model" / "gemma3-270m.yaml")
     return load_model(cfg), load_tokenizer(cfg)

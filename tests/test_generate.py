@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from kernels import decode_attention
 from methods import METHOD_REGISTRY, FullKV, ZSMerge
-from runners.generate import eos_token_ids, greedy_generate
+from runners.generation.greedy import eos_token_ids, greedy_generate
 from tests.conftest import set_attn
 
 NEW = 24

@@ -1,4 +1,4 @@
-"""A GGUF's identity from its header (``runners.model_identity``), read with the ``gguf`` package's
+"""A GGUF's identity from its header (``runners.models.identity``), read with the ``gguf`` package's
 reader: the packaged model keeps the identity its runs are stored under, a big-endian file is read
 as well as a little-endian one, and a file that is no GGUF is one error line."""
 
@@ -9,8 +9,8 @@ import pytest
 from gguf import GGUFEndian, GGUFWriter
 from hydra import compose, initialize_config_dir
 
-from runners.model_identity import gguf_identity, gguf_metadata
-from runners.model_sources import embedded_files
+from runners.models.identity import gguf_identity, gguf_metadata
+from runners.models.sources import embedded_files
 from tasks.errors import KVBenchError
 from tests.conftest import REPO
 

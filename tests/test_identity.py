@@ -17,11 +17,11 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from reports.store import ResultStore, run_id, setting_id
-from runners.model_sources import MODEL_SOURCES, cache_dir, embedded_files, model_identity
-from runners.models import resolve_model_config
-from runners.record import new_record, run_config, run_inputs, stored_run
-from runners.run_lock import run_locks
+from runners.models.loading import resolve_model_config
+from runners.models.sources import MODEL_SOURCES, cache_dir, embedded_files, model_identity
+from runners.output.record import new_record, run_config, run_inputs, stored_run
+from runners.results.lock import run_locks
+from runners.results.store import ResultStore, run_id, setting_id
 from tests.conftest import REPO
 
 EMBEDDED = OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml")
@@ -87,7 +87,7 @@ def test_a_gguf_is_named_by_its_header_and_an_older_conversion_is_adopted(
     version converted it into (keyed by path, size and mtime) is renamed to its content key."""
     import hashlib
 
-    from runners.model_identity import read_source
+    from runners.models.identity import read_source
 
     gguf, folder = embedded_gguf
     monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
@@ -175,7 +175,7 @@ def test_runner_batch_size_keeps_the_ids_of_efficiency_and_oom_runs_stored_as_ru
             ids[n] = setting_id(new)
         assert ids[1] != ids[8]
 
-    from runners.summary_table import print_summary
+    from runners.output.summary_table import print_summary
 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(

@@ -13,7 +13,7 @@ from methods.keepkv.partners import cosine_partners
 from methods.keepkv.zip_merge import merge_groups
 from methods.seam.architecture import LayerSpec
 from methods.seam.step import prefill_step
-from runners.generate import greedy_generate
+from runners.generation.greedy import greedy_generate
 
 D = 16
 SCALE = D**-0.5

@@ -19,7 +19,7 @@ from kernels.ragged_decode import (
     ragged_decode_attention,
     ragged_decode_attention_torch,
 )
-from runners.generate import ModelRun
+from runners.generation.greedy import ModelRun
 from tests.conftest import tiny_llama
 
 triton_decode = pytest.importorskip("kernels.triton_decode", reason="triton is not installed")
@@ -121,10 +121,10 @@ def test_the_real_kernels_pass_their_proof(dtype):
 
 def test_a_compiled_step_is_proven_before_it_is_traced(monkeypatch, caplog):
     """A traced step cannot run a proof: building one proves every variant of both kernels."""
-    import runners.model_run
+    import runners.generation.model_run
     from methods import FullKV
 
-    monkeypatch.setattr(runners.model_run, "compiled_forward", lambda model: model)
+    monkeypatch.setattr(runners.generation.model_run, "compiled_forward", lambda model: model)
     monkeypatch.setattr(triton_decode, "triton_decode_attention", raises)
     with caplog.at_level(logging.WARNING):
         ModelRun(tiny_llama(), FullKV(), None, 8, backend="compiled")

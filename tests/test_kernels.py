@@ -100,7 +100,7 @@ def test_backend_selection():
 @pytest.mark.parametrize("method_name", ["zsmerge", "h2o", "keepkv", "streamingllm"])
 def test_generation_with_the_kernel_equals_generation_without(tiny_model, method_name, monkeypatch):
     from methods import METHOD_REGISTRY
-    from runners.generate import greedy_generate
+    from runners.generation.greedy import greedy_generate
 
     calls = []
     kernel = triton_decode.triton_decode_attention

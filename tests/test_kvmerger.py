@@ -105,7 +105,7 @@ def test_exact_budget_hits_the_slot_count_on_every_head(budget):
 def test_fixed_theta_ignores_the_budget_and_says_so(tiny_model):
     """With a fixed theta the kept ratio is an outcome: runners record no budget for it."""
     from methods import FullKV
-    from runners.generate import greedy_generate
+    from runners.generation.greedy import greedy_generate
 
     assert not KVMerger().traits.budget_applies and KVMerger(exact_budget=True).traits.budget_applies
     assert not FullKV().traits.budget_applies

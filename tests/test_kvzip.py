@@ -1,5 +1,6 @@
 """KVzip (``methods.kvzip``) against its paper's rule, and the probe forwards it runs after the prefill
-(``runners.probe``): they see the prompt as the model's own cache holds it and leave the cache as it is."""
+(``runners.generation.probe``): they see the prompt as the model's own cache holds it and leave the cache as
+it is."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from transformers.models.llama.modeling_llama import rotate_half
 from methods import FullKV
 from methods.kvzip import KVzip, ReconstructionPrompt
 from methods.probing import Probe
-from runners.model_run import ModelRun, model_forward
-from runners.probe import ProbeCache
+from runners.generation.model_run import ModelRun, model_forward
+from runners.generation.probe import ProbeCache
 from tests.architectures import tiny_family
 from tests.conftest import REPO, tiny_llama
 
@@ -180,7 +181,7 @@ def test_the_template_head_is_found_in_a_ruler_prompt(tokenizer):
 
 
 def test_the_runners_give_kvzip_the_tokenizers_prompt(tokenizer):
-    from runners.build import build_method
+    from runners.setup.build import build_method
 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["method=kvzip_layerwise"])

@@ -10,7 +10,7 @@ import torch
 from methods import H2O, LESS, CompressedLayer
 from methods.less.kernels import LessKernels
 from methods.seam.step import prefill_step
-from runners.generate import greedy_generate
+from runners.generation.greedy import greedy_generate
 
 B, HQ, HKV, D, R = 1, 6, 2, 16, 8
 SCALE = D**-0.5

@@ -1,4 +1,4 @@
-"""The jobs of a multirun in one process load a task once (``runners.loaded``): a task in the same state
+"""The jobs of a multirun in one process load a task once (``runners.setup.loaded``): a task in the same state
 with the same tokenizer gets copies of the last samples and prompt ids and the attributes its load set,
 so its record's protocol is the same; any other state (the tokenizer's name included) loads again."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import runners.build
-from runners import loaded
-from runners.build import load_prompts
+import runners.setup.build
+from runners.setup import loaded
+from runners.setup.build import load_prompts
 from tasks.ruler import Ruler
 from tests.conftest import DATA_DIR, REPO
 
@@ -18,7 +18,7 @@ from tests.conftest import DATA_DIR, REPO
 def test_same_task_loads_once_and_records_the_same_protocol(tokenizer, monkeypatch):
     if not (DATA_DIR / "ruler" / "PaulGrahamEssays.json").is_file():
         pytest.skip(f"no RULER inputs under {DATA_DIR / 'ruler'} (set KVBENCH_DATA_DIR)")
-    monkeypatch.setattr(runners.build, "load_tokenizer", lambda model: tokenizer)
+    monkeypatch.setattr(runners.setup.build, "load_tokenizer", lambda model: tokenizer)
     monkeypatch.setattr(loaded, "_LAST", [])
     calls = []
     original = Ruler.load

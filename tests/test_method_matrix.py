@@ -9,7 +9,7 @@ import torch
 
 from methods import METHOD_REGISTRY, TOVA, AdaKV, FullKV, KNorm, SnapKV
 from methods.kvzip import ReconstructionPrompt
-from runners.generate import greedy_generate
+from runners.generation.greedy import greedy_generate
 from tests.conftest import REPO
 from tests.test_less import tiny_kernels
 
@@ -195,7 +195,7 @@ def build_preset(name: str):
         if key in cfg.method.keys() and OmegaConf.is_missing(cfg.method, key):
             cfg.method[key] = value
     method = instantiate(cfg.method)
-    if method.traits.probes:  # what the runners read from the tokenizer (runners.build.build_method)
+    if method.traits.probes:  # what the runners read from the tokenizer (runners.setup.build.build_method)
         method.prompt = TINY_PROMPT
     return method
 

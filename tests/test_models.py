@@ -11,8 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runners.model_sources import safe_name
-from runners.models import load_model, resolve_model_config, validate_model_config
+from runners.models.loading import load_model, resolve_model_config, validate_model_config
+from runners.models.sources import safe_name
 from tasks.errors import KVBenchError
 from tests.architectures import tiny_family
 from tests.conftest import REPO
@@ -68,7 +68,7 @@ def test_unknown_or_missing_model_keys_are_refused():
 def test_device_map_places_the_model_and_its_cache(hf_folder):
     """accelerate's device map (all on CPU here: the cache follows each layer's keys' device)."""
     from methods import FullKV
-    from runners.generate import greedy_generate
+    from runners.generation.greedy import greedy_generate
 
     layers = {f"model.layers.{i}": "cpu" for i in range(3)}
     device_map = {"model.embed_tokens": "cpu", **layers, "model.norm": "cpu", "model.rotary_emb": "cpu"}

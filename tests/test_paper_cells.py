@@ -10,8 +10,8 @@ import numbers
 import pytest
 from omegaconf import ListConfig, OmegaConf
 
-from reports.sweep_jobs import Job, experiment_names
-from runners.sweeps import sweep_jobs
+from runners.results.sweep_jobs import Job, experiment_names
+from runners.sweeps.experiment_jobs import sweep_jobs
 
 GROUPS = ("method", "task", "model")
 

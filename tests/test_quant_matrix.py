@@ -16,8 +16,8 @@ from methods import METHOD_REGISTRY
 from methods.quant import QUANT_REGISTRY, storage_kind
 from methods.quant.kivi import KiviStore
 from methods.seam.ragged import RaggedStore
-from methods.seam.store import SlotStore
-from runners.generate import greedy_generate
+from methods.seam.uniform import SlotStore
+from runners.generation.greedy import greedy_generate
 from tests.test_method_matrix import NEW, PROMPT, SETTINGS, prompt
 
 HEAD_DIM, KV_HEADS, FP32 = 16, 2, 4

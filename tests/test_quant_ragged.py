@@ -12,7 +12,7 @@ from methods.quant.kivi import KiviStore
 from methods.quant.per_token import PerTokenCodec
 from methods.seam.contract import Traits
 from methods.seam.ragged import RaggedStore
-from methods.seam.store import SlotStore
+from methods.seam.uniform import SlotStore
 
 B, H, D, N = 2, 3, 16, 20
 

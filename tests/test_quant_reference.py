@@ -13,7 +13,7 @@ from transformers.cache_utils import QuantizedCache
 from methods.quant import codes as q
 from methods.quant.kivi import KiviStore
 from methods.quant.per_token import PerTokenCodec
-from methods.seam.store import SlotStore
+from methods.seam.uniform import SlotStore
 
 B, H, D = 1, 2, 64
 

@@ -13,11 +13,11 @@ from methods import METHOD_REGISTRY, FullKV
 from methods.quant import storage_kind
 from methods.quant.kivi import KiviStore
 from methods.quant.per_token import PerTokenCodec
-from methods.seam.store import SlotStore
+from methods.seam.uniform import SlotStore
 from reports.pairing import pair
 from reports.runs import row
-from reports.store import setting_id
-from runners.storage import storage_of
+from runners.results.store import setting_id
+from runners.setup.quant_kind import storage_of
 from tasks.errors import KVBenchError
 from tests.conftest import REPO
 from tests.test_method_matrix import SETTINGS
@@ -90,7 +90,7 @@ def test_kind_parameters_reach_the_store():
 def test_the_memory_figure_marks_each_storage_kind_and_stars_only_unquantized_fullkv(tmp_path):
     from reports import pareto
     from reports.runs import Filters
-    from reports.store import ResultStore
+    from runners.results.store import ResultStore
     from tests.report_fixtures import write_run
 
     store = ResultStore(tmp_path / "results")

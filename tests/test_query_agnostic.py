@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from methods import FullKV
-from runners.generate import ModelRun, eos_token_ids, greedy_generate
+from runners.generation.greedy import ModelRun, eos_token_ids, greedy_generate
 from tests.test_generate import hf_greedy
 from tests.test_method_matrix import build_preset
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from matplotlib.collections import PolyCollection
 
-from reports import budget, memory, niah, pareto
+from reports import budget_figure, memory, niah, pareto
 from reports.runs import Filters
-from reports.store import ResultStore
 from reports.tables import latex, runs_table
+from runners.results.store import ResultStore
 from tasks.errors import KVBenchError
 from tests.report_fixtures import BUDGETS, N_SAMPLES, efficiency_runs, full_store, quality_runs
 
@@ -28,7 +28,7 @@ def _legend(ax) -> tuple[str, list[str]]:
 
 
 def test_budget_figure_lines_reference_bands_and_units(store):
-    (plot,) = budget.build(store, Filters(task="xsum"))
+    (plot,) = budget_figure.build(store, Filters(task="xsum"))
     (ax,) = plot.fig.axes
     assert ax.get_xlabel() == "KV budget (% of each prompt)" and ax.get_ylabel() == "ROUGE-1 F1 (x100)"
     assert ax.get_xscale() == "log" and [t.get_text() for t in ax.get_xticklabels()] == ["5%", "10%", "20%"]
@@ -56,7 +56,7 @@ def test_budget_figure_lines_reference_bands_and_units(store):
 
 
 def test_budget_points_are_means_of_the_per_sample_scores(store):
-    points, metric, _ = budget.quality_points(store, Filters(task="xsum"), "rougeL")
+    points, metric, _ = budget_figure.quality_points(store, Filters(task="xsum"), "rougeL")
     assert metric == "rougeL" and set(points["n"]) == {N_SAMPLES}
     row = points[(points["label"] == "ZSMerge") & (points["budget"] == 0.2)].iloc[0]
     record = store.read(row["run_ids"])
@@ -67,20 +67,20 @@ def test_budget_units_never_share_an_axis(tmp_path):
     store = ResultStore(tmp_path)
     quality_runs(store, budget_unit="prompt")
     quality_runs(store, budget_unit="context", minute=20)
-    (plot,) = budget.build(store, Filters(task="xsum"))
+    (plot,) = budget_figure.build(store, Filters(task="xsum"))
     labels = sorted(ax.get_xlabel() for ax in plot.fig.axes)
     assert labels == ["KV budget (% of each prompt)", "KV budget (% of the context window)"]
-    (one,) = budget.build(store, Filters(task="xsum", budget_unit="context"))
+    (one,) = budget_figure.build(store, Filters(task="xsum", budget_unit="context"))
     assert len(one.fig.axes) == 1
 
 
 def test_budget_refuses_clearly(store, tmp_path):
     with pytest.raises(KVBenchError, match="several tasks"):
-        budget.build(store, Filters())
+        budget_figure.build(store, Filters())
     with pytest.raises(KVBenchError, match="metric 'bleu' is not recorded"):
-        budget.build(store, Filters(task="xsum"), "bleu")
+        budget_figure.build(store, Filters(task="xsum"), "bleu")
     with pytest.raises(KVBenchError, match="no finished quality runs"):
-        budget.build(ResultStore(tmp_path / "empty"), Filters(task="xsum"))
+        budget_figure.build(ResultStore(tmp_path / "empty"), Filters(task="xsum"))
 
 
 def test_niah_heatmap_per_method(store):
@@ -130,7 +130,7 @@ def test_memory_without_curves_draws_one_point_per_run(tmp_path):
 
 
 def test_figures_write_png_pdf_and_csv(store, tmp_path):
-    (plot,) = budget.build(store, Filters(task="xsum"))
+    (plot,) = budget_figure.build(store, Filters(task="xsum"))
     files = plot.save(tmp_path / "out")
     assert sorted(p.suffix for p in files) == [".csv", ".md", ".pdf", ".png"]  # .md: paired differences
     assert (tmp_path / "out" / "budget_xsum_rouge1.csv").read_text().startswith("model,task,method")

@@ -1,5 +1,5 @@
-"""A run split over shards whose shards have not all finished (``reports.shards.incomplete``) is in no
-report's figures or tables, and every report names it with its missing shards, as it names runs on
+"""A run split over shards whose shards have not all finished (``runners.results.sharded.incomplete``) is in
+no report's figures or tables, and every report names it with its missing shards, as it names runs on
 other inputs: ``ruler``, ``summary``, ``budget``, ``pareto``, ``niah``, ``memory``, the experiment
 tables, ``reports.compare`` and ``reports.efficiency``."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from reports import budget, memory, niah, pareto
+from reports import budget_figure, memory, niah, pareto
 from reports.__main__ import main as reports_main
 from reports.compare import main as compare_main
 from reports.efficiency import main as efficiency_main
 from reports.experiment import build
 from reports.runs import Filters
-from reports.shards import ShardedStore, whole_run_id, with_shard
-from reports.store import ResultStore
+from runners.results.sharded import ShardedStore, whole_run_id, with_shard
+from runners.results.store import ResultStore
 from tests.report_fixtures import config, efficiency_runs, niah_runs, quality_runs, write_run
 from tests.ruler_fixtures import ruler_config, ruler_runs
 from tests.test_experiment_reports import fill
@@ -77,7 +77,7 @@ def test_summary_names_every_incomplete_quality_run(store, tmp_path, capsys):
     assert not named(err, store, "efficiency")  # not a quality run: summary never shows it
 
 
-@pytest.mark.parametrize("report", [budget, pareto])
+@pytest.mark.parametrize("report", [budget_figure, pareto])
 def test_budget_and_pareto_name_the_incomplete_run(store, report):
     (plot,) = report.build(store["store"], Filters(task="xsum"))
     assert named("\n".join(plot.notes), store, "xsum", "1, 3") and not named(

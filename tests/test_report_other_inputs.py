@@ -8,15 +8,15 @@ import json
 
 import pytest
 
-from reports import budget, memory, niah, pareto, ruler, ruler_table
+from reports import budget_figure, memory, niah, pareto, ruler, ruler_table
 from reports.__main__ import main as reports_main
 from reports.compare import main as compare_main
 from reports.efficiency import main as efficiency_main
 from reports.experiment import build
 from reports.runs import Filters
-from reports.store import ResultStore
 from reports.summary import render
 from reports.tables import runs_table
+from runners.results.store import ResultStore
 from tests.pairing_fixtures import rerun_on_other_inputs
 from tests.report_fixtures import (
     N_SAMPLES,
@@ -69,7 +69,7 @@ def _rouge1(runs: dict) -> float:
 
 def test_budget_draws_the_newest_finished_run_alone_and_names_the_others(runs):
     assert runs["old"]["xsum"]["config"] == runs["new"]["xsum"]["config"]  # one setting, two run ids
-    (plot,) = budget.build(runs["store"], Filters(task="xsum"))
+    (plot,) = budget_figure.build(runs["store"], Filters(task="xsum"))
     (point,) = plot.data[(plot.data["method"] == "zsmerge") & (plot.data["budget"] == 0.1)].itertuples()
     assert (point.n, point.runs, point.run_ids) == (N_SAMPLES, 1, runs["new"]["xsum"]["run_id"])
     assert point.mean == pytest.approx(_rouge1(runs))
@@ -161,7 +161,7 @@ def test_seeds_of_one_setting_count_each_sample_once(tmp_path):
             store, cfg, "zsmerge", "xsum", f"2026-11-20T10:0{seed}:00+00:00",
             metrics={"rouge1": 25.0 + shift}, predictions=predictions,
         )  # fmt: skip
-    (plot,) = budget.build(store, Filters(task="xsum"))
+    (plot,) = budget_figure.build(store, Filters(task="xsum"))
     (point,) = plot.data.itertuples()
     assert (point.n, point.runs, point.mean) == (6, 2, pytest.approx(30.0))  # 6 samples, 2 seeds averaged
     text, _, _ = render(store, tmp_path / "out", n_resamples=50)

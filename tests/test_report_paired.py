@@ -13,7 +13,7 @@ from scipy.stats import bootstrap
 from reports.__main__ import main
 from reports.compare import main as compare_main
 from reports.paired import Difference, paired_difference, tied_ranks
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 from tests.report_fixtures import quality_runs, xsum_scored
 from tests.ruler_fixtures import ruler_config, ruler_scored, ruler_scored_run
 
@@ -261,7 +261,7 @@ def test_every_report_that_compares_methods_shows_the_same_paired_differences(tm
 
 def test_experiment_table_lists_each_cells_paired_difference(tmp_path):
     from reports.experiment import build
-    from runners.sweeps import sweep_jobs
+    from runners.sweeps.experiment_jobs import sweep_jobs
     from tests.test_experiment_reports import fixture_record
 
     base, jobs = sweep_jobs("zsmerge_table2", "smoke")

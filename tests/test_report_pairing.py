@@ -10,14 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from reports import budget, memory, niah, pareto
+from reports import budget_figure, memory, niah, pareto
 from reports.compare import main as compare_main
 from reports.experiment import build
 from reports.pairing import pair
 from reports.runs import MIN_N, Filters, mean_interval
-from reports.store import ResultStore
 from reports.summary import render
-from runners.sweeps import sweep_jobs
+from runners.results.store import ResultStore
+from runners.sweeps.experiment_jobs import sweep_jobs
 from tests.pairing_fixtures import KVMERGER_KEPT, UNEQUAL_SCORES, unequal_niah_runs, unequal_store
 from tests.report_fixtures import efficiency_runs
 from tests.test_experiment_reports import fill
@@ -60,7 +60,7 @@ def test_pair_keeps_the_majority_sample_set_and_names_the_rest():
 
 
 def test_budget_reference_is_fullkv_on_the_same_samples(store):
-    (plot,) = budget.build(store, Filters(task="xsum"))
+    (plot,) = budget_figure.build(store, Filters(task="xsum"))
     (ax,) = plot.fig.axes
     references = [line for line in ax.get_lines() if "(reference" in line.get_label()]
     assert len(references) == 1 and references[0].get_ydata()[0] == pytest.approx(PAIRED_FULLKV)
@@ -156,7 +156,7 @@ def test_interval_is_clipped_to_the_metric_range_and_absent_below_min_n():
 
 
 def test_budget_axis_stays_in_range_at_two_samples(store, tmp_path):
-    (plot,) = budget.build(store, Filters(task="xsum"))
+    (plot,) = budget_figure.build(store, Filters(task="xsum"))
     (ax,) = plot.fig.axes
     assert 0.0 <= ax.get_ylim()[0] and ax.get_ylim()[1] <= 102.0  # 2% of room above the range
     assert f"No interval where n < {MIN_N} samples (smallest n = 2)" in _caption(plot.fig)
@@ -172,7 +172,7 @@ def test_budget_band_is_clipped_at_the_metric_maximum(tmp_path):
     write_quality(store, "f", "fullkv", None, [100.0] * 6)
     for b in (0.1, 0.2):
         write_quality(store, f"h{b}", "h2o", b, [100.0] * 5 + [40.0])
-    (plot,) = budget.build(store, Filters(task="xsum"))
+    (plot,) = budget_figure.build(store, Filters(task="xsum"))
     assert (plot.data["ci_high"] <= 100.0).all() and (plot.data["ci_high"] == 100.0).any()
     assert plot.fig.axes[0].get_ylim()[1] <= 102.0
 
@@ -181,7 +181,7 @@ def test_budget_band_is_clipped_at_the_metric_maximum(tmp_path):
 
 
 def test_budget_places_an_outcome_budget_at_its_kept_fraction(store):
-    (plot,) = budget.build(store, Filters(task="xsum"))
+    (plot,) = budget_figure.build(store, Filters(task="xsum"))
     (ax,) = plot.fig.axes
     (kvmerger,) = [line for line in ax.get_lines() if line.get_label().startswith("KVMerger")]
     assert list(kvmerger.get_xdata()) == [KVMERGER_KEPT] and kvmerger.get_linestyle() == "None"

@@ -12,7 +12,7 @@ import pytest
 from reports import ruler, ruler_figure, ruler_table
 from reports.__main__ import main
 from reports.runs import Filters
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 from tests.report_fixtures import config, error_run, write_run
 from tests.ruler_fixtures import RULER_TASKS, ruler_runs
 

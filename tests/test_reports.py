@@ -54,7 +54,7 @@ def test_comparison_rows_and_order(tmp_path, capsys):
 
 def test_comparison_keeps_error_runs_out_names_presets_and_prints_no_nan(tmp_path, monkeypatch, capsys):
     from reports.presets import presets
-    from reports.store import ResultStore
+    from runners.results.store import ResultStore
 
     store = ResultStore(tmp_path)
     paper = record("zsmerge", 0.1, **presets()["zsmerge_xsum_paper"])
@@ -102,7 +102,7 @@ def test_efficiency_report_has_table1_cells_and_oom(tmp_path, capsys):
     new one (``batch_size``): the store reads it under the new names."""
     from reports.efficiency import main as efficiency_main
     from reports.efficiency import throughput_table
-    from reports.store import ResultStore
+    from runners.results.store import ResultStore
 
     store = ResultStore(tmp_path)
     store.write(efficiency_record("fullkv", 8, tokens_per_s=177.8, key="batch"), [])

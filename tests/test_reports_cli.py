@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 from tests.test_experiment_reports import write_quality
 
 

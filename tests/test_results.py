@@ -1,6 +1,6 @@
 import json
 
-from reports.store import ResultStore, atomic_write_text, run_id
+from runners.results.store import ResultStore, atomic_write_text, run_id
 
 CONFIG = {
     "model": {"name": "m"},
@@ -44,7 +44,7 @@ def test_atomic_write_replaces_whole_file(tmp_path):
 
 
 def test_display_settings_do_not_change_the_run_id():
-    from reports.store import run_id
+    from runners.results.store import run_id
 
     base = {"model": {"name": "m"}, "method": {"alpha": 1.0}, "task": {"limit": 2}, "budget": 0.1,
             "runner": {"name": "quality", "progress": True}}  # fmt: skip
@@ -55,7 +55,7 @@ def test_display_settings_do_not_change_the_run_id():
 
 
 def test_reindex_moves_records_to_their_current_ids(tmp_path):
-    from reports.store import ResultStore, run_id
+    from runners.results.store import ResultStore, run_id
 
     store = ResultStore(tmp_path)
     config = {"model": {"name": "m"}, "budget": 0.1, "runner": {"name": "quality", "progress": False}}
@@ -68,7 +68,7 @@ def test_reindex_moves_records_to_their_current_ids(tmp_path):
 
 
 def test_flat_table_tells_apart_units_seeds_runners_and_failures():
-    from reports.store import flat_summary
+    from runners.results.store import flat_summary
 
     record = {
         "run_id": "r1", "status": "error", "error": "KVBenchError: x", "git_sha": "abc", "method": "h2o",
@@ -90,8 +90,8 @@ def test_recording_starts_a_new_peak_memory_window(tmp_path):
     import torch
     from omegaconf import OmegaConf
 
-    from runners.environment import peak_rss_bytes
-    from runners.record import recording
+    from runners.output.environment import peak_rss_bytes
+    from runners.output.record import recording
 
     big = torch.ones(2**27)  # 512 MiB, touched then freed: the "previous job"
     big.add_(1)
@@ -116,7 +116,7 @@ def test_a_failure_never_replaces_a_finished_record(tmp_path):
 
 def test_a_setting_finds_its_runs_on_any_inputs(tmp_path):
     """Reports look a run up by its setting (the config alone): a run's id adds its inputs' hash."""
-    from reports.store import setting_id
+    from runners.results.store import setting_id
 
     store = ResultStore(tmp_path)
     sid = setting_id(CONFIG)
@@ -142,7 +142,7 @@ def test_a_report_names_the_model_as_its_run_did():
     from omegaconf import OmegaConf
 
     from reports.frame import key_value
-    from reports.sweep_jobs import Job
+    from runners.results.sweep_jobs import Job
 
     job = Job(["model=gguf"], OmegaConf.create({"model": {"name": None}}), {}, "r", {})
     record = {"config": {"model": {"name": "Qwen2.5-Coder-0.5B-Instruct-Q8_0", "loader": "gguf"}}}

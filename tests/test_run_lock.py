@@ -17,9 +17,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from reports.store import ResultStore
-from runners import record
+from runners.output import record
 from runners.registry import run_from_config
+from runners.results.store import ResultStore
 from tests.architectures import tiny_family
 from tests.conftest import REPO
 
@@ -118,7 +118,7 @@ def test_a_grid_holds_its_settings_locks_until_they_are_written(tmp_path, monkey
     grid = ("runner=quality_grid", "runner.methods=[h2o,snapkv]", "runner.budgets=[0.5]")
     grid = composed(tmp_path, *grid, *setting, monkeypatch=monkeypatch)
     single = composed(tmp_path, "method=snapkv", "budget=0.5", *setting)
-    out, loaded = race(monkeypatch, ("runners.quality_grid", grid), ("runners.quality", single))
+    out, loaded = race(monkeypatch, ("runners.sweeps.quality_grid", grid), ("runners.quality", single))
     assert loaded == ["first"] and not isinstance(out["second"], BaseException), (loaded, out)
     assert "already finished" in capsys.readouterr().out
     records = ResultStore(tmp_path / "results").records()
@@ -144,9 +144,9 @@ def test_two_identical_sweeps_at_once_compute_each_setting_once(tmp_path, settin
 
 def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
     """The lock is the kernel's: it goes with its process (SIGKILL included); the empty file stays."""
-    from runners.run_lock import lock_path, lock_run, run_locks
+    from runners.results.lock import lock_path, lock_run, run_locks
 
-    hold = "import sys, time\nfrom runners.run_lock import lock_run, run_locks\nwith run_locks():\n"
+    hold = "import sys, time\nfrom runners.results.lock import lock_run, run_locks\nwith run_locks():\n"
     hold += "    lock_run(sys.argv[1], 'r1')\n    print('held', flush=True)\n    time.sleep(600)\n"
     proc = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
                             text=True)  # fmt: skip

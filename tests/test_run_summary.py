@@ -1,5 +1,5 @@
-"""The table printed at the end of a run (runners/summary_table.py): the title shows the prompt shape and
-no label, number or word is broken across lines, at a wide and at a narrow console."""
+"""The table printed at the end of a run (runners/output/summary_table.py): the title shows the prompt shape
+and no label, number or word is broken across lines, at a wide and at a narrow console."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import pytest
 from rich.console import Console
 
-from runners.summary_table import summary_table
+from runners.output.summary_table import summary_table
 
 RECORD = {
     "run_id": "70dd256838892b96",

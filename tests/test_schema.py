@@ -1,5 +1,5 @@
-"""Every option checked from one schema before anything loads (``runners.schema``): the method's and the
-task's dataclass, ``runners.options`` for quant and runner. Each bad value is one ``error:`` line naming
+"""Every option checked from one schema before anything loads (``runners.setup.schema``): the method's and the
+task's dataclass, ``runners.setup.options`` for quant and runner. Each bad value is one ``error:`` line naming
 the field, exit code 2, no model loaded and no record."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import runners.build
+import runners.setup.build
 from methods.checks import option
-from runners.build import load_prompts
-from runners.schema import check_config, check_node
+from runners.setup.build import load_prompts
+from runners.setup.schema import check_config, check_node
 from tasks.errors import KVBenchError
 from tasks.xsum import XSum
 from tests.conftest import REPO
@@ -136,9 +136,9 @@ def test_chat_template_kwargs_with_no_chat_template_are_noted(tmp_path, monkeypa
     """``task.chat_template=none`` renders no template: the kwargs do not apply, and the run says so."""
     from tests.test_chat_template_kwargs import QWEN3
 
-    tokenizer = runners.build.load_tokenizer(SMOLLM2)
+    tokenizer = runners.setup.build.load_tokenizer(SMOLLM2)
     tokenizer.chat_template = QWEN3
-    monkeypatch.setattr(runners.build, "load_tokenizer", lambda model: tokenizer)
+    monkeypatch.setattr(runners.setup.build, "load_tokenizer", lambda model: tokenizer)
     (tmp_path / "xsum").mkdir()
     row = {"document": "An article about rain.", "summary": "Rain.", "id": "1"}
     (tmp_path / "xsum" / "test.jsonl").write_text(json.dumps(row) + "\n")
@@ -166,7 +166,7 @@ def test_a_template_variable_the_template_never_reads_is_refused():
 
 def test_a_value_the_method_clamps_is_said_once():
     """SimLayerKV's recent window above the model's context covers every prompt: the run says so."""
-    from runners.schema import clamp_notes
+    from runners.setup.schema import clamp_notes
 
     with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
         cfg = compose("config", ["method=simlayerkv", "method.n_recent=100000"])

@@ -15,7 +15,7 @@ import torch
 
 from methods import METHOD_REGISTRY
 from methods.random import hashed_uniform
-from runners.generate import greedy_generate
+from runners.generation.greedy import greedy_generate
 from tests.test_method_matrix import NEW, prompt
 
 

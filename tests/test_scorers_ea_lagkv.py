@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from methods import METHOD_REGISTRY
-from runners.generate import greedy_generate
+from runners.generation.greedy import greedy_generate
 from tests.test_method_matrix import NEW, prompt
 from tests.test_scorers import generate_spied
 

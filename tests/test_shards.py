@@ -15,9 +15,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from reports.__main__ import main as reports_main
-from reports.shards import INCOMPLETE, ShardedStore, merge, sharded_view
-from reports.store import ResultStore, run_id, setting_id
 from runners.registry import run_from_config
+from runners.results.sharded import INCOMPLETE, ShardedStore, merge, sharded_view
+from runners.results.store import ResultStore, run_id, setting_id
 from tasks.xsum import rouge_f1
 from tests.conftest import REPO
 from tests.test_run_lock import composed, tiny_quality
@@ -121,7 +121,7 @@ def test_reports_name_a_missing_or_failed_shard_and_never_show_the_run_as_finish
 
 
 def test_missing_shards_are_named_as_ranges():
-    from reports.shards import shard_ranges
+    from runners.results.sharded import shard_ranges
 
     assert shard_ranges([9, 1, 2, 3, 7, 10]) == "1-3, 7, 9-10"
     assert shard_ranges(range(1, 130)) == "1-129" and shard_ranges([4]) == "4"

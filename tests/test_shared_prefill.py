@@ -1,5 +1,5 @@
-"""One prefill for a grid of settings (``runners.shared_prefill``): every setting's tokens, slots and
-bytes are those of its own run."""
+"""One prefill for a grid of settings (``runners.generation.shared_prefill``): every setting's tokens, slots
+and bytes are those of its own run."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from methods import H2O, FullKV
-from runners.generate import ModelRun, greedy_generate
-from runners.shared_prefill import shared_generate
+from runners.generation.greedy import ModelRun, greedy_generate
+from runners.generation.shared_prefill import shared_generate
 from tests.architectures import tiny_family
 from tests.test_method_matrix import build_preset
 
@@ -49,9 +49,9 @@ def test_a_grid_over_storage_kinds_equals_each_settings_own_run(tiny_model):
     """Settings of different ``quant=`` kinds (``runner.quants``) in one grid: each setting's tokens,
     slots and bytes are those of its own run over its kind (the shared forward's cache is full
     precision). One row per decode forward: the grid refuses quantized settings in batches
-    (``runners.quality_grid``)."""
+    (``runners.sweeps.quality_grid``)."""
     from methods.quant import storage_kind
-    from methods.seam.store import SlotStore
+    from methods.seam.uniform import SlotStore
 
     ids = torch.randint(3, 128, (1, PROMPT), generator=torch.Generator().manual_seed(7))
     kinds = [
@@ -100,9 +100,9 @@ def test_settings_that_probe_alike_share_the_probe_forwards(tiny_model, monkeypa
     """KVzip and KVzip layer-wise at two budgets read the same reconstruction forwards: run once for the
     four settings, once more for another chunk size and once for int8 storage; each setting's run is
     still its own run's."""
-    import runners.shared_prefill as shared
+    import runners.generation.shared_prefill as shared
     from methods.quant import storage_kind
-    from methods.seam.store import SlotStore
+    from methods.seam.uniform import SlotStore
 
     groups = []
     real = shared.probe_caches

@@ -1,4 +1,4 @@
-"""The slot store's operations (methods/seam/store.py) against plain-tensor definitions, and its
+"""The slot store's operations (methods/seam/uniform.py) against plain-tensor definitions, and its
 fixed-capacity promise: a full layer's decode steps never reallocate."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from methods import H2O, CompressedLayer, SlotStore, SnapKV, StreamingLLM
 from methods.seam.step import prefill_step
-from methods.seam.store import gather_slots
-from runners.generate import greedy_generate
+from methods.seam.uniform import gather_slots
+from runners.generation.greedy import greedy_generate
 
 
 def filled(n: int = 6, cap: int = 8) -> tuple[SlotStore, dict[str, torch.Tensor]]:

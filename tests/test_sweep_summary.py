@@ -7,9 +7,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from reports.store import ResultStore, run_id
-from runners.record import run_config
-from runners.sweep_summary import JOB_RUNS, SweepSummary, summary_line, sweep_counts
+from runners.output.record import run_config
+from runners.results.store import ResultStore, run_id
+from runners.sweeps.summary import JOB_RUNS, SweepSummary, summary_line, sweep_counts
 from tests.conftest import REPO
 
 

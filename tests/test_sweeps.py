@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reports.store import ResultStore
+from runners.results.store import ResultStore
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ def records(tmp_path: Path) -> dict[str, dict]:
 
 
 def summary(result: subprocess.CompletedProcess) -> str:
-    """The counts of the sweep's last line (runners/sweep_summary.py)."""
+    """The counts of the sweep's last line (runners/sweeps/summary.py)."""
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("sweep "), result.stdout[-2000:]
     return last.split(": ", 1)[1]
@@ -134,7 +134,7 @@ def test_a_sweep_with_an_unknown_option_stops_before_any_job(tmp_path, data_dir)
 
 
 def test_wandb_runs_are_grouped_by_sweep():
-    from runners.wandb_logger import sweep_group
+    from runners.output.wandb_logger import sweep_group
 
     record = {
         "sweep": {"dir": "logs/multiruns/2026-11-23_01-00-00", "job_num": 3, "experiment": "zsmerge_fig5"}

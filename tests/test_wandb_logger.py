@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.store import ResultStore
-from runners.wandb_logger import (
+from runners.output.wandb_logger import (
     SERIES,
     WandbLogger,
     prediction_rows,
@@ -22,6 +21,7 @@ from runners.wandb_logger import (
     run_name,
     series_figure,
 )
+from runners.results.store import ResultStore
 from tests.wandb_records import read_records
 
 wandb = pytest.importorskip("wandb")

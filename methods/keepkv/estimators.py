@@ -19,7 +19,7 @@ import torch
 
 from methods.keepkv.zip_merge import MergeGroups, group_logsumexp
 from methods.seam.layer import CompressedLayer
-from methods.seam.store import gather_slots
+from methods.seam.uniform import gather_slots
 
 NEG_INF = float("-inf")
 

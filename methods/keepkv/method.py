@@ -43,7 +43,7 @@ from methods.scoring import complement, window_logits
 from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.store import gather_slots
+from methods.seam.uniform import gather_slots
 
 NEG_INF = float("-inf")
 #: ``estimator`` name -> its score-estimator object (``methods.keepkv.estimators``).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from methods.seam.layer import CompressedLayer
-from methods.seam.store import gather_slots
+from methods.seam.uniform import gather_slots
 
 NEG_INF = float("-inf")
 

@@ -31,7 +31,7 @@ from methods.quant.kivi_ragged import KiviRaggedStore
 from methods.quant.kivi_reads import KiviReads
 from methods.quant.kivi_writes import KiviWrites
 from methods.quant.registry import register_store
-from methods.seam.store import SlotStore, slot_index
+from methods.seam.uniform import SlotStore, slot_index
 
 #: The paper's group size G and residual length R (Sec. 4.1: "group size 32, residual length 128").
 GROUP, RESIDUAL = 32, 128
@@ -44,7 +44,7 @@ class KiviStore(KiviReads, KiviWrites, SlotStore):
     Parameters
     ----------
     fills, capacity
-        As :class:`~methods.seam.store.SlotStore`.
+        As :class:`~methods.seam.uniform.SlotStore`.
     bits : int
         Bits per code (2 or 4 in the paper).
     group : int

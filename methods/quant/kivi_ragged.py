@@ -26,7 +26,7 @@ from methods.quant import codes as q
 from methods.quant.kivi_math import held_bytes, key_stats, value_codes
 from methods.seam.ragged import RaggedStore
 from methods.seam.storage import KV
-from methods.seam.store import SlotStore
+from methods.seam.uniform import SlotStore
 
 
 def _rows(table: torch.Tensor, segment: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from methods.quant import codes as q
-from methods.seam.store import slot_index
+from methods.seam.uniform import slot_index
 
 
 class KiviWrites:

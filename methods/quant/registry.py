@@ -7,7 +7,7 @@ from collections.abc import Callable
 from functools import partial
 
 from methods.seam.storage import StorageKind
-from methods.seam.store import SlotStore
+from methods.seam.uniform import SlotStore
 
 
 def plain(**params: object) -> StorageKind:

@@ -10,15 +10,16 @@
   and ``rope`` (what a model's config says of each layer), ``plan`` (a layer's budget arithmetic).
 
 The method bases (``methods.evict``, ``methods.wrap``) and shared scoring (``methods.scoring``) live
-beside the methods; several caches' decode steps in one forward (``runners.rows``) and a run's budget
-in slots (``runners.budget``) with the runners. docs/extending.md lists the names a method author uses.
+beside the methods; several caches' decode steps in one forward (``runners.generation.rows``) and a run's
+budget in slots (``runners.setup.budget``) with the runners. docs/extending.md lists the names a
+method author uses.
 """
 
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 from methods.seam.storage import SlotStorage
-from methods.seam.store import SlotStore
 from methods.seam.traits import Traits
+from methods.seam.uniform import SlotStore
 
 __all__ = ["CompressedLayer", "CompressionMethod", "LayerPlan", "SlotStorage", "SlotStore", "Traits"]

@@ -10,7 +10,7 @@ them, and this function owns causality. The :class:`~methods.seam.cache.Compress
   rule (the method, or ``methods.seam.sliding`` on a sliding layer) scores and compresses the layer.
 - Chunk (several tokens on a prefilled layer: a question appended after the context was compressed):
   one decode step per token (``methods.seam.step.layer_step``).
-- Rows: a cache that batches the decode steps of several prompts' caches (``runners.rows``) attends
+- Rows: a cache that batches the decode steps of several prompts' caches (``runners.generation.rows``) attends
   each layer its own way (``attend(layer_idx, ...)``, the one call this function makes).
 - Decode step: explicit attention over the slots with the ``log_weight`` bias
   (``kernels.decode_attention``), whose probabilities the method uses to update its scores
@@ -64,8 +64,8 @@ def kvbench_attention(
         What the model's attention module passes; they must agree with the layer's
         :class:`~methods.seam.architecture.LayerSpec`, which the cache read from the config.
     kvbench_cache : CompressedCache
-        The cache the model was called with (or a ``runners.rows.RowsCache``: one prefilled cache per
-        batch row, decode steps only); its ``attend`` runs the layer's step.
+        The cache the model was called with (or a ``runners.generation.rows.RowsCache``: one prefilled cache
+        per batch row, decode steps only); its ``attend`` runs the layer's step.
     kvbench_observer : callable, optional
         Called as ``observer(layer_idx, query, new_keys, new_values, out, scale)`` after each layer's
         attention, with this call's keys/values ``[batch, kv_heads, q_len, head_dim]`` and the output

@@ -22,7 +22,7 @@ from methods.seam.layer import CompressedLayer
 from methods.seam.sliding import SlidingWindow, sliding_bound
 from methods.seam.step import layer_step
 from methods.seam.storage import StorageKind
-from methods.seam.store import SlotStore
+from methods.seam.uniform import SlotStore
 
 
 class CompressedCache(Cache):
@@ -39,7 +39,7 @@ class CompressedCache(Cache):
     method : CompressionMethod
         The rules (scoring, eviction, merging) applied to every full-attention layer.
     budget : int | None
-        Slots per (layer, KV head), already resolved for this sample (``runners.budget``);
+        Slots per (layer, KV head), already resolved for this sample (``runners.setup.budget``);
         None disables compression.
     specs : list[LayerSpec] | int
         One :class:`~methods.seam.architecture.LayerSpec` per decoder layer
@@ -50,7 +50,7 @@ class CompressedCache(Cache):
         buffer (``CompressedLayer._capacity``).
     storage : StorageKind
         What makes each layer's first store: the run's storage kind (``quant=``,
-        ``runners.storage.storage_of``); default the uniform full-precision store.
+        ``runners.setup.quant_kind.storage_of``); default the uniform full-precision store.
 
     Attributes
     ----------

@@ -37,7 +37,7 @@ class AssetRequest:
     budget : float | int | None
         The run's budget, in ``budget_unit``.
     budget_unit : str
-        ``prompt`` or ``context`` (``runners.budget``).
+        ``prompt`` or ``context`` (``runners.setup.budget``).
     """
 
     checkpoints_dir: str

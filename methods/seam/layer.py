@@ -20,7 +20,7 @@ from transformers.cache_utils import CacheLayerMixin
 from methods.seam.architecture import LayerSpec
 from methods.seam.plan import LayerPlan
 from methods.seam.storage import SlotStorage, StorageKind
-from methods.seam.store import SlotStore
+from methods.seam.uniform import SlotStore
 
 __all__ = ["CompressedLayer"]
 

@@ -1,6 +1,6 @@
 """The step order of the cache seam, written once (ZSMerge Algorithm 1: append, attend, update
 scores, evict/merge), for every caller: the attention function (``methods.seam.attention``), the error
-runner's shadow caches (``runners.attention_error``) and the decode-overhead profiler
+runner's shadow caches (``runners.measure.attention_error``) and the decode-overhead profiler
 (``scripts/profile_decode.py``).
 
 Each layer follows its own rule (``CompressedCache.rules``): the run's method, or the sliding-window

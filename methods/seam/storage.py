@@ -1,6 +1,6 @@
 """The storage interface of a layer's slots: a store is a **layout** holding a **codec**.
 
-- Layouts: the uniform store (``methods.seam.store``, every head of a layer holds the same number of
+- Layouts: the uniform store (``methods.seam.uniform``, every head of a layer holds the same number of
   slots) and ragged heads (``methods.seam.ragged``, each head its own count, packed). Both implement
   :class:`SlotStorage`; the uniform store also :class:`MergingStorage` (the operations merging
   methods use). A layer changes layout by swapping the object (a head-adaptive allocator's
@@ -223,5 +223,5 @@ class MergingStorage(SlotStorage):
 
 
 #: What makes a layer's first store: ``(fills, capacity) -> SlotStorage`` (the uniform store's
-#: signature, ``methods.seam.store.SlotStore``, with its codec bound: ``partial(SlotStore, codec=...)``).
+#: signature, ``methods.seam.uniform.SlotStore``, with its codec bound: ``partial(SlotStore, codec=...)``).
 StorageKind = Callable[[dict[str, float], Callable[[int], int]], "SlotStorage"]

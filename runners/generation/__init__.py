@@ -1,0 +1,1 @@
+"""Generation: the greedy loop, batched and shared-prefill decoding, the model call."""

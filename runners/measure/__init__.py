@@ -1,0 +1,1 @@
+"""Measurement: timing, efficiency, OOM thresholds, attention error, memory facts."""

@@ -1,0 +1,1 @@
+"""Models and their sources: configs, loading, GGUF conversion, weight identity."""

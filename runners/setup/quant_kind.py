@@ -1,0 +1,41 @@
+"""The run's storage kind (``quant=``, docs/quantization.md): worked out once per run (per setting of
+a grid), before any model loads, and passed to every cache the run makes
+(``CompressedCache(storage=...)``), so its caches hold keys and values that way, whatever the method."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from methods import CompressionMethod
+from methods.quant import QUANT_REGISTRY, storage_kind
+from methods.seam.storage import MergingStorage, StorageKind
+from runners.results.store import quant_of
+from tasks.errors import KVBenchError
+
+
+def storage_of(cfg: DictConfig, method: CompressionMethod) -> StorageKind:
+    """The storage kind ``quant=`` asks for, checked against the method.
+
+    Raises
+    ------
+    KVBenchError
+        For an unknown name, parameters its kind refuses, a merging method (``Traits.merges``) over a
+        kind whose store does not merge, or quantized storage with ``backend=compiled`` (not proven:
+        KIVI's residual bookkeeping is host-side).
+    """
+    name = quant_of(cfg)
+    if name != "none" and cfg.get("backend", "eager") != "eager":
+        raise KVBenchError(
+            f"quant={name} runs eager decode steps; backend={cfg.backend} is not supported with it"
+        )
+    node = cfg.get("quant")
+    params = {} if node is None else {k: v for k, v in OmegaConf.to_container(node).items() if k != "name"}
+    if name not in QUANT_REGISTRY:
+        raise KVBenchError(f"unknown quant {name!r} (known: {sorted(QUANT_REGISTRY)})")
+    try:
+        kind = storage_kind(name, params)
+    except (ValueError, TypeError) as err:
+        raise KVBenchError(f"quant={name}: {err}") from err
+    if method.traits.merges and not isinstance(kind({}, lambda needed: needed), MergingStorage):
+        raise KVBenchError(f"{method.label} merges slots, which quant={name} storage does not offer")
+    return kind

@@ -1,0 +1,1 @@
+"""Grids, shards and experiment sweeps."""
