@@ -72,7 +72,7 @@ def folder_sha256(folder: Path, cache: Path) -> str:
 def gguf_metadata(path: Path) -> dict[str, object]:
     """The scalar and string ``general.*`` metadata of a GGUF file (``general.name``,
     ``general.file_type``, ...), read from its header by ``gguf.GGUFReader`` (which maps the file;
-    no tensor is read); arrays are left out.
+    no tensor is read, so the first part of a GGUF split into packages reads too); arrays are left out.
 
     Raises
     ------
@@ -81,8 +81,14 @@ def gguf_metadata(path: Path) -> dict[str, object]:
     """
     from gguf import GGUFReader, GGUFValueType
 
+    class HeaderReader(GGUFReader):
+        """The header and tensor infos only: the tensor data may lie in later parts."""
+
+        def _build_tensors(self, start_offs: int, fields: list) -> None:
+            self.tensors = []
+
     try:
-        fields = GGUFReader(path).fields
+        fields = HeaderReader(path).fields
     except (OSError, ValueError, IndexError, MemoryError) as err:  # bad magic or version, a truncated file
         raise KVBenchError(f"cannot read the GGUF header of {path}: {type(err).__name__}: {err}") from err
     return {
