@@ -1,8 +1,9 @@
 """Quality runner: greedy generation over a task's samples with one method at one budget.
 
-Order of work (bad input fails before anything expensive): validate config -> build method and
-task (``runners.setup.build``) -> read data -> tokenize and check prompt lengths -> load model ->
-generate -> score -> record (atomic) -> loggers -> summary table.
+Order of work (bad input fails before anything expensive): the settings, checked at the door
+(``runners.setup.settings.read_settings``) -> build method and task (``runners.setup.build``)
+-> read data -> tokenize and check prompt lengths -> load model -> generate -> score -> record
+(atomic) -> loggers -> summary table.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from runners.output.environment import (
 )
 from runners.output.record import new_record, recording, run_config, stored_run
 from runners.output.summary_table import print_summary
-from runners.results.store import quant_of
 from runners.setup.budget import resolve_budget
 from runners.setup.build import build_components, load_prompts, refuse_untrained, run_budget
 from runners.setup.decode_rule import decoding_protocol
 from runners.setup.quant_kind import storage_of
+from runners.setup.settings import RunSettings
 from runners.sweeps.shards import check_shards, merge_when_complete, shard_samples
 from tasks import Task
 from tasks.errors import KVBenchError
@@ -46,7 +47,7 @@ def stop_token_ids(tokenizer, strings: tuple[str, ...]) -> set[int]:
     return {tokenizer.encode(text, add_special_tokens=False)[-1] for text in strings}
 
 
-def check_batch_size(cfg: DictConfig) -> int:
+def check_batch_size(settings: RunSettings) -> int:
     """``runner.batch_size``: prompts whose decode steps run in one forward (``runners.generation.batched``).
 
     Raises
@@ -55,26 +56,26 @@ def check_batch_size(cfg: DictConfig) -> int:
         For a size that is not a positive integer, or a batch above 1 with ``backend=compiled`` (the
         compiled step is of one cache; batched steps run eagerly) or a quantized ``quant=``.
     """
-    size = cfg.runner.get("batch_size", 1)
+    size = settings.runner.batch_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise KVBenchError(f"runner.batch_size must be a positive integer, got {size!r}")
-    if size > 1 and cfg.get("backend", "eager") != "eager":
+    if size > 1 and settings.backend != "eager":
         raise KVBenchError(
             f"runner.batch_size={size} runs eager decode steps (each row on its own cache); "
             "backend=compiled takes runner.batch_size=1"
         )
-    if (
-        size > 1 and quant_of(cfg) != "none"
-    ):  # as runners.sweeps.grid_settings refuses a grid's quantized settings
+    quant = settings.quant.name
+    if size > 1 and quant != "none":  # as runners.sweeps.grid_settings refuses a grid's quantized settings
         raise KVBenchError(
-            f"runner={cfg.runner.name} with quant={quant_of(cfg)} takes runner.batch_size=1 (got {size}): "
+            f"runner={settings.runner.name} with quant={quant} takes runner.batch_size=1 (got {size}): "
             "batched rows round differently from one row's, and quantized codes turn that into other tokens"
         )
     return size
 
 
-def check_lengths(cfg: DictConfig, task: Task, samples: list, prompts: list) -> None:
-    """Check that every prompt plus its new tokens fits the model's context (``model.max_context``).
+def check_lengths(model: DictConfig, task: Task, samples: list, prompts: list) -> None:
+    """Check that every prompt plus its new tokens fits the context of ``model`` (the run's resolved
+    model node: ``model.max_context``).
 
     Raises
     ------
@@ -83,10 +84,10 @@ def check_lengths(cfg: DictConfig, task: Task, samples: list, prompts: list) -> 
     """
     need, longest, new = max((p.shape[1] + task.max_new(s), p.shape[1], task.max_new(s))
                              for p, s in zip(prompts, samples, strict=True))  # fmt: skip
-    if need > cfg.model.max_context:
+    if need > model.max_context:
         raise KVBenchError(
             f"a prompt of {longest} tokens + {new} new tokens exceeds the context of "
-            f"{cfg.model.name} ({cfg.model.max_context} tokens); lower task.max_input_tokens or the length"
+            f"{model.name} ({model.max_context} tokens); lower task.max_input_tokens or the length"
         )
 
 
@@ -106,7 +107,7 @@ def question_starts(tokenizer, task: Task, samples: list, prompts: list) -> list
 
 
 def check_budgets(
-    cfg: DictConfig,
+    settings: RunSettings,
     method: CompressionMethod,
     budget: float | int | None,
     samples: list,
@@ -128,13 +129,14 @@ def check_budgets(
     out = []
     for sample, ids, start in zip(samples, prompts, starts, strict=True):
         compressed = ids.shape[1] if start is None else start
-        slots = resolve_budget(budget, compressed, cfg.model.max_context, cfg.budget_unit)
+        slots = resolve_budget(budget, compressed, settings.model.max_context, settings.budget_unit)
         if slots is not None:
             try:
                 method.check_budget(slots, ids.shape[1] + task.max_new(sample))
             except ValueError as err:
+                unit = settings.budget_unit
                 raise KVBenchError(
-                    f"sample {sample.id}: budget={budget} ({cfg.budget_unit}) gives {slots} slots for its "
+                    f"sample {sample.id}: budget={budget} ({unit}) gives {slots} slots for its "
                     f"{compressed}-token {'prompt' if start is None else 'compressed part'}: {err}"
                 ) from err
         out.append(slots)
@@ -235,31 +237,33 @@ def close_record(
     )
 
 
-def run_quality(cfg: DictConfig) -> dict:
-    """Run (or reuse) one quality job and return its record.
+def run_quality(settings: RunSettings) -> dict:
+    """Run (or reuse) one quality job of ``settings`` (made at the door) and return its record. The
+    composed config (``settings.config``) is read for the run's identity and record only.
 
     Raises
     ------
     KVBenchError
         For bad input, before any model is loaded (or before generation for too-long prompts).
     """
-    refuse_untrained(cfg)
-    batch_size = check_batch_size(cfg)
+    cfg = settings.config
+    refuse_untrained(settings)
+    batch_size = check_batch_size(settings)
     check_shards(cfg)
-    method, task = build_components(cfg)
-    storage = storage_of(cfg, method)
+    method, task = build_components(settings)
+    storage = storage_of(settings, method)
     config = run_config(cfg, method.traits.budget_applies)
-    tokenizer, every, prompts = load_prompts(cfg, task)
+    tokenizer, every, prompts = load_prompts(settings.model, task)
     samples, prompts = shard_samples(cfg, every, prompts)  # the run is identified by every sample
     store, rid, done = stored_run(cfg, config, print_summary, every)
     if done is not None:
         merge_when_complete(cfg, store, rid, task, every)
         return done
-    check_lengths(cfg, task, samples, prompts)
+    check_lengths(settings.model, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
-    budgets = check_budgets(cfg, method, run_budget(cfg, method), samples, prompts, task, starts)
-    print(f"loading model {cfg.model.name}", flush=True)
-    model = load_model(cfg.model, cfg.device)
+    budgets = check_budgets(settings, method, run_budget(settings, method), samples, prompts, task, starts)
+    print(f"loading model {settings.model.name}", flush=True)
+    model = load_model(settings.model, settings.device)
     eos = eos_token_ids(model, tokenizer)
     record = new_record(
         rid,
@@ -284,7 +288,7 @@ def run_quality(cfg: DictConfig) -> dict:
             model, tokenizer, task, method, samples, prompts, budgets, starts, eos, storage
         )
         rows = decode_rows(starting, batch_size)
-        for i, res in tqdm(rows, total=len(samples), desc=method.label, disable=not cfg.runner.progress):
+        for i, res in tqdm(rows, total=len(samples), desc=method.label, disable=not settings.runner.progress):
             done.append(i)
             results.append(res)
             predictions.append(prediction_row(tokenizer, samples[i], prompts[i], starts[i], res))

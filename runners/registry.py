@@ -17,13 +17,14 @@ from runners.measure.oom import run_oom
 from runners.output.record import in_multirun, record_failure
 from runners.quality import run_quality
 from runners.results.lock import holding_run_locks
-from runners.setup.build import check_run
+from runners.setup.settings import RunSettings, read_settings
 from runners.sweeps.quality_grid import run_quality_grid
 from runners.train_less import run_train_less
 from tasks.errors import KVBenchError
 
-#: Runner name -> runner; each holds the run locks it takes until it returns (``runners.results.lock``).
-RUNNER_REGISTRY: dict[str, Callable[[DictConfig], dict]] = {
+#: Runner name -> runner of a job's settings (``runners.setup.settings.read_settings``); each holds the
+#: run locks it takes until it returns (``runners.results.lock``).
+RUNNER_REGISTRY: dict[str, Callable[[RunSettings], dict]] = {
     name: holding_run_locks(runner)
     for name, runner in {
         "efficiency": run_efficiency,
@@ -74,8 +75,7 @@ def run_from_config(cfg: DictConfig) -> float | None:
             raise KVBenchError(str(err)) from err
         if cfg.runner.name not in RUNNER_REGISTRY:
             raise KVBenchError(f"unknown runner {cfg.runner.name!r} (known: {sorted(RUNNER_REGISTRY)})")
-        check_run(cfg)
-        record = RUNNER_REGISTRY[cfg.runner.name](cfg)
+        record = RUNNER_REGISTRY[cfg.runner.name](read_settings(cfg))  # the door: cfg is read here
     except (KVBenchError, KernelProofError) as err:  # a kernel failing mid-run is recorded already
         print(f"error: {err}", file=sys.stderr)
         if not multirun:

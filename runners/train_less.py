@@ -26,6 +26,7 @@ from methods.less.kernels import LessKernels
 from methods.less.student import h2o_keep_mask, lambda_keep_mask, student_attention
 from runners.models.loading import load_model, load_tokenizer, resolve_model_config
 from runners.output.record import log_record, presets
+from runners.setup.settings import RunSettings
 from tasks.data import load_rows
 from tasks.errors import KVBenchError
 
@@ -82,14 +83,17 @@ def _layer_loss(kernels, acts, o_proj, heavy: int, recent: int, keep: torch.Tens
     return torch.nn.functional.mse_loss(pred[:, start:].float(), acts.output[:, start:].float())
 
 
-def run_train_less(cfg: DictConfig) -> dict:
-    """Train (or reuse) the kernel set of (model, policy, budget); returns a result record.
+def run_train_less(settings: RunSettings) -> dict:
+    """Train (or reuse) the kernel set of (model, policy, budget) of ``settings``; returns a result
+    record. The runner reads its composed config (``settings.config``) once the model's config has
+    filled it: its options may name the model's context (``runner=train_less_paper``).
 
     Raises
     ------
     KVBenchError
         For a method other than LESS, a budget that is not a fraction, or too little data.
     """
+    cfg = settings.config
     resolve_model_config(cfg.model)
     if cfg.method._target_ != "methods.less.LESS":
         raise KVBenchError("runner=train_less trains LESS kernels: use method=less")

@@ -49,6 +49,7 @@ from runners.models.loading import load_model  # noqa: E402
 from runners.output.environment import device_info, peak_device_bytes, peak_rss_bytes, reset_peak_memory  # noqa: E402
 from runners.quality import check_budgets, question_starts, sample_rows  # noqa: E402
 from runners.setup.build import build_components, load_prompts  # noqa: E402
+from runners.setup.settings import RunSettings, read_settings  # noqa: E402
 
 METHODS = ("fullkv", "h2o", "snapkv", "zsmerge", "keepkv")
 #: Presets a user must complete (a gate pattern, per-layer ratios) or that need trained kernels.
@@ -76,14 +77,14 @@ def presets(names: str) -> list[str]:
     return [n for n in found if n not in NOT_RUNNABLE and not n.startswith(variants)]
 
 
-def cell_rows(model, cfg, limit: int | None = None) -> tuple[list, list, list]:
+def cell_rows(model, settings: RunSettings, limit: int | None = None) -> tuple[list, list, list]:
     """The task's samples (the first ``limit``), their prompts, and their rows to decode
     (``runners.quality.sample_rows``: each ``(index, start)``), as a quality run builds them."""
-    method, task = build_components(cfg)
-    tokenizer, samples, prompts = load_prompts(cfg, task)
+    method, task = build_components(settings)
+    tokenizer, samples, prompts = load_prompts(settings.model, task)
     samples, prompts = samples[:limit], prompts[:limit]
     starts = question_starts(tokenizer, task, samples, prompts)
-    budgets = check_budgets(cfg, method, cfg.budget, samples, prompts, task, starts)
+    budgets = check_budgets(settings, method, settings.budget, samples, prompts, task, starts)
     eos = eos_token_ids(model, tokenizer)
     return (
         samples,
@@ -92,10 +93,12 @@ def cell_rows(model, cfg, limit: int | None = None) -> tuple[list, list, list]:
     )
 
 
-def run_cell(model, cfg, batch: int) -> tuple[list[list[int]], float, int | None, float, float, float]:
+def run_cell(
+    model, settings: RunSettings, batch: int
+) -> tuple[list[list[int]], float, int | None, float, float, float]:
     """Generate every sample at ``batch``: (tokens per sample, samples/s, peak bytes, wall seconds,
     seconds of the samples' prefills, question chunks included, mean prompt tokens)."""
-    samples, prompts, rows = cell_rows(model, cfg)
+    samples, prompts, rows = cell_rows(model, settings)
     reset_peak_memory(model.device)
     start = time.perf_counter()
     out = dict(decode_rows(rows, batch))
@@ -117,12 +120,13 @@ def main() -> None:
         model = load_model(compose("config", overrides=base).model, args.device)
         out = {"device": device_info(model.device), "args": vars(args), "cells": {}}
         torch.set_grad_enabled(False)
-        differ, cfgs = [], {}
+        differ, runs = [], {}
         for name in presets(args.methods):
-            cfg = cfgs[name] = compose("config", overrides=[*base, f"method={name}", f"budget={args.budget}"])
+            cfg = compose("config", overrides=[*base, f"method={name}", f"budget={args.budget}"])
+            settings = runs[name] = read_settings(cfg)
             reference = None
             for batch in batches:
-                tokens, rate, peak, wall, prefill, prompt_tokens = run_cell(model, cfg, batch)
+                tokens, rate, peak, wall, prefill, prompt_tokens = run_cell(model, settings, batch)
                 reference = tokens if reference is None else reference
                 same = tokens == reference
                 if not same:
@@ -142,8 +146,8 @@ def main() -> None:
     if not args.skip_timing:
         print_table(out, batches)
         print_ceilings(model, out, batches[-1], round(prompt_tokens))
-        for name, cfg in cfgs.items():
-            one, big = step_times(model, cfg, batches[-1])
+        for name, settings in runs.items():
+            one, big = step_times(model, settings, batches[-1])
             ratio = batches[-1] * one / big
             out["ceiling"][f"step_{name}"] = {
                 "batch_1_ms": one,
@@ -181,11 +185,11 @@ def print_ceilings(model, out: dict, batch: int, prompt_tokens: int) -> None:
         print(f"ceiling of the whole run, {name} (prefill {share:.0%} of batch 1): at most {bounds}")
 
 
-def step_times(model, cfg, batch: int, steps: int = 10) -> tuple[float, float]:
+def step_times(model, settings: RunSettings, batch: int, steps: int = 10) -> tuple[float, float]:
     """Median ms of one decode step of the first sample's row alone and of the first ``batch`` samples'
     rows together (``runners.generation.model_run.forward_rows``), alternating after 3 untimed pairs: the
     cache's batching without the run's draining batch (each step appends a token to every row it runs)."""
-    runs = [start().run for _, start in cell_rows(model, cfg, batch)[2]]
+    runs = [start().run for _, start in cell_rows(model, settings, batch)[2]]
     tokens = torch.full((batch,), 100, device=model.device)
     times = {1: [], batch: []}
     for i in range(steps + 3):

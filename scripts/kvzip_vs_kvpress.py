@@ -65,17 +65,18 @@ def context_ids(args) -> tuple[object, torch.Tensor]:
     """The run config and the RULER sample's context ``[1, context]`` (up to its question)."""
     from hydra import compose, initialize_config_dir
 
-    from runners.setup.build import apply_compression_ratio, build_components, load_prompts
+    from runners.setup.build import build_components, load_prompts
+    from runners.setup.settings import read_settings
 
     overrides = [f"method={'kvzip_plus' if args.plus else 'kvzip'}", f"method.layerwise={args.layerwise}"]
     overrides += ["task=ruler"]
     overrides += [f"task.tasks=[{args.task}]", f"task.lengths=[{args.length}]", "task.limit=1"]
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, f"compression_ratio={args.ratio}"])
-    apply_compression_ratio(cfg)
-    _, task = build_components(cfg)
-    tokenizer, samples, prompts = load_prompts(cfg, task)
-    return cfg, prompts[0][:, : task.chunk_start(tokenizer, samples[0], prompts[0])]
+    settings = read_settings(cfg)
+    _, task = build_components(settings)
+    tokenizer, samples, prompts = load_prompts(settings.model, task)
+    return settings, prompts[0][:, : task.chunk_start(tokenizer, samples[0], prompts[0])]
 
 
 def kept_mask(run, n: int) -> torch.Tensor:
@@ -127,10 +128,10 @@ def main() -> None:
     from runners.models.loading import _source, load_model
     from runners.setup.build import build_method
 
-    cfg, ids = context_ids(args)
-    method, n = build_method(cfg), ids.shape[1]
+    settings, ids = context_ids(args)
+    method, n = build_method(settings), ids.shape[1]
     budget = n - int(n * args.ratio)  # kvpress's: int(ratio x pairs) masked (a multiple of layers x heads)
-    model = load_model(cfg.model)
+    model = load_model(settings.model)
     scores, compress = [], method.compress
 
     def spy(layers: list) -> None:  # the reconstruction scores, before the layers are compressed
@@ -146,7 +147,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         job = {"ids": ids, "ratio": args.ratio, "layerwise": args.layerwise, "n_sink": method.n_sink}
         job["plus"] = args.plus
-        torch.save({**job, "model": str(_source(cfg.model))}, Path(tmp) / "in.pt")
+        torch.save({**job, "model": str(_source(settings.model))}, Path(tmp) / "in.pt")
         script = [str(args.venv), __file__, "--kvpress", f"{tmp}/in.pt", f"{tmp}/out.pt"]
         subprocess.run(script, check=True, cwd=tmp)
         theirs = torch.load(Path(tmp) / "out.pt")

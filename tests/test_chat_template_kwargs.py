@@ -64,9 +64,8 @@ def test_the_runner_applies_and_records_the_models_kwargs(qwen3, monkeypatch):
         model = SMOLLM2.copy()
         if configured is not None:
             model.chat_template_kwargs = configured
-        cfg = OmegaConf.create({"model": model})
         task = Ruler(data_dir=str(DATA_DIR), tasks=["niah_single_1"], lengths=[1024], limit=1)
-        _, (sample,), (ids,) = load_prompts(cfg, task)
+        _, (sample,), (ids,) = load_prompts(model, task)
         text = qwen3.decode(ids[0])
         tail = "<|im_end|>\n<|im_start|>assistant\n" + ("" if think else "<think>\n\n</think>\n\n")
         assert text.endswith("? " + tail + sample.meta["answer_prefix"])

@@ -12,6 +12,7 @@ from reports.runs import decoding_tag, protocol_tag
 from runners.results.store import run_config, run_id
 from runners.setup.build import build_method
 from runners.setup.decode_rule import decoding_protocol
+from runners.setup.settings import read_settings
 from tasks.errors import KVBenchError
 from tests.conftest import REPO
 
@@ -19,7 +20,7 @@ from tests.conftest import REPO
 def built(*overrides: str):
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose("config", overrides=list(overrides))
-    method = build_method(cfg)
+    method = build_method(read_settings(cfg))
     return cfg, method
 
 

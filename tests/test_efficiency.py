@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from methods import H2O, METHOD_REGISTRY, CompressedLayer, FullKV, ZSMerge
 from methods.seam.architecture import layer_specs
@@ -18,6 +17,7 @@ from runners.generation.greedy import greedy_generate
 from runners.measure.efficiency import measure, summarise
 from runners.measure.oom import OOM_EXIT, Probe, largest_fitting, run_capped
 from runners.measure.timing import TimedRun, timed_generate
+from runners.setup.options import EfficiencyOptions
 from tests.conftest import REPO
 from tests.test_cli import run_cli
 from tests.test_method_matrix import BYTES_PER_SLOT, SETTINGS
@@ -78,8 +78,7 @@ def test_progress_bar_counts_every_forward_of_warmup_and_repeats(tiny_model, mon
     monkeypatch.setattr(runners.measure.efficiency, "tqdm", Recorder)
     runner = {"batch_size": 1, "prompt_len": PROMPT, "gen_len": 6, "warmup_steps": 2, "repeats": 3,
               "curve_every": 0, "progress": True}  # fmt: skip
-    cfg = OmegaConf.create({"runner": runner, "seed": 0})
-    efficiency, _ = measure(tiny_model, H2O(), cfg, 20)
+    efficiency, _ = measure(tiny_model, H2O(), EfficiencyOptions(**runner), 0, 20)
     forwards = 3 + 3 * 6  # warm-up: prefill + 2 steps; each repeat: prefill + 5 steps
     assert [(bar.n, bar.total) for bar in bars] == [(forwards, forwards)]
     assert not tiny_model._forward_hooks and len(efficiency["prefill_seconds_all"]) == 3

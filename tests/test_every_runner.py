@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from runners.registry import RUNNER_REGISTRY
 from runners.setup.build import build_method, model_options
+from runners.setup.settings import read_settings
 from tasks.errors import KVBenchError
 from tests.architectures import tiny_family
 from tests.conftest import REPO
@@ -31,8 +32,9 @@ RUNNERS = {
 
 
 def compose_run(*overrides: str):
+    """The settings of a run (``runners.setup.settings.read_settings``, the door of ``run.py``)."""
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+        return read_settings(compose(config_name="config", overrides=list(overrides)))
 
 
 @pytest.fixture(scope="module")

@@ -182,10 +182,11 @@ def test_the_template_head_is_found_in_a_ruler_prompt(tokenizer):
 
 def test_the_runners_give_kvzip_the_tokenizers_prompt(tokenizer):
     from runners.setup.build import build_method
+    from runners.setup.settings import read_settings
 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["method=kvzip_layerwise"])
-    method = build_method(cfg)
+    method = build_method(read_settings(cfg))
     assert method.layerwise and method.prompt == ReconstructionPrompt.from_tokenizer(tokenizer, {})
 
 

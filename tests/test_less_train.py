@@ -83,6 +83,7 @@ def _head_kernels(kernels, h):
 def test_training_beats_the_sparse_policy_on_held_out_text(tmp_path, data_dir, monkeypatch):
     from hydra import compose, initialize_config_dir
 
+    from runners.setup.settings import read_settings
     from runners.train_less import run_train_less
     from tests.conftest import REPO
 
@@ -96,7 +97,7 @@ def test_training_beats_the_sparse_policy_on_held_out_text(tmp_path, data_dir, m
     ]  # fmt: skip
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    record = run_train_less(cfg)
+    record = run_train_less(read_settings(cfg))
     curve = record["curve"]
     assert record["metrics"]["val_mse"] < curve[0]["val"][0] + curve[0]["val"][1], curve  # training helped
     assert record["metrics"]["val_mse"] < record["metrics"]["sparse_only_val_mse"], record  # beats H2O alone

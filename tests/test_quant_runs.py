@@ -18,6 +18,7 @@ from reports.pairing import pair
 from reports.runs import row
 from runners.results.store import setting_id
 from runners.setup.quant_kind import storage_of
+from runners.setup.settings import read_settings
 from tasks.errors import KVBenchError
 from tests.conftest import REPO
 from tests.test_method_matrix import SETTINGS
@@ -33,7 +34,7 @@ def config(*overrides: str):
 @pytest.mark.parametrize("quant", QUANTS)
 def test_every_quant_config_sets_its_kind(quant):
     cfg = config(f"quant={quant}", "method=fullkv")
-    store = storage_of(cfg, FullKV())({}, lambda n: n)
+    store = storage_of(read_settings(cfg), FullKV())({}, lambda n: n)
     assert isinstance(store, KiviStore if "kivi" in quant else SlotStore)
     if quant.startswith("int"):
         assert store.codec == PerTokenCodec(int(quant[-1]), 64)
@@ -74,12 +75,12 @@ def test_labels_name_the_quantization_and_only_unquantized_fullkv_is_the_referen
 def test_a_ragged_method_over_kivi_is_accepted():
     method = METHOD_REGISTRY["adakv"](**SETTINGS["adakv"][0])
     assert method.traits.ragged_heads
-    storage_of(config("method=adakv_snapkv", "quant=kivi2"), method)({}, lambda n: n).ragged  # noqa: B018
+    storage_of(read_settings(config("method=adakv_snapkv", "quant=kivi2")), method)({}, lambda n: n).ragged  # noqa: B018
 
 
 def test_compiled_decode_steps_are_refused_over_quantized_storage():
     with pytest.raises(KVBenchError, match="backend=compiled"):
-        storage_of(config("method=snapkv", "quant=int8", "backend=compiled"), FullKV())
+        storage_of(read_settings(config("method=snapkv", "quant=int8", "backend=compiled")), FullKV())
 
 
 def test_kind_parameters_reach_the_store():

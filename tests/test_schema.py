@@ -145,7 +145,7 @@ def test_chat_template_kwargs_with_no_chat_template_are_noted(tmp_path, monkeypa
     model = SMOLLM2.copy()
     model.chat_template_kwargs = {"enable_thinking": True}
     task = XSum(data_dir=str(tmp_path), limit=1, chat_template="none")
-    load_prompts(OmegaConf.create({"model": model}), task)
+    load_prompts(model, task)
     assert "note: task.chat_template=none renders no chat template" in capsys.readouterr().out
 
 

@@ -12,7 +12,6 @@ averaged over steps and samples, per layer and over layers.
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from methods import CompressedCache, CompressionMethod, FullKV
@@ -26,6 +25,7 @@ from runners.output.record import new_record, recording, run_config, stored_run
 from runners.setup.budget import resolve_budget
 from runners.setup.build import build_components, load_prompts, refuse_untrained
 from runners.setup.quant_kind import storage_of
+from runners.setup.settings import RunSettings, at_budget
 from tasks.errors import KVBenchError
 
 
@@ -85,7 +85,7 @@ class ShadowCaches:
             self.steps[i, layer_idx] += 1
 
 
-def run_attention_error(cfg: DictConfig) -> dict:
+def run_attention_error(settings: RunSettings) -> dict:
     """Relative attention-output error of one method vs FullKV at each of ``runner.budgets``.
 
     Raises
@@ -93,15 +93,14 @@ def run_attention_error(cfg: DictConfig) -> dict:
     KVBenchError
         For bad input (budgets, method, task, data), before the model is loaded.
     """
-    refuse_untrained(cfg)
-    budgets = list(cfg.runner.budgets)
+    refuse_untrained(settings)
+    budgets = list(settings.runner.budgets)
     if not budgets:
         raise KVBenchError("runner.budgets is empty")
     for b in budgets:
-        cfg_b = OmegaConf.merge(cfg, {"budget": b})
-        build_components(cfg_b)  # validates each budget with the method's assets
-    method, task = build_components(cfg)
-    storage = storage_of(cfg, method)
+        build_components(at_budget(settings, b))  # validates each budget with the method's assets
+    method, task = build_components(settings)
+    storage = storage_of(settings, method)
     if not method.traits.compresses:
         raise KVBenchError(
             "runner=error compares a compressing method with FullKV; method=fullkv has no error"
@@ -116,26 +115,26 @@ def run_attention_error(cfg: DictConfig) -> dict:
             "runner=error compresses whole prompts; run it with task.query_aware=true "
             f"(task {task.name} is set query-agnostic)"
         )
-    config = run_config(cfg, method.traits.budget_applies)
-    tokenizer, samples, prompts = load_prompts(cfg, task)
-    store, rid, done = stored_run(cfg, config, print_error_table, samples)
+    config = run_config(settings.config, method.traits.budget_applies)
+    tokenizer, samples, prompts = load_prompts(settings.model, task)
+    store, rid, done = stored_run(settings.config, config, print_error_table, samples)
     if done is not None:
         return done
-    new = cfg.runner.decode_tokens
-    if (longest := max(p.shape[1] for p in prompts)) + new > cfg.model.max_context:
+    new, context = settings.runner.decode_tokens, settings.model.max_context
+    if (longest := max(p.shape[1] for p in prompts)) + new > context:
         raise KVBenchError(
-            f"a prompt of {longest} tokens + {new} decode tokens exceeds {cfg.model.name}'s context"
+            f"a prompt of {longest} tokens + {new} decode tokens exceeds {settings.model.name}'s context"
         )
-    model = load_model(cfg.model, cfg.device)
+    model = load_model(settings.model, settings.device)
     record = new_record(rid, config, method.label, task.name, model.device, data_source=task.source,
                         n_samples=len(samples), budgets=budgets)  # fmt: skip
     specs = layer_specs(model)
     layers = len(specs)
     error_sum = torch.zeros((len(budgets), layers), dtype=torch.float64)
     steps = torch.zeros_like(error_sum)
-    with recording(cfg, store, record):
-        for ids in tqdm(prompts, desc=f"error {method.label}", disable=not cfg.runner.progress):
-            slots = [resolve_budget(b, ids.shape[1], cfg.model.max_context, cfg.budget_unit) for b in budgets]
+    with recording(settings.config, store, record):
+        for ids in tqdm(prompts, desc=f"error {method.label}", disable=not settings.runner.progress):
+            slots = [resolve_budget(b, ids.shape[1], context, settings.budget_unit) for b in budgets]
             shadows = ShadowCaches(method, slots, specs, storage)
             greedy_generate(
                 model, ids, FullKV(), None, new, eos_token_ids(model, tokenizer), observer=shadows,

@@ -16,7 +16,6 @@ import statistics
 from collections.abc import Callable
 
 import torch
-from omegaconf import DictConfig
 from tqdm import tqdm
 
 from methods import CompressionMethod
@@ -36,11 +35,13 @@ from runners.output.summary_table import print_summary
 from runners.results.store import ResultStore
 from runners.setup.budget import resolve_budget
 from runners.setup.build import build_method, run_budget
+from runners.setup.options import EfficiencyOptions
 from runners.setup.quant_kind import storage_of
+from runners.setup.settings import RunSettings
 from tasks.errors import KVBenchError
 
 
-def check_shape(cfg: DictConfig) -> None:
+def check_shape(settings: RunSettings) -> None:
     """Validate the runner's shape before any work.
 
     Raises
@@ -49,20 +50,20 @@ def check_shape(cfg: DictConfig) -> None:
         For a prompt + generation longer than the model's context
         (``model.max_context``, filled from the model's config by ``runners.setup.build.build_method``).
     """
-    r = cfg.runner  # each size is a positive integer (runners.setup.options.EfficiencyOptions, checked first)
-    if r.prompt_len + r.gen_len > cfg.model.max_context:
+    r, model = settings.runner, settings.model  # each size a positive integer (EfficiencyOptions)
+    if r.prompt_len + r.gen_len > model.max_context:
         raise KVBenchError(
-            f"prompt_len {r.prompt_len} + gen_len {r.gen_len} exceeds the context of {cfg.model.name} "
-            f"({cfg.model.max_context} tokens)"
+            f"prompt_len {r.prompt_len} + gen_len {r.gen_len} exceeds the context of {model.name} "
+            f"({model.max_context} tokens)"
         )
 
 
 def start_synthetic_run(
-    cfg: DictConfig, check: Callable[[DictConfig], None]
+    settings: RunSettings, check: Callable[[RunSettings], None]
 ) -> tuple[CompressionMethod, StorageKind, dict, ResultStore, str, dict | None]:
     """The start of a runner on synthetic prompts (``runner=efficiency``, ``runner=oom``): the method
     (which fills ``model.max_context`` from the model's config), its storage kind
-    (``runners.setup.quant_kind.storage_of``), the runner's own ``check(cfg)``, then
+    (``runners.setup.quant_kind.storage_of``), the runner's own ``check(settings)``, then
     the run's config, store, id and finished record (:func:`runners.output.record.stored_run`; None when it
     is to be computed).
 
@@ -71,11 +72,11 @@ def start_synthetic_run(
     KVBenchError
         For bad input (budget, method, the runner's fields), before the model is loaded.
     """
-    method = build_method(cfg)
-    storage = storage_of(cfg, method)
-    check(cfg)
-    config = run_config(cfg, method.traits.budget_applies)
-    return method, storage, config, *stored_run(cfg, config, print_summary)
+    method = build_method(settings)
+    storage = storage_of(settings, method)
+    check(settings)
+    config = run_config(settings.config, method.traits.budget_applies)
+    return method, storage, config, *stored_run(settings.config, config, print_summary)
 
 
 def summarise(runs: list[TimedRun], batch_size: int, prompt_len: int, peaks: list[int | None]) -> dict:
@@ -114,18 +115,18 @@ def summarise(runs: list[TimedRun], batch_size: int, prompt_len: int, peaks: lis
 def measure(
     model: torch.nn.Module,
     method: CompressionMethod,
-    cfg: DictConfig,
+    r: EfficiencyOptions,
+    seed: int,
     budget: int | None,
     storage: StorageKind = SlotStore,
 ) -> tuple[dict, list[dict]]:
-    """Warm-up, then ``runner.repeats`` timed runs of one shape (caches of the run's ``storage`` kind);
-    the efficiency block and the curve.
+    """Warm-up, then ``r.repeats`` timed runs of the shape of ``r`` (the runner's options; prompts
+    drawn with ``seed``; caches of the run's ``storage`` kind); the efficiency block and the curve.
 
     The progress bar (``runner.progress``) advances once per model forward, the prefill and every
     decode step of the warm-up and of each repeat (a forward hook: a counter increment per step)."""
-    r = cfg.runner
     device = model.device
-    ids = synthetic_prompts(model.config.vocab_size, r.batch_size, r.prompt_len, cfg.seed).to(device)
+    ids = synthetic_prompts(model.config.vocab_size, r.batch_size, r.prompt_len, seed).to(device)
     warmup = min(r.warmup_steps, r.gen_len - 1)
     total = (1 + warmup if r.warmup_steps else 0) + r.repeats * r.gen_len
     runs, peaks = [], []
@@ -149,30 +150,30 @@ def measure(
     return summarise(runs, r.batch_size, r.prompt_len, peaks), runs[0].curve
 
 
-def run_efficiency(cfg: DictConfig) -> dict:
-    """Run (or reuse) one efficiency measurement and return its record.
+def run_efficiency(settings: RunSettings) -> dict:
+    """Run (or reuse) the efficiency measurement of ``settings`` and return its record.
 
     Raises
     ------
     KVBenchError
         For bad input (budget, method, shape), before the model is loaded.
     """
-    method, storage, config, store, rid, done = start_synthetic_run(cfg, check_shape)
+    method, storage, config, store, rid, done = start_synthetic_run(settings, check_shape)
     if done is not None:
         return done
-    print(f"loading model {cfg.model.name}", flush=True)
-    model = load_model(cfg.model, cfg.device)
+    print(f"loading model {settings.model.name}", flush=True)
+    model = load_model(settings.model, settings.device)
+    r = settings.runner
     budget = resolve_budget(
-        run_budget(cfg, method), cfg.runner.prompt_len, cfg.model.max_context, cfg.budget_unit
+        run_budget(settings, method), r.prompt_len, settings.model.max_context, settings.budget_unit
     )
-    r = cfg.runner
     record = new_record(
         rid, config, method.label, "synthetic", model.device,
         shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch_size": r.batch_size},
         budget_slots=budget, n_samples=r.batch_size,
     )  # fmt: skip
-    with recording(cfg, store, record):
-        efficiency, curve = measure(model, method, cfg, budget, storage)
+    with recording(settings.config, store, record):
+        efficiency, curve = measure(model, method, r, settings.seed, budget, storage)
         efficiency |= {  # the process: model loading and the warm-up included
             "peak_rss_process_bytes": process_peak_rss_bytes(),
             "peak_device_process_bytes": process_peak_device_bytes(model.device),

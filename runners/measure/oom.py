@@ -26,13 +26,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from runners.measure.efficiency import start_synthetic_run
 from runners.output.record import failure, is_oom, new_record, recording
 from runners.setup.budget import resolve_budget
-from runners.setup.build import build_method, check_device
+from runners.setup.build import build_method
+from runners.setup.options import OomOptions
 from runners.setup.quant_kind import storage_of
+from runners.setup.settings import RunSettings, check_device, read_settings
 from tasks.errors import KVBenchError
 from tasks.generators.fit import bisect_fitting
 
@@ -91,28 +93,31 @@ def largest_fitting(fits: Callable[[int], Probe], low: int, high: int) -> tuple[
     return bisect_fitting(ok, low, high), probes  # low fits, high does not
 
 
-def probe_shape(cfg: DictConfig, search: str, value: int) -> tuple[int, int]:
-    """``(batch, prompt_len)`` of a probe at ``value`` of the searched quantity."""
-    r = cfg.runner
+def probe_shape(r: OomOptions, search: str, value: int) -> tuple[int, int]:
+    """``(batch, prompt_len)`` of a probe at ``value`` of the searched quantity (``r``: the runner's
+    options)."""
     return (value, r.prompt_len) if search == "batch" else (r.batch_size, value)
 
 
-def run_probe(cfg: DictConfig, batch: int, prompt_len: int, model: torch.nn.Module | None = None) -> None:
+def run_probe(
+    settings: RunSettings, batch: int, prompt_len: int, model: torch.nn.Module | None = None
+) -> None:
     """One measurement shape (raises on OOM). Loads the model unless given."""
     from runners.measure.timing import synthetic_prompts, timed_generate
     from runners.models.loading import load_model
 
-    method = build_method(cfg)
-    storage = storage_of(cfg, method)
-    model = model if model is not None else load_model(cfg.model, "cpu")
+    method = build_method(settings)
+    storage = storage_of(settings, method)
+    model = model if model is not None else load_model(settings.model, "cpu")
     budget = resolve_budget(
-        None if not method.traits.budget_applies else cfg.budget,
+        None if not method.traits.budget_applies else settings.budget,
         prompt_len,
-        cfg.model.max_context,
-        cfg.budget_unit,
+        settings.model.max_context,
+        settings.budget_unit,
     )
-    steps = cfg.runner.probe_steps if cfg.runner.probe_steps is not None else cfg.runner.gen_len - 1
-    ids = synthetic_prompts(model.config.vocab_size, batch, prompt_len, cfg.seed).to(model.device)
+    r = settings.runner
+    steps = r.probe_steps if r.probe_steps is not None else r.gen_len - 1
+    ids = synthetic_prompts(model.config.vocab_size, batch, prompt_len, settings.seed).to(model.device)
     timed_generate(model, ids, method, budget, steps, storage=storage)
 
 
@@ -141,7 +146,7 @@ def run_capped(argv: list[str], cap_bytes: int, timeout: float) -> tuple[str, st
     return "error", tail
 
 
-def check_cap_leaves_room(cfg: DictConfig, cap_bytes: int, timeout: float) -> None:
+def check_cap_leaves_room(settings: RunSettings, cap_bytes: int, timeout: float) -> None:
     """Start a capped child that only imports KVBench and loads the model: a cap below that is not
     an OOM threshold of the method but a cap too small to measure anything.
 
@@ -150,33 +155,34 @@ def check_cap_leaves_room(cfg: DictConfig, cap_bytes: int, timeout: float) -> No
     KVBenchError
         If the child fails under the cap (naming the cap and the child's last line).
     """
-    payload = json.dumps({"cfg": OmegaConf.to_container(cfg, resolve=True), "load_only": True})
+    payload = json.dumps({"cfg": OmegaConf.to_container(settings.config, resolve=True), "load_only": True})
     outcome, detail = run_capped([sys.executable, "-m", "runners.measure.oom", payload], cap_bytes, timeout)
     if outcome != "ok":
         raise KVBenchError(
-            f"runner.memory_cap_gb={cfg.runner.memory_cap_gb} leaves no room to start: importing KVBench "
-            f"and loading {cfg.model.name} under the cap failed ({outcome}: {detail or 'no message'}); "
-            "raise the cap"
+            f"runner.memory_cap_gb={settings.runner.memory_cap_gb} leaves no room to start: importing "
+            f"KVBench and loading {settings.model.name} under the cap failed "
+            f"({outcome}: {detail or 'no message'}); raise the cap"
         )
 
 
-def cpu_probe(cfg: DictConfig, batch: int, prompt_len: int, cap_bytes: int, timeout: float) -> Probe:
-    """Run one probe in a child process (``python -m runners.measure.oom``) under ``cap_bytes``."""
-    value = batch if cfg.runner.search == "batch" else prompt_len
+def cpu_probe(settings: RunSettings, batch: int, prompt_len: int, cap_bytes: int, timeout: float) -> Probe:
+    """Run one probe in a child process (``python -m runners.measure.oom``, which reads the run's
+    config at its own door) under ``cap_bytes``."""
+    value = batch if settings.runner.search == "batch" else prompt_len
     payload = json.dumps(
-        {"cfg": OmegaConf.to_container(cfg, resolve=True), "batch": batch, "prompt": prompt_len}
+        {"cfg": OmegaConf.to_container(settings.config, resolve=True), "batch": batch, "prompt": prompt_len}
     )
     start = time.perf_counter()
     outcome, detail = run_capped([sys.executable, "-m", "runners.measure.oom", payload], cap_bytes, timeout)
     return Probe(value, outcome, detail, time.perf_counter() - start)
 
 
-def cuda_probe(cfg: DictConfig, model: torch.nn.Module, batch: int, prompt_len: int) -> Probe:
+def cuda_probe(settings: RunSettings, model: torch.nn.Module, batch: int, prompt_len: int) -> Probe:
     """Run one probe on the CUDA device of ``model`` in this process."""
-    value = batch if cfg.runner.search == "batch" else prompt_len
+    value = batch if settings.runner.search == "batch" else prompt_len
     start = time.perf_counter()
     try:
-        run_probe(cfg, batch, prompt_len, model)
+        run_probe(settings, batch, prompt_len, model)
         outcome, detail = "ok", ""
     except Exception as err:
         result = failure(err)
@@ -188,7 +194,7 @@ def cuda_probe(cfg: DictConfig, model: torch.nn.Module, batch: int, prompt_len: 
     return Probe(value, outcome, detail, time.perf_counter() - start)
 
 
-def check_search(cfg: DictConfig) -> None:
+def check_search(settings: RunSettings) -> None:
     """Validate the search before any work.
 
     Raises
@@ -198,7 +204,7 @@ def check_search(cfg: DictConfig) -> None:
         by ``runners.setup.build.build_method``), a device other than CPU or an available CUDA device,
         or a missing CPU cap.
     """
-    r = cfg.runner
+    r, model = settings.runner, settings.model
     if str(r.device).split(":")[0] not in ("cpu", "cuda"):
         raise KVBenchError(f"runner.device must be cpu or cuda[:N], got {r.device!r}")
     check_device(r.device, "runner.device")
@@ -207,45 +213,45 @@ def check_search(cfg: DictConfig) -> None:
     if not 1 <= r.low <= r.high:
         raise KVBenchError(f"need 1 <= runner.low <= runner.high, got [{r.low}, {r.high}]")
     longest = (r.high if r.search == "context" else r.prompt_len) + r.gen_len
-    if longest > cfg.model.max_context:
+    if longest > model.max_context:
         raise KVBenchError(
-            f"a probe of {longest} tokens exceeds the context of {cfg.model.name} ({cfg.model.max_context})"
+            f"a probe of {longest} tokens exceeds the context of {model.name} ({model.max_context})"
         )
     if r.device == "cpu" and not r.memory_cap_gb:
         raise KVBenchError("runner.memory_cap_gb is required on CPU (the child process' address-space cap)")
 
 
-def run_oom(cfg: DictConfig) -> dict:
-    """Find one method's OOM threshold and return its record (status ``ok`` even when nothing
-    fits: the threshold is then None and every probe says ``oom``).
+def run_oom(settings: RunSettings) -> dict:
+    """Find the OOM threshold of the method of ``settings`` and return its record (status ``ok`` even
+    when nothing fits: the threshold is then None and every probe says ``oom``).
 
     Raises
     ------
     KVBenchError
         For bad input, before any probe.
     """
-    method, _, config, store, rid, done = start_synthetic_run(cfg, check_search)
+    method, _, config, store, rid, done = start_synthetic_run(settings, check_search)
     if done is not None:
         return done
-    r = cfg.runner
+    r = settings.runner
     device = torch.device(r.device)
     model = None
     if device.type == "cuda":
         from runners.models.loading import load_model
 
-        model = load_model(cfg.model, r.device)
+        model = load_model(settings.model, r.device)
         if r.cuda_memory_fraction:
             torch.cuda.set_per_process_memory_fraction(float(r.cuda_memory_fraction), device)
     cap = int(r.memory_cap_gb * 2**30) if r.memory_cap_gb else None
     if model is None:
-        check_cap_leaves_room(cfg, cap, r.probe_timeout_s)
+        check_cap_leaves_room(settings, cap, r.probe_timeout_s)
 
     def fits(n: int) -> Probe:
-        batch, prompt = probe_shape(cfg, r.search, n)
+        batch, prompt = probe_shape(r, r.search, n)
         probe = (
-            cpu_probe(cfg, batch, prompt, cap, r.probe_timeout_s)
+            cpu_probe(settings, batch, prompt, cap, r.probe_timeout_s)
             if model is None
-            else cuda_probe(cfg, model, batch, prompt)
+            else cuda_probe(settings, model, batch, prompt)
         )
         print(
             f"{method.label}: {r.search}={n} -> {probe.outcome} ({probe.seconds:.1f} s) {probe.detail}",
@@ -257,7 +263,7 @@ def run_oom(cfg: DictConfig) -> dict:
         rid, config, method.label, "synthetic", device,
         shape={"prompt_len": r.prompt_len, "gen_len": r.gen_len, "batch_size": r.batch_size}, n_samples=0,
     )  # fmt: skip
-    with recording(cfg, store, record):  # an OOM inside a probe is an outcome, never raised here
+    with recording(settings.config, store, record):  # an OOM inside a probe is an outcome, never raised here
         threshold, probes = largest_fitting(fits, r.low, r.high)
         key = "max_batch" if r.search == "batch" else "max_context"
         record.update(
@@ -276,7 +282,8 @@ def run_oom(cfg: DictConfig) -> dict:
 
 
 def _child(payload: str) -> int:
-    """Child-process entry of a CPU probe: exit 0 (fits), ``OOM_EXIT`` (allocation failed) or 1."""
+    """Child-process entry of a CPU probe, the door of its run's config: exit 0 (fits), ``OOM_EXIT``
+    (allocation failed) or 1."""
     args = json.loads(payload)
     cfg = OmegaConf.create(args["cfg"])
     try:
@@ -285,7 +292,7 @@ def _child(payload: str) -> int:
 
             load_model(cfg.model, "cpu")
             return 0
-        run_probe(cfg, args["batch"], args["prompt"])
+        run_probe(read_settings(cfg), args["batch"], args["prompt"])
     except Exception as err:
         print(f"{type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
         return OOM_EXIT if is_oom(err) else 1

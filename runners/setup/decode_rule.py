@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import open_dict
 
 from methods import CompressionMethod
+from runners.setup.settings import RunSettings
 from tasks.errors import KVBenchError
 
 
-def decode_rule(cfg: DictConfig) -> bool | None:
+def decode_rule(settings: RunSettings) -> bool | None:
     """The run's ``decode_budget`` (``CompressionMethod.decode_budget``): the top-level option, else
     the method config's, else the task protocol's (``task.decode_budget``: RULER's false, the kvpress
     leaderboard's rule); None leaves the method's paper rule.
@@ -22,12 +23,11 @@ def decode_rule(cfg: DictConfig) -> bool | None:
     KVBenchError
         For a value that is not true, false or null.
     """
-    for node, key in (
-        (cfg, "decode_budget"),
-        (cfg.method, "decode_budget"),
-        (cfg.get("task"), "decode_budget"),
+    for value in (
+        settings.decode_budget,
+        settings.method.get("decode_budget"),
+        settings.task.get("decode_budget"),
     ):
-        value = node.get(key) if node is not None else None
         if value is not None and not isinstance(value, bool):
             raise KVBenchError(f"decode_budget must be true, false or null, got {value!r}")
         if value is not None:
@@ -35,15 +35,16 @@ def decode_rule(cfg: DictConfig) -> bool | None:
     return None
 
 
-def apply_decode_rule(cfg: DictConfig, method: CompressionMethod) -> CompressionMethod:
-    """``method`` under the run's :func:`decode_rule`, which is written into ``cfg.method`` (so the run
-    is stored under the rule it ran, whether asked for at the top level or in the method config).
+def apply_decode_rule(settings: RunSettings, method: CompressionMethod) -> CompressionMethod:
+    """``method`` under the run's :func:`decode_rule`, which is written into its method node
+    (``RunSettings.method``, so the run is stored under the rule it ran, whether asked for at the top
+    level or in the method config).
     FullKV, whose decoding no rule changes, is left as it is."""
-    rule = decode_rule(cfg)
+    rule = decode_rule(settings)
     if rule is None or not method.traits.compresses or method.decode_budget == rule:
         return method
-    with open_dict(cfg):
-        cfg.method.decode_budget = rule
+    with open_dict(settings.method):
+        settings.method.decode_budget = rule
     return dataclasses.replace(method, decode_budget=rule)
 
 

@@ -11,12 +11,12 @@ device, dtype, head_dim and GQA group before they are needed, and which decode p
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 
 from kernels.proof import KernelProofError, prove_all
 from kernels.switch import BACKEND, RAN
 from methods.seam.architecture import text_config
 from runners.models.loading import DTYPES, resolve_device
+from runners.setup.settings import RunSettings
 from tasks.errors import KVBenchError
 
 #: The record's ``decode`` keys (``kernels.switch.RAN``): the uniform and ragged decode-attention
@@ -32,9 +32,9 @@ def attention_shape(config) -> tuple[int, int]:
     return int(head_dim), heads // (getattr(config, "num_key_value_heads", None) or heads)
 
 
-def check_kernels(cfg: DictConfig, config) -> None:
+def check_kernels(settings: RunSettings, config) -> None:
     """With ``kernels=triton``, prove every Triton decode kernel variant for the run's device
-    (``cfg.device``), dtype (``cfg.model.dtype``, resolved) and the attention shape of ``config``
+    (``settings.device``), dtype (``settings.model.dtype``, resolved) and the attention shape of ``config``
     (the model's transformers text config), before any weights load.
 
     Raises
@@ -45,7 +45,7 @@ def check_kernels(cfg: DictConfig, config) -> None:
     if BACKEND.get() != "triton":
         return
     try:
-        prove_all(resolve_device(cfg.get("device")), DTYPES[cfg.model.dtype], *attention_shape(config))
+        prove_all(resolve_device(settings.device), DTYPES[settings.model.dtype], *attention_shape(config))
     except KernelProofError as err:
         raise KVBenchError(str(err)) from err
 

@@ -4,17 +4,15 @@ a grid), before any model loads, and passed to every cache the run makes
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
-
 from methods import CompressionMethod
 from methods.quant import QUANT_REGISTRY, storage_kind
 from methods.seam.storage import MergingStorage, StorageKind
-from runners.results.store import quant_of
+from runners.setup.settings import RunSettings
 from tasks.errors import KVBenchError
 
 
-def storage_of(cfg: DictConfig, method: CompressionMethod) -> StorageKind:
-    """The storage kind ``quant=`` asks for, checked against the method.
+def storage_of(settings: RunSettings, method: CompressionMethod) -> StorageKind:
+    """The storage kind ``quant=`` asks for (``RunSettings.quant``), checked against the method.
 
     Raises
     ------
@@ -23,13 +21,11 @@ def storage_of(cfg: DictConfig, method: CompressionMethod) -> StorageKind:
         kind whose store does not merge, or quantized storage with ``backend=compiled`` (not proven:
         KIVI's residual bookkeeping is host-side).
     """
-    name = quant_of(cfg)
-    if name != "none" and cfg.get("backend", "eager") != "eager":
+    name, params = settings.quant.name, dict(settings.quant_params)
+    if name != "none" and settings.backend != "eager":
         raise KVBenchError(
-            f"quant={name} runs eager decode steps; backend={cfg.backend} is not supported with it"
+            f"quant={name} runs eager decode steps; backend={settings.backend} is not supported with it"
         )
-    node = cfg.get("quant")
-    params = {} if node is None else {k: v for k, v in OmegaConf.to_container(node).items() if k != "name"}
     if name not in QUANT_REGISTRY:
         raise KVBenchError(f"unknown quant {name!r} (known: {sorted(QUANT_REGISTRY)})")
     try:

@@ -44,15 +44,10 @@ from runners.quality import (
 )
 from runners.results.sharded import whole_run_id
 from runners.results.store import ResultStore, quant_of, setting_id
-from runners.setup.build import (
-    build_components,
-    check_run,
-    load_prompts,
-    refuse_untrained,
-    run_budget,
-)
+from runners.setup.build import build_components, load_prompts, refuse_untrained, run_budget
 from runners.setup.decode_rule import decoding_protocol
 from runners.setup.quant_kind import storage_of
+from runners.setup.settings import RunSettings, read_settings
 from runners.sweeps.grid_settings import setting_configs
 from runners.sweeps.shards import check_shards, merge_when_complete, shard_samples
 from runners.sweeps.summary import note_job_runs
@@ -63,9 +58,10 @@ PEAKS = ("peak_rss_bytes", "peak_rss_process_bytes", "peak_device_bytes", "peak_
 
 @dataclass
 class Setting:
-    """One (method, budget, storage kind) of the grid and its run."""
+    """One (method, budget, storage kind) of the grid and its run (``run``: its settings, read at its
+    own door from the config the grid composes for it)."""
 
-    cfg: DictConfig
+    run: RunSettings
     preset: str
     method: CompressionMethod
     config: dict
@@ -82,33 +78,34 @@ class Setting:
         self.record.update(samples_done=len(self.results))
 
 
-def _prepare(cfg: DictConfig) -> tuple[list[Setting], list[dict], tuple]:
+def _prepare(job: RunSettings) -> tuple[list[Setting], list[dict], tuple]:
     """Build and check every setting (no model): the ones to run, the finished records, and the
     shared ``(model config, task, tokenizer, samples, prompts)``. The settings' run locks are taken in run-id
     order (``runners.results.lock``: two grids never wait for each other in a circle)."""
     candidates, seen, shared = [], set(), None
-    for preset, scfg in setting_configs(cfg):
-        check_run(scfg)
-        refuse_untrained(scfg)
-        method, task = build_components(scfg)
-        config = run_config(scfg, method.traits.budget_applies)
+    for preset, scfg in setting_configs(job.config):
+        run = read_settings(scfg)
+        refuse_untrained(run)
+        method, task = build_components(run)
+        config = run_config(run.config, method.traits.budget_applies)
         if setting_id(config) in seen:  # FullKV ignores the budget: one run
             continue
         seen.add(setting_id(config))
         if shared is None:
-            shared = (scfg.model, task, *load_prompts(scfg, task))
-        store, rid = identify_run(scfg, config, shared[3])
-        candidates.append(Setting(scfg, preset, method, config, store, rid, storage_of(scfg, method)))
+            shared = (run.model, task, *load_prompts(run.model, task))
+        store, rid = identify_run(run.config, config, shared[3])
+        candidates.append(Setting(run, preset, method, config, store, rid, storage_of(run, method)))
     done = {
-        s.rid: claim_run(s.cfg, s.store, s.rid, s.config, lambda r: None)
+        s.rid: claim_run(s.run.config, s.store, s.rid, s.config, lambda r: None)
         for s in sorted(candidates, key=lambda s: s.rid)
     }
     finished = [done[s.rid] for s in candidates if done[s.rid] is not None]
     return [s for s in candidates if done[s.rid] is None], finished, shared
 
 
-def run_quality_grid(cfg: DictConfig) -> dict:
-    """Run every unfinished setting of the grid with one prefill per sample; returns a summary
+def run_quality_grid(job: RunSettings) -> dict:
+    """Run every unfinished setting of the grid of ``job`` (the grid's own settings, read at the door)
+    with one prefill per sample; returns a summary
     (``status`` ok when every setting's record is ok; ``runs``: run id -> status).
 
     Raises
@@ -117,28 +114,29 @@ def run_quality_grid(cfg: DictConfig) -> dict:
         For bad input (:func:`setting_configs`, and every check of a quality run), before the model
         loads.
     """
-    batch_size = check_batch_size(cfg)
+    cfg = job.config
+    batch_size = check_batch_size(job)
     check_shards(cfg)
-    settings, finished, (model, task, tokenizer, every, prompts) = _prepare(cfg)
+    settings, finished, (model, task, tokenizer, every, prompts) = _prepare(job)
     samples, prompts = shard_samples(cfg, every, prompts)
-    cfg.model = model  # resolved by the settings' build (model=hf fills max_context from the folder)
-    check_lengths(cfg, task, samples, prompts)
+    cfg.model = model  # resolved by the settings' build (model=hf: max_context); a failure record reads it
+    check_lengths(model, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
     for s in settings:
         s.budgets = check_budgets(
-            s.cfg, s.method, run_budget(s.cfg, s.method), samples, prompts, task, starts
+            s.run, s.method, run_budget(s.run, s.method), samples, prompts, task, starts
         )
     print(f"{len(settings)} setting(s) to run, {len(finished)} already finished", flush=True)
     note_job_runs([s.rid for s in settings] + [r["run_id"] for r in finished])
     if settings:
-        _run(cfg, settings, task, tokenizer, samples, prompts, starts, batch_size)
+        _run(job, model, settings, task, tokenizer, samples, prompts, starts, batch_size)
     records = finished + [s.record for s in settings]
     for r in records:
         first = next(iter((r.get("metrics") or {}).values()), None)
         print(f"  {r['method']:<28} budget={r['config']['budget']!s:<6} quant={quant_of(r['config']):<6} "
               f"{r['status']:<6} first metric {first}  run {r['run_id']}")  # fmt: skip
     for r in sorted(records, key=lambda r: whole_run_id(r["config"], r.get("inputs"))):  # locks in order
-        merge_when_complete(cfg, ResultStore(cfg.paths.results_dir), r["run_id"], task, every)
+        merge_when_complete(cfg, ResultStore(job.paths.results_dir), r["run_id"], task, every)
     bad = [r for r in records if r["status"] != "ok"]
     return {
         "run_id": "grid",
@@ -149,10 +147,14 @@ def run_quality_grid(cfg: DictConfig) -> dict:
     }
 
 
-def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts, batch_size: int) -> None:
-    """Load the model once and run the settings sample by sample (records written whatever happens)."""
-    print(f"loading model {cfg.model.name}", flush=True)
-    model = load_model(cfg.model, cfg.device)
+def _run(
+    job: RunSettings, node: DictConfig, settings: list[Setting], task, tokenizer, samples, prompts, starts,
+    batch_size: int,
+) -> None:  # fmt: skip
+    """Load the model of ``node`` (the settings' resolved model config) once and run the settings
+    sample by sample (records written whatever happens)."""
+    print(f"loading model {node.name}", flush=True)
+    model = load_model(node, job.device)
     eos = eos_token_ids(model, tokenizer)
     protocol = task.protocol() | {"eos_token_ids": sorted(eos)} | layer_protocol(layer_specs(model))
     grid = {"settings": len(settings), "shared_prefill": True, "batch_size": batch_size}
@@ -163,10 +165,10 @@ def _run(cfg, settings: list[Setting], task, tokenizer, samples, prompts, starts
                 protocol=protocol | decoding_protocol(s.method), n_samples=len(samples), grid=grid,
                 presets=(presets() or {}) | {"method": s.preset, "runner": "quality"},
             )  # fmt: skip
-            stack.enter_context(recording(s.cfg, s.store, s.record, s.predictions, s.count_done))
+            stack.enter_context(recording(s.run.config, s.store, s.record, s.predictions, s.count_done))
         try:
             for i, (sample, ids) in enumerate(
-                tqdm(list(zip(samples, prompts, strict=True)), desc="grid", disable=not cfg.runner.progress)
+                tqdm(list(zip(samples, prompts, strict=True)), desc="grid", disable=not job.runner.progress)
             ):
                 results = shared_generate(
                     model, ids.to(model.device), [(s.method, s.budgets[i]) for s in settings],
