@@ -283,6 +283,7 @@ def run_quality(settings: RunSettings) -> dict:
     done: list[int] = []  # sample index of each result, in the order they ended
 
     with recording(cfg, store, record, predictions, lambda: record.update(samples_done=len(results))):
+        print(f"generating {len(samples)} sample(s)", flush=True)
         start = time.perf_counter()
         starting = sample_rows(
             model, tokenizer, task, method, samples, prompts, budgets, starts, eos, storage

@@ -61,14 +61,14 @@ def wait_for(predicate, timeout: float = 300) -> None:
 
 
 def interrupt(tmp_path: Path, data_dir: Path, overrides: list[str], sig: signal.Signals) -> None:
-    """Run ``run.py`` with ``overrides``, send ``sig`` 4 s after the model has loaded (generation has
-    begun), and check that it ends with exit code 130 and a last line ``interrupted``."""
+    """Run ``run.py`` with ``overrides``, send ``sig`` 4 s after generation has begun (the model loaded,
+    the records open), and check that it ends with exit code 130 and a last line ``interrupted``."""
     cmd = [sys.executable, "run.py", *overrides]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     for line in proc.stdout:
-        if line.startswith("loading model"):
+        if line.startswith("generating "):
             break
     time.sleep(4.0)
     proc.send_signal(sig)

@@ -4,6 +4,8 @@ as well as a little-endian one, and a file that is no GGUF is one error line."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from gguf import GGUFEndian, GGUFWriter
@@ -61,3 +63,22 @@ def test_a_file_that_is_no_gguf_is_one_error(tmp_path, cut):
     (tmp_path / "bad.gguf").write_bytes(data[:cut] if cut else b"not a gguf at all, only text")
     with pytest.raises(KVBenchError, match=r"cannot read the GGUF header of .*bad\.gguf"):
         gguf_metadata(tmp_path / "bad.gguf")
+
+
+def test_the_identity_cache_follows_a_file_changed_in_place(tmp_path):
+    """The header is parsed once per (path, size, mtime): a rewritten file is read again."""
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path)
+    first = gguf_identity([path], tmp_path / "cache")
+    assert gguf_identity([path], tmp_path / "cache") == first and first["name"] == "Tiny"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name("Other")
+    writer.add_tensor("t", np.ones((2, 2), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.utime(path, ns=(1, 1))  # another mtime, whatever the clock's resolution
+    second = gguf_identity([path], tmp_path / "cache")
+    assert (second["name"], second["quantization"]) == ("Other", None)
+    assert second["sha256"] != first["sha256"]

@@ -4,7 +4,8 @@ converted GGUF folder carries with it (``kvbench_source.json``).
 
 Content hashes are full SHA-256 digests of the bytes, cached per file by (path, size, mtime) under
 ``<cache_dir>/hashes``: the first use of a file reads it once (about 2 s per GB), later uses are
-free, and a file changed in place (another size or mtime) is hashed again.
+free, and a file changed in place (another size or mtime) is hashed again. A GGUF's ``general.*``
+name and quantisation are cached the same way (its header, a vocabulary included, takes seconds).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tasks.errors import KVBenchError
@@ -25,9 +26,9 @@ def _cache_file(cache: Path, key: str) -> Path:
     return cache / "hashes" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
-def content_sha256(paths: Sequence[Path], cache: Path) -> str:
-    """SHA-256 of the concatenated bytes of ``paths`` (one file, or the parts of a split GGUF),
-    cached by each file's resolved path, size and mtime (see the module docstring).
+def _cached(paths: Sequence[Path], cache: Path, kind: str, compute: Callable[[], object]) -> object:
+    """``compute()``, cached under ``cache`` by kind and each file's resolved path, size and mtime
+    (in this process and on disk: a file changed in place is read again).
 
     Raises
     ------
@@ -39,26 +40,49 @@ def content_sha256(paths: Sequence[Path], cache: Path) -> str:
     except OSError as err:
         raise KVBenchError(f"cannot read {err.filename}: {err.strerror}") from err
     key = json.dumps([[name, st.st_size, st.st_mtime_ns] for name, st in stats])
-    entry = _cache_file(cache, json.dumps([name for name, _ in stats]))  # one entry per path
+    names = json.dumps([name for name, _ in stats])
+    entry = _cache_file(cache, names if kind == "sha256" else f"{kind} {names}")  # one entry per path
+    if (kind, key) in _SEEN:
+        return _SEEN[kind, key]
     try:
         cached = json.loads(entry.read_text(encoding="utf-8"))
         if cached.get("key") == key:
-            return cached["sha256"]
+            _SEEN[kind, key] = cached[kind]
+            return cached[kind]
     except (OSError, ValueError, KeyError):
         pass
-    digest = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                digest.update(chunk)
-    sha = digest.hexdigest()
+    value = _SEEN[kind, key] = compute()
     try:
         from runners.results.store import atomic_write_text
 
-        atomic_write_text(entry, json.dumps({"key": key, "sha256": sha}) + "\n")
-    except OSError:  # a read-only cache only costs the hash next time
+        atomic_write_text(entry, json.dumps({"key": key, kind: value}) + "\n")
+    except OSError:  # a read-only cache only costs the read next time
         pass
-    return sha
+    return value
+
+
+_SEEN: dict[tuple[str, str], object] = {}
+
+
+def content_sha256(paths: Sequence[Path], cache: Path) -> str:
+    """SHA-256 of the concatenated bytes of ``paths`` (one file, or the parts of a split GGUF),
+    cached by each file's resolved path, size and mtime (see the module docstring).
+
+    Raises
+    ------
+    KVBenchError
+        If a file cannot be read.
+    """
+
+    def digest() -> str:
+        sha = hashlib.sha256()
+        for path in paths:
+            with open(path, "rb") as fh:
+                while chunk := fh.read(1 << 24):
+                    sha.update(chunk)
+        return sha.hexdigest()
+
+    return str(_cached(paths, cache, "sha256", digest))
 
 
 def folder_sha256(folder: Path, cache: Path) -> str:
@@ -113,13 +137,13 @@ def quantization(file_type: object) -> str | None:
 def gguf_identity(parts: Sequence[Path], cache: Path) -> dict:
     """A GGUF's identity: ``format`` ``gguf``, ``name`` (its ``general.name``), ``quantization``
     (``general.file_type``), ``sha256`` (of the whole file, the parts joined in order)."""
-    meta = gguf_metadata(parts[0])
-    return {
-        "format": "gguf",
-        "name": meta.get("general.name"),
-        "quantization": quantization(meta.get("general.file_type")),
-        "sha256": content_sha256(parts, cache),
-    }
+
+    def general() -> dict:  # the header's string table (a vocabulary) takes seconds to parse
+        meta = gguf_metadata(parts[0])
+        return {"name": meta.get("general.name"), "quantization": quantization(meta.get("general.file_type"))}
+
+    meta = _cached(parts[:1], cache, "general", general)
+    return {"format": "gguf", **meta, "sha256": content_sha256(parts, cache)}
 
 
 def read_source(folder: Path) -> dict | None:

@@ -166,6 +166,7 @@ def _run(
                 presets=(presets() or {}) | {"method": s.preset, "runner": "quality"},
             )  # fmt: skip
             stack.enter_context(recording(s.run.config, s.store, s.record, s.predictions, s.count_done))
+        print(f"generating {len(samples)} sample(s), {len(settings)} setting(s)", flush=True)
         try:
             for i, (sample, ids) in enumerate(
                 tqdm(list(zip(samples, prompts, strict=True)), desc="grid", disable=not job.runner.progress)
