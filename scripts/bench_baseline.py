@@ -1,0 +1,158 @@
+"""Our FullKV decode step against transformers' own caches, in one process: the same model, batch,
+prompt and dtype, each step a forward of one token per row plus its greedy argmax.
+
+- ``ours``: FullKV through the seam (``runners.measure.timing.Decoder``), eager or ``--backend
+  compiled``;
+- ``dynamic``: transformers' ``DynamicCache``, eager, ``attn_implementation="sdpa"``;
+- ``static``: transformers' ``StaticCache``, eager (and, on CUDA, ``static+compile``: the forward
+  compiled with ``mode="reduce-overhead"``, transformers' own generate setting).
+
+Every speed ratio KVBench prints divides by our FullKV step, so it must be no slower than
+transformers' step (target: <= 1.10x the faster eager one). The steps of the caches are interleaved
+(one of each in turn), so that drift of the machine hits all alike; each figure is the median.
+
+    python scripts/bench_baseline.py                              # the embedded 135M shape, batch 1
+    python scripts/bench_baseline.py --shape llama2-7b --layers 2 --batch 8 --prompt 1024,2048
+    python scripts/bench_baseline.py --shape smollm2-135m --prompt 512,4096 --json out.json
+
+Random weights (timings do not depend on weight values): ``--shape`` is a named configuration
+(``scripts/bench_cuda.py``); ``--layers`` keeps its first N decoder layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from methods import METHOD_REGISTRY
+from runners.generation.model_run import set_decode_backend
+from runners.measure.timing import Decoder, synthetic_prompts
+from runners.output.environment import device_info
+
+
+def build_model(shape: dict, layers: int | None, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """A random Llama of ``shape`` (LlamaConfig fields), ``layers`` decoder layers if given."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**(shape | ({"num_hidden_layers": layers} if layers else {})))
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
+    return model.eval()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class HFDecoder:
+    """Greedy decode steps of ``model`` with one of transformers' caches (``kind``: dynamic, static,
+    static+compile), after a prefill of ``ids`` ``[batch, prompt]``."""
+
+    def __init__(self, model, ids: torch.Tensor, kind: str, steps: int) -> None:
+        from transformers import DynamicCache, StaticCache
+
+        self.model, self.device = model, str(ids.device)
+        length = ids.shape[1]
+        if kind == "dynamic":
+            self.cache = DynamicCache(config=model.config)
+        else:
+            self.cache = StaticCache(config=model.config, max_cache_len=length + steps + 1)
+        self.forward = model.forward
+        if kind == "static+compile":
+            self.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        self.position = length
+        with torch.inference_mode():
+            out = model(ids, cache=self.cache, use_cache=True, cache_position=torch.arange(length))
+        self.token = out.logits[:, -1].argmax(-1)
+
+    @torch.inference_mode()
+    def step(self) -> float:
+        """One decode step for every row; its wall time (seconds; CUDA synchronised)."""
+        _sync(self.device)
+        start = time.perf_counter()
+        position = torch.tensor([self.position], device=self.token.device)
+        out = self.forward(
+            self.token[:, None], cache=self.cache, use_cache=True, cache_position=position
+        )
+        self.token = out.logits[:, -1].argmax(-1)
+        _sync(self.device)
+        self.position += 1
+        return time.perf_counter() - start
+
+
+def measure(model, args, prompt: int) -> dict[str, float]:
+    """Median milliseconds per decode step of each decoder at ``prompt`` tokens."""
+    ids = synthetic_prompts(model.config.vocab_size, args.batch, prompt, 0).to(args.device)
+    total = args.steps + args.warmup
+    decoders: dict[str, object] = {}
+    model.set_attn_implementation("kvbench")
+    decoders["ours"] = Decoder(model, ids, METHOD_REGISTRY["fullkv"](), None, prompt + total)
+    model.set_attn_implementation("sdpa")
+    kinds = ["dynamic", "static"] + (["static+compile"] if args.device.startswith("cuda") else [])
+    for kind in kinds:
+        decoders[kind] = HFDecoder(model, ids, kind, total)
+    times: dict[str, list[float]] = {name: [] for name in decoders}
+    for _ in range(total):
+        for name, decoder in decoders.items():
+            if name == "ours":
+                model.set_attn_implementation("kvbench")
+            times[name].append(decoder.step())
+            model.set_attn_implementation("sdpa")
+    return {name: 1e3 * statistics.median(t[args.warmup :]) for name, t in times.items()}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv``, default ``sys.argv[1:]``)."""
+    from bench_cuda import SHAPES
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt", default="512,4096", help="comma-separated prompt lengths")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default="eager", choices=["eager", "compiled"])
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    args.shape_fields = SHAPES[args.shape]
+    args.prompts = [int(p) for p in args.prompt.split(",")]
+    if min(args.prompts) < 1 or args.batch < 1 or args.steps < 1 or args.warmup < 0:
+        parser.error("prompt lengths, --batch and --steps must be >= 1, --warmup >= 0")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    set_decode_backend(args.backend)
+    model = build_model(args.shape_fields, args.layers, getattr(torch, args.dtype), args.device)
+    layers = model.config.num_hidden_layers
+    print(f"device: {device_info(torch.device(args.device))}; {args.shape} ({args.dtype}, {layers} layers), "
+          f"batch {args.batch}, backend {args.backend}, median of {args.steps} steps")  # fmt: skip
+    rows = []
+    for prompt in args.prompts:
+        ms = measure(model, args, prompt)
+        best = min(ms["dynamic"], ms["static"])
+        rows.append({"prompt": prompt, **ms, "ratio": ms["ours"] / best})
+        cells = "  ".join(f"{k} {v:8.2f} ms" for k, v in ms.items())
+        print(f"prompt {prompt:>5}: {cells}  ours / best eager {ms['ours'] / best:.3f}x", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": {**vars(args)}, "rows": rows}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
