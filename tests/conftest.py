@@ -15,7 +15,11 @@ if not torch.cuda.is_available():  # Triton kernels run on the CPU interpreter (
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # pytest -n N: the cores shared among the workers
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_threads)
+    # and among the run.py processes the tests start: more threads than cores make OpenMP's
+    # barriers spin-wait on a thread that is not scheduled (a run 10-50x slower)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))
 
 import pytest
 from omegaconf import OmegaConf
