@@ -31,38 +31,26 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from methods import METHOD_REGISTRY
 from runners.generation.model_run import set_decode_backend
 from runners.measure.timing import Decoder, save_figures, synthetic_prompts
+from runners.models.random_weights import build_random
+from runners.models.shapes import SHAPES
 from runners.output.environment import device_info
 from runners.setup.budget import resolve_budget
 
-#: Model shapes (transformers LlamaConfig fields); the weights are random.
-SHAPES = {
-    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                      max_position_embeddings=4096),
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                         max_position_embeddings=8192),
-    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=4096),
-}  # fmt: skip
-
 
 def build_model(shape: str, dtype: torch.dtype, device: str, layers: int | None = None) -> torch.nn.Module:
-    """A randomly initialised Llama of ``shape`` (``layers`` decoder layers if given) with the
-    ``kvbench`` attention."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    fields = SHAPES[shape] | ({"num_hidden_layers": layers} if layers else {})
-    config = LlamaConfig(**fields, attn_implementation="kvbench")
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
-    return model.eval()
+    """A randomly initialised Llama of ``shape`` (``runners.models.shapes.SHAPES``; ``layers``
+    decoder layers if given) with the ``kvbench`` attention, made on ``device`` in ``dtype`` (the
+    ``random`` model source's build, ``runners.models.random_weights.build_random``)."""
+    node = OmegaConf.create({"shape": shape, "num_layers": layers, "seed": 0})
+    kwargs = {"dtype": dtype, "attn_implementation": "kvbench"}
+    return build_random(node, kwargs, torch.device(device)).eval()
 
 
 def sync(device: str) -> None:

