@@ -15,8 +15,8 @@ transformers' step (target: <= 1.10x the faster eager one). The steps of the cac
     python scripts/bench_baseline.py --shape llama2-7b --layers 2 --batch 8 --prompt 1024,2048
     python scripts/bench_baseline.py --shape smollm2-135m --prompt 512,4096 --json out.json
 
-Random weights (timings do not depend on weight values): ``--shape`` is a named configuration
-(``scripts/bench_cuda.py``); ``--layers`` keeps its first N decoder layers.
+Random weights (timings do not depend on weight values): ``--shape`` is a named configuration of
+``runners.models.shapes``; ``--layers`` keeps its first N decoder layers.
 """
 
 from __future__ import annotations
@@ -38,15 +38,16 @@ from runners.measure.timing import Decoder, synthetic_prompts
 from runners.output.environment import device_info
 
 
-def build_model(shape: dict, layers: int | None, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    """A random Llama of ``shape`` (LlamaConfig fields), ``layers`` decoder layers if given."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build_model(shape: str, layers: int | None, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """A random Llama of ``shape`` (``runners.models.shapes.SHAPES``), ``layers`` decoder layers if
+    given: the ``random`` model source's build (``runners.models.random_weights.build_random``)."""
+    from omegaconf import OmegaConf
 
-    config = LlamaConfig(**(shape | ({"num_hidden_layers": layers} if layers else {})))
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
-    return model.eval()
+    from runners.models.random_weights import build_random
+
+    node = OmegaConf.create({"shape": shape, "num_layers": layers, "seed": 0})
+    kwargs = {"dtype": dtype, "attn_implementation": "kvbench"}
+    return build_random(node, kwargs, torch.device(device)).eval()
 
 
 def _sync(device: str) -> None:
@@ -81,9 +82,7 @@ class HFDecoder:
         _sync(self.device)
         start = time.perf_counter()
         position = torch.tensor([self.position], device=self.token.device)
-        out = self.forward(
-            self.token[:, None], cache=self.cache, use_cache=True, cache_position=position
-        )
+        out = self.forward(self.token[:, None], cache=self.cache, use_cache=True, cache_position=position)
         self.token = out.logits[:, -1].argmax(-1)
         _sync(self.device)
         self.position += 1
@@ -113,7 +112,7 @@ def measure(model, args, prompt: int) -> dict[str, float]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (``argv``, default ``sys.argv[1:]``)."""
-    from bench_cuda import SHAPES
+    from runners.models.shapes import SHAPES
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -129,7 +128,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    args.shape_fields = SHAPES[args.shape]
     args.prompts = [int(p) for p in args.prompt.split(",")]
     if min(args.prompts) < 1 or args.batch < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("prompt lengths, --batch and --steps must be >= 1, --warmup >= 0")
@@ -139,7 +137,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     set_decode_backend(args.backend)
-    model = build_model(args.shape_fields, args.layers, getattr(torch, args.dtype), args.device)
+    model = build_model(args.shape, args.layers, getattr(torch, args.dtype), args.device)
     layers = model.config.num_hidden_layers
     print(f"device: {device_info(torch.device(args.device))}; {args.shape} ({args.dtype}, {layers} layers), "
           f"batch {args.batch}, backend {args.backend}, median of {args.steps} steps")  # fmt: skip
