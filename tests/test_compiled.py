@@ -121,6 +121,56 @@ def test_a_full_layers_compiled_step_takes_no_integer_input(shallow, name, monke
     assert graphs and graphs[-1] == []
 
 
+@pytest.mark.parametrize("name", ["fullkv", "snapkv", "adakv"])
+def test_a_growing_layers_compiled_step_compiles_once(tiny_model, name, monkeypatch):
+    """FullKV and prompt-only methods (SnapKV; AdaKV's ragged heads) grow their layers at every decode
+    step: the compiled step appends at a device count and attends over the buffers' static capacity
+    with a validity mask (``SlotStore.count_ahead``; ragged heads count their room ahead), so over 64
+    steps Dynamo compiles it once, a graph with no integer input (before: twice, the slot count a
+    guarded host integer, then symbolic), and its tokens are eager's (FullKV's: ``model.generate``'s).
+    Traced by Dynamo alone (its eager backend, no Inductor): the check costs seconds."""
+    import runners.generation.model_run
+    from tests.conftest import set_attn
+
+    graphs: list[list[str]] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs) -> object:
+        values = (node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder"))
+        graphs.append([str(v) for v in values if isinstance(v, torch.SymInt)])
+        return gm.forward
+
+    monkeypatch.setattr(
+        runners.generation.model_run,
+        "compiled_forward",
+        lambda model: torch.compile(model.forward, backend=record, fullgraph=True),
+    )
+    prompt, steps = 40, 64
+    ids = synthetic_prompts(tiny_model.config.vocab_size, 1, prompt, 0)
+    method = METHOD_REGISTRY[name](**({"window_size": 8} if name == "snapkv" else KWARGS.get(name, {})))
+    budget = None if name == "fullkv" else 16
+    torch._dynamo.reset()
+    counters.clear()
+    tokens = {}
+    for backend in ("eager", "compiled"):
+        run = ModelRun(tiny_model, method, budget, prompt + steps, backend=backend)
+        with torch.inference_mode():
+            token = run.prefill(ids).argmax(-1)
+            tokens[backend] = [int(token)]
+            for _ in range(steps):
+                token = run.step(token).argmax(-1)
+                tokens[backend].append(int(token))
+    assert counters["stats"]["unique_graphs"] == 1 and graphs == [[]]
+    assert tokens["compiled"] == tokens["eager"]
+    if name == "fullkv":
+        set_attn(tiny_model, "sdpa")
+        try:
+            new = {"max_new_tokens": steps + 1, "min_new_tokens": steps + 1}
+            out = tiny_model.generate(ids, **new, do_sample=False)
+        finally:
+            set_attn(tiny_model, "kvbench")
+        assert out[0, prompt:].tolist() == tokens["compiled"]
+
+
 @pytest.mark.parametrize("name", sorted(METHOD_REGISTRY))
 def test_a_prepared_decode_step_allocates_no_store_tensor(shallow, name):
     """What a CUDA graph needs of the compiled step (``CompressedCache.prepare_graph_step``): after

@@ -155,6 +155,10 @@ class KiviStore(KiviReads, KiviWrites, SlotStore):
     def _key_stats(self, x: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return key_stats(x, present, self.group, self.bits)
 
+    def count_ahead(self, k: int, grows: bool) -> None:
+        """Nothing: KIVI's residual arithmetic counts on the host (the compiled step of a growing layer
+        is recompiled as its counts change)."""
+
     def _append_kv(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if self.n == 0 and self.arrived == 0:
             self._prefill(keys, values)

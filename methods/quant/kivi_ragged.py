@@ -135,7 +135,6 @@ class KiviRaggedStore(RaggedStore):
         self.buffers["values.ref"].index_fill_(0, at, -1 - t % (r + 1))
         self.buffers["positions"].index_copy_(0, at, positions.expand(len(at)))
         self.lengths.add_(1)
-        self._appended += 1
         self.arrived = t + 1
         if t >= r:
             self._leave((t - r) % (r + 1))

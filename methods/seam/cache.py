@@ -20,7 +20,7 @@ from methods.seam.architecture import LayerSpec, layer_specs
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.sliding import SlidingWindow, sliding_bound
-from methods.seam.step import layer_step
+from methods.seam.step import layer_step, prepare_step
 from methods.seam.storage import StorageKind
 from methods.seam.uniform import SlotStore
 
@@ -108,10 +108,9 @@ class CompressedCache(Cache):
         return layer_step(self.rules[layer_idx], self.layers[layer_idx], query, key, value, scaling)
 
     def prepare_graph_step(self, k: int = 1) -> None:
-        """Before a compiled decode step of ``k`` tokens, eagerly: every layer's store grows now if
-        the step's append would (``SlotStorage.make_room``), the rule creates the ``aux`` state the step
-        would (``CompressionMethod.prepare_graph_step``), the layer counts the step's tokens
-        (``CompressedLayer._count_ahead``), and every tensor the step writes in place (store tensors,
+        """Before a compiled decode step of ``k`` tokens, eagerly: every layer is prepared
+        (``methods.seam.step.prepare_step``: room made, the step's tokens and slots counted, the rule's
+        ``aux`` state created), and every tensor the step writes in place (store tensors,
         ``aux`` and ``scalars`` state, the layer's device count) is marked a static input, unguarded
         (``torch._dynamo.mark_static_address``; once per tensor: marking costs ~0.1 ms, a step's
         budget on a GPU a few ms): CUDA graph trees then capture the step with its in-place writes
@@ -121,9 +120,7 @@ class CompressedCache(Cache):
         from torch._dynamo.utils import get_static_address_type  # loaded by then: the step compiles
 
         for rule, layer in zip(self.rules, self.layers, strict=True):
-            layer.store.make_room(k)
-            layer._count_ahead(k)
-            rule.prepare_graph_step(layer, k)
+            prepare_step(rule, layer, k)
             counts = (t for t in (*layer.scalars.values(), layer._seen_device) if isinstance(t, torch.Tensor))
             for tensor in (*layer.store.tensors(), *layer.aux.values(), *counts):
                 if get_static_address_type(tensor) is None:

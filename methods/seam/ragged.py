@@ -98,7 +98,7 @@ class RaggedStore(SlotStorage):
         self._index()
         # host copy of (kept, bound) per segment and the appends since: the longest head without a sync
         self._segments = list(zip(lengths.tolist(), bounds.tolist(), strict=True))
-        self._appended = 0
+        self._appended, self._ahead = 0, 0
 
     def _index(self) -> None:
         """``segment`` and ``local`` of every buffer slot, from ``offsets`` and ``capacity``."""
@@ -214,11 +214,11 @@ class RaggedStore(SlotStorage):
                 self.buffers[field].index_copy_(0, at, rows)
         self.buffers["positions"].index_copy_(0, at, positions.expand(len(at)))
         self.lengths.add_(1)
-        self._appended += 1
 
     def _reserve(self, keys: torch.Tensor) -> torch.Tensor:
         """The buffer slot ``[segments]`` of each segment's next token (``keys`` ``[batch, kv_heads,
-        1, head_dim]``), one slot of room taken (the buffers grown when it is used up).
+        1, head_dim]``), one slot of room taken (the buffers grown when it is used up) and the append
+        counted, unless :meth:`count_ahead` did both.
 
         Raises
         ------
@@ -227,9 +227,17 @@ class RaggedStore(SlotStorage):
         """
         if keys.shape[2] != 1:
             raise ValueError("ragged heads take one token per decode step")
-        self.make_room(1)
-        self.room -= 1
+        if self._ahead:
+            self._ahead = 0
+        else:
+            self.make_room(1)
+            self.room, self._appended = self.room - 1, self._appended + 1
         return self.offsets + self.lengths
+
+    def count_ahead(self, k: int, grows: bool) -> None:
+        """Take the room of the next append of ``k`` tokens and count it now (``SlotStorage.count_ahead``;
+        every ragged layer: ``room`` changes at every append, bounded segments or not)."""
+        self.room, self._appended, self._ahead = self.room - k, self._appended + k, k
 
     def make_room(self, k: int) -> None:
         """Grow the buffers now if the growing segments have less than ``k`` appends of room

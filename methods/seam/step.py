@@ -55,6 +55,21 @@ def prefill_step(
     return out
 
 
+def prepare_step(rule: CompressionMethod, layer: CompressedLayer, k: int = 1) -> None:
+    """Before a compiled decode step of ``k`` tokens on one layer, eagerly
+    (``CompressedCache.prepare_graph_step``, the profiler's compiled step): the store grows now if the
+    step's append would (``SlotStorage.make_room``), the layer counts the step's tokens
+    (``CompressedLayer._count_ahead``), the rule creates the ``aux`` state the step would
+    (``CompressionMethod.prepare_graph_step``), and the store counts the step's slots
+    (``SlotStorage.count_ahead``): a growing layer (no decode-time bound, nothing handed to its rule)
+    then appends at a device count and attends over its whole capacity with a validity mask, so the
+    step's graph reads no host integer that changes per step and compiles once."""
+    layer.store.make_room(k)
+    layer._count_ahead(k)
+    rule.prepare_graph_step(layer, k)
+    layer.store.count_ahead(k, layer.plan.bound is None and rule.traits.needs == "none")
+
+
 def update(rule: CompressionMethod, layer: CompressedLayer, scores: torch.Tensor | None) -> None:
     """Second half of a decode step (after the rule's ``decode_attention``): the rule updates its
     scores from this step and evicts/merges to its bound; nothing for a prompt-only rule."""

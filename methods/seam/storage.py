@@ -135,6 +135,14 @@ class SlotStorage(ABC):
         (a buffer allocated inside a step captured as a CUDA graph would live in the graph's memory
         pool and be overwritten by the next replay)."""
 
+    @abstractmethod
+    def count_ahead(self, k: int, grows: bool) -> None:
+        """Before a compiled decode step of ``k`` tokens, eagerly, after :meth:`make_room`: count the
+        step's append now, so that the step's graph reads no host count that changes per step
+        (``methods.seam.step.prepare_step``; ``grows``: the layer has no decode-time bound and decode
+        attention hands its rule nothing). A host count the step still reads makes Dynamo recompile
+        (or turn it symbolic) as it changes."""
+
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a decode step reads or writes in place (buffers, index tensors)."""
         return list(self.buffers.values())

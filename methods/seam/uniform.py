@@ -69,6 +69,9 @@ class SlotStore(MergingStorage):
         The buffers holding keys and values (counted as key/value bytes); set by the first append.
     dtype : torch.dtype | None
         The model's dtype of keys and values (set by the first append).
+    count : torch.Tensor | None
+        ``[]`` int64 on the buffers' device: the valid slots, kept by the compiled steps of a growing
+        layer (:meth:`count_ahead`); None until its first.
     """
 
     kind = "uniform"
@@ -79,6 +82,8 @@ class SlotStore(MergingStorage):
         self.buffers: dict[str, torch.Tensor] = {}
         self.n, self.token, self.kv_fields = 0, 0, KV
         self.dtype: torch.dtype | None = None
+        self.count: torch.Tensor | None = None
+        self._ahead, self._synced = 0, -1  # slots counted ahead; ``n`` when ``count`` was last right
 
     # ------------------------------------------------------------------ reading
     @property
@@ -106,6 +111,12 @@ class SlotStore(MergingStorage):
         fields = {f: self.view(f) for f in self.kv_fields if f.startswith(f"{name}.")}
         return self.codec.decode(name, fields).to(self.dtype)
 
+    def _whole(self, name: str) -> torch.Tensor:
+        """Field ``name`` over every slot of the capacity, valid or not: ``[batch, kv_heads, capacity,
+        *extra]`` (keys and values held as codes: decoded)."""
+        fields = {f: buf for f, buf in self.buffers.items() if f == name or f.startswith(f"{name}.")}
+        return fields[name] if name in fields else self.codec.decode(name, fields).to(self.dtype)
+
     def state_names(self) -> tuple[str, ...]:
         """The method's state fields (``Traits.state_fill``)."""
         return tuple(name for name in self.fills if name != "log_weight")
@@ -119,6 +130,10 @@ class SlotStore(MergingStorage):
     def capacity(self) -> int:
         """Slots the buffers hold (valid or not)."""
         return self.buffers["positions"].shape[2] if self.buffers else 0
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The buffers, and the device count of a growing layer's compiled steps (:meth:`count_ahead`)."""
+        return [*self.buffers.values(), *([] if self.count is None else [self.count])]
 
     def allocated_bytes(self) -> int:
         """Bytes of every buffer, capacity included."""
@@ -142,8 +157,18 @@ class SlotStore(MergingStorage):
     def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
         """Append ``k`` slots: ``keys``/``values`` ``[batch, kv_heads, k, head_dim]``, ``positions``
         ``[k]`` int64 (the same tokens for every head); other fields take their fill value. The
-        first call allocates the buffers with the incoming dtype and device."""
+        first call allocates the buffers with the incoming dtype and device; after :meth:`count_ahead`,
+        the slots are written at the device count ``count`` (no host integer)."""
         k = keys.shape[2]
+        if self._ahead:
+            self._ahead, at = 0, self.count + torch.arange(k, device=self.count.device)
+            fields = self._encode(keys, values) | {"positions": positions.expand(*keys.shape[:2], k)}
+            for name, t in fields.items():
+                self.buffers[name].index_copy_(2, at, t)
+            for name, fill in self.fills.items():
+                self.buffers[name].index_fill_(2, at, fill)
+            self.count += k
+            return
         if not self.buffers:
             self._allocate(keys, values, self.capacity_for(k))
         else:
@@ -182,11 +207,32 @@ class SlotStore(MergingStorage):
         if self.buffers and self.n + k > self.capacity:
             self._reallocate(self.capacity_for(self.n + k))
 
+    def count_ahead(self, k: int, grows: bool) -> None:
+        """Before a compiled step of ``k`` tokens (``SlotStorage.count_ahead``): on a growing layer, with
+        room made, ``n`` counts the step's slots now, and the step writes them at the device count
+        ``count`` and attends over the whole capacity with a validity mask (:meth:`attend`), as
+        transformers' StaticCache does: its graph has the same shapes and no host integer at every step
+        (Dynamo would recompile as ``n`` changes, CUDA graph trees record one graph per value). The
+        count is set from ``n``, and the slots past it zeroed (masked slots must hold finite numbers;
+        buffers grown later are zeroed, :meth:`_reallocate`), whenever ``n`` changed outside these
+        steps. A bounded layer is static once full: nothing."""
+        if not grows:
+            return
+        if self.n != self._synced:
+            for buf in self.buffers.values():
+                buf.narrow(2, self.n, buf.shape[2] - self.n).zero_()
+            if self.count is None:
+                self.count = torch.zeros((), dtype=torch.long, device=self.buffers["positions"].device)
+            self.count.fill_(self.n)
+        self.n += k
+        self._ahead, self._synced = k, self.n
+
     def _reallocate(self, cap: int) -> None:
-        """Move the valid slots into buffers of ``cap`` slots (the old ones are released)."""
+        """Move the valid slots into buffers of ``cap`` slots, zeros past them (the old ones are
+        released)."""
         new = {}
         for name, buf in self.buffers.items():
-            new[name] = buf.new_empty((*buf.shape[:2], cap, *buf.shape[3:]))
+            new[name] = buf.new_zeros((*buf.shape[:2], cap, *buf.shape[3:]))
             new[name][:, :, : self.n] = buf[:, :, : self.n]
         self.buffers = new
 
@@ -342,17 +388,25 @@ class SlotStore(MergingStorage):
         """Decode attention over the slots (``SlotStorage.attend``): fused SDPA when the method needs
         nothing back, no bias and no soft-cap; otherwise ``kernels.decode_attention`` with the bias,
         returning the group-mean probabilities or the logits, with the ``score_decay`` update fused
-        into the ``scores`` field (the one write outside the store's operations)."""
-        needs, keys, values = traits.needs, self.view("keys"), self.view("values")
+        into the ``scores`` field (the one write outside the store's operations). A growing layer's
+        compiled step (:meth:`count_ahead`) attends over the whole capacity, the slots past ``count``
+        masked (-inf logits)."""
+        needs, valid, read = traits.needs, None, self.view
+        if self.count is not None and torch.compiler.is_compiling():  # nothing asked back: needs none
+            valid = torch.arange(self.capacity, device=query.device).view(1, 1, -1) < self.count
+            read = self._whole
+        keys, values = read("keys"), read("values")
         if needs == "none" and not traits.uses_log_weight and softcap is None:
-            return F.scaled_dot_product_attention(query, keys, values, scale=scaling, enable_gqa=True), None
+            out = F.scaled_dot_product_attention(query, keys, values, valid, scale=scaling, enable_gqa=True)
+            return out, None
+        bias = read("log_weight") if traits.uses_log_weight or valid is not None else None
         decay = traits.score_decay if needs == "probs" else None
         fused = None if decay is None else self.view("scores")  # updated in place
         out, scores = decode_attention(
             query,
             keys,
             values,
-            self.view("log_weight") if traits.uses_log_weight else None,
+            bias if valid is None else torch.where(valid, bias, float("-inf")),
             scaling,
             return_logits=needs == "logits",
             scores=fused,

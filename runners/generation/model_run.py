@@ -44,9 +44,11 @@ def compiled_forward(model: torch.nn.Module):
     """``torch.compile`` of ``model``'s forward, made once per model and kept on the model object
     (not as a submodule). Inductor on every device; on CUDA ``mode="reduce-overhead"`` (CUDA graphs
     over the whole step), the whole step as one graph (``fullgraph``: a method that breaks the graph
-    raises instead of running partly eager). Integers start static; the token position, which
-    changes at every step, becomes symbolic after the first recompilation (Dynamo's automatic
-    dynamic shapes), and a compressing layer has the same shapes at every step once it is full."""
+    raises instead of running partly eager). The step takes no integer that changes per step
+    (``CompressedCache.prepare_graph_step`` counts its tokens and slots ahead; positions and counts
+    are device tensors): a growing layer attends over its buffers' static capacity with a validity
+    mask, a compressing one has the same shapes once full, so a sample's steps compile once (another
+    sample's buffer sizes once more, then symbolic: Dynamo's automatic dynamic shapes)."""
     fn = model.__dict__.get("_kvbench_compiled")
     if fn is None:
         torch._dynamo.reset()  # one model per run: earlier models' graphs would count towards the limit
