@@ -149,7 +149,7 @@ def parser() -> Parser:
     )
     p.add_argument("--results-dir", default=default_results_dir(), help="the result store (must exist)")
     p.add_argument("--out", default=None, help="output directory (default <results-dir>/reports)")
-    p.add_argument("--scale", default="smoke", choices=("smoke", "paper"), help="experiment reports")
+    p.add_argument("--scale", default="smoke", choices=("smoke", "cpu", "paper"), help="experiment reports")
     p.add_argument("--task", help="keep runs of this task (registry name: xsum, infinitebench, ...)")
     p.add_argument("--model", help="keep runs of this model (model.name)")
     p.add_argument("--method", action="append", help="keep this method, preset or label (repeatable)")

@@ -1,9 +1,12 @@
 """Tables of cell means for the experiment reports (``reports.experiment``): one row per index
-tuple with a column group per budget, FullKV as a reference row, and the paper's numbers
-(``report.paper.cells``) beside ours.
+tuple with a column group per budget, FullKV as a reference row, the paper's numbers
+(``report.paper.cells``) beside ours, and each cell's ratio to a reference cell (``report.ratio``).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
@@ -65,6 +68,85 @@ def paper_cells(spec: DictConfig, index: list[str], columns: list[str]) -> pd.Da
             frame[key] = None
         frame[key] = frame[key].map(label)
     return frame
+
+
+@dataclasses.dataclass(frozen=True)
+class StandIn:
+    """One of our models standing in for a paper's model: a random-weight model (``loader: random``)
+    of the paper model's shape, ``paper`` its shape's name (``llama2-7b``), ``note`` what differs."""
+
+    paper: str
+    note: str
+
+
+def stand_in(name: str, model: Mapping) -> StandIn | None:
+    """What our model ``name`` (its config ``model``) stands in for in the paper's cells: a
+    random-weight model of a named shape is the paper's model of that name (timings do not
+    depend on weight values), at any depth; None for any other model."""
+    if model.get("loader") != "random" or not model.get("shape"):
+        return None
+    layers = model.get("num_layers")
+    depth = f"its first {layers} decoder layers" if layers else "every decoder layer"
+    note = (
+        f"Ours, {name}: {model['shape']}'s shape with random weights, {depth} "
+        f"({model.get('dtype', 'float32')}); the paper's columns are its trained {model['shape']} "
+        "at full depth on its hardware: compare the ratios, not tokens/s."
+    )
+    return StandIn(str(model["shape"]), note)
+
+
+def with_stand_ins(paper: pd.DataFrame, stand_ins: Mapping[str, StandIn]) -> pd.DataFrame:
+    """The paper's cells (:func:`paper_cells`) with, for each of our models that stands in for a
+    paper model, a copy of that model's cells under our model's name."""
+    copies = [paper[paper["model"] == s.paper].assign(model=name) for name, s in stand_ins.items()]
+    copies = [c for c in copies if len(c)]
+    return pd.concat([paper, *copies], ignore_index=True) if copies else paper
+
+
+def ratio_table(
+    means: pd.DataFrame,
+    paper: pd.DataFrame,
+    keys: list[str],
+    value: str,
+    reference: Mapping,
+    model: str | None,
+) -> pd.DataFrame:
+    """Per cell (``keys``, labelled as :func:`frame.label`): ``value``, the reference cell's (the
+    same keys with ``reference``'s values: ``{method: fullkv}`` is FullKV in the same setting),
+    their ratio, and the paper's ``value`` and ratio for the same cell where the paper has both.
+    ``means`` are our cell means (:func:`reports.frame.cell_means`), ``paper`` its cells
+    (stand-ins included); ``model`` names our one model when ``keys`` has no ``model``."""
+    ref = {k: label(v) for k, v in reference.items()}
+    theirs = paper if model is None or "model" in keys else paper[paper["model"] == model]
+
+    def lookup(frame: pd.DataFrame) -> dict[tuple, float]:
+        if value not in frame:
+            return {}
+        done = frame.dropna(subset=[value])
+        return {tuple(r[keys]): float(r[value]) for _, r in done.iterrows()}
+
+    def ratio(top: float | None, bottom: float | None) -> float | None:
+        return None if top is None or not bottom else top / bottom
+
+    ours, papers = lookup(means), lookup(theirs)
+    rows = []
+    for cell in ordered(map(tuple, means[keys].itertuples(index=False))):
+        against = tuple(ref.get(k, v) for k, v in zip(keys, cell, strict=True))
+        mine, base = ours.get(cell), ours.get(against)
+        theirs_value, theirs_base = papers.get(cell), papers.get(against)
+        rows.append(
+            {
+                **dict(zip(keys, cell, strict=True)),
+                value: mine,
+                f"reference {value}": base,
+                "ratio": ratio(mine, base),
+                f"paper: {value}": theirs_value,
+                "paper: ratio": ratio(theirs_value, theirs_base),
+            }
+        )
+    table = pd.DataFrame(rows)
+    empty = [c for c in (f"paper: {value}", "paper: ratio") if c in table and table[c].isna().all()]
+    return table.drop(columns=empty)
 
 
 def with_paper(

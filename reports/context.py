@@ -4,7 +4,7 @@ it and neither imports the other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -19,7 +19,8 @@ from runners.results.store import ResultStore
 class Context:
     """What every report kind reads: the job frame, the spec, the jobs, their records (by run id),
     the table's index keys, the store, the figure title, the models of our runs, and the
-    ``--baseline`` and ``--resamples`` of the paired differences."""
+    ``--baseline`` and ``--resamples`` of the paired differences, and our models standing in for
+    the paper's (random weights of its shape)."""
 
     frame: pd.DataFrame
     spec: DictConfig
@@ -31,6 +32,8 @@ class Context:
     models: list[str]
     baseline: str | None = None
     n_resamples: int = RESAMPLES
+    #: Our models that stand in for a paper's (``reports.cells.stand_in``: random weights of its shape).
+    stand_ins: dict = field(default_factory=dict)
 
     def hue(self, key: str) -> figures.Hue:
         """The hue of ``key`` with the spec's ``legend`` names and title."""

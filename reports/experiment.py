@@ -13,7 +13,11 @@ What to show comes from the experiment file's ``report`` node (``configs/experim
     ``{x, y, hue, facet}`` for a line plot of the cell means (``table`` kind).
 ``paper``
     ``{source, cells}``: the paper's numbers; shown in columns next to ours when the model is the
-    same, otherwise as a separate reference table (the paper's model, not ours).
+    same (or ours is random weights of its shape, at any depth: the header says so), otherwise as
+    a separate reference table (the paper's model, not ours).
+``ratio``
+    ``{value, reference}``: each cell's value over the reference cell's (``{method: fullkv}``:
+    FullKV in the same setting), beside the paper's ratio, in a table of its own.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ import pandas as pd
 
 from reports import figures, style, tables
 from reports import incomplete as left_out
-from reports.cells import display_keys, markdown, ordered
+from reports.cells import display_keys, markdown, ordered, stand_in
 from reports.context import Context
-from reports.frame import job_frame, near_misses, not_done, report_jobs
+from reports.frame import job_frame, key_value, near_misses, not_done, report_jobs
 from reports.kinds import KINDS
 from reports.paired import RESAMPLES
 from reports.pairing import Pairing, describe, model_key, pair_frame
@@ -39,14 +43,17 @@ from runners.results.store import ResultStore, atomic_write_text, setting_of
 
 @dataclass
 class Report:
-    """A rendered report: Markdown text, the main table, the files written and the figures drawn
-    (:class:`~reports.style.Plot`, their matplotlib figures closed but readable)."""
+    """A rendered report: Markdown text, the main table, the files written, the figures drawn
+    (:class:`~reports.style.Plot`, their matplotlib figures closed but readable), the pairing's
+    notes and the extra tables by heading."""
 
     markdown: str
     table: pd.DataFrame
     files: list[Path] = field(default_factory=list)
     plots: list[style.Plot] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The extra tables under their headings (the ratio to FullKV, paired differences, ...).
+    parts: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def build(
@@ -82,7 +89,8 @@ def build(
     stem = Path(out_dir) / f"{experiment}_{scale}"
     models = ordered(frame["model"].map(str))
     title = f"{spec.title} ({scale}: {', '.join(models)})"
-    ctx = Context(frame, spec, jobs, records, index, store, title, models, baseline, n_resamples)
+    stand_ins = _stand_ins(jobs, records)
+    ctx = Context(frame, spec, jobs, records, index, store, title, models, baseline, n_resamples, stand_ins)
     table, plots, extra = KINDS[spec.kind](ctx)
     distinct = frame.drop_duplicates("run_id")
     finished = int(distinct["status"].isin(["ok", UNPAIRED]).sum())
@@ -97,6 +105,8 @@ def build(
             if spec.kind == "table"
             else "."
         ),
+        "",
+        *(["", *notes] if (notes := _stand_in_notes(spec, stand_ins)) else []),
         "",
         markdown(display_keys(table, hue)),
     ]
@@ -127,7 +137,29 @@ def build(
         tex += "\n" + tables.latex(tables.display(display_keys(part, hue)), f"{title}: {heading}")
     atomic_write_text(stem.with_suffix(".tex"), tex)
     files = [stem.with_suffix(".md"), stem.with_suffix(".tex"), *files]
-    return Report(text, table, files, plots, pairing.notes())
+    return Report(text, table, files, plots, pairing.notes(), dict(extra))
+
+
+def _stand_ins(jobs, records: dict[str, dict | None]) -> dict:
+    """Our models (by the name the report shows) that stand in for a paper's model
+    (:func:`reports.cells.stand_in`), read from each job's record, else its config."""
+    out = {}
+    for job in jobs:
+        record = records.get(job.run_id)
+        model = ((record or {}).get("config") or {}).get("model") or job.config.get("model") or {}
+        name = str(key_value(job, record, "model"))
+        found = stand_in(name, model)
+        if found is not None:
+            out[name] = found
+    return out
+
+
+def _stand_in_notes(spec, stand_ins: dict) -> list[str]:
+    """What differs between each of our stand-in models and the paper model whose cells it stands
+    beside (none for a stand-in of a model the paper has no cells of)."""
+    cells = spec.paper.cells if spec.get("paper") else []
+    cited = {str(cell.get("model")) for cell in cells}
+    return [s.note for s in stand_ins.values() if s.paper in cited]
 
 
 #: The status a finished run gets in a report's frame when it was scored on other samples.
@@ -140,8 +172,14 @@ def paired(
     """The job frame with each finished run that :func:`reports.pairing.pair` leaves out marked
     ``unpaired`` (its reason in ``error``): cells and figures then skip it, the report lists it.
     A job's run is its setting's newest finished run (``ResultStore.find``); the pairing names the
-    setting's runs on other inputs and the jobs whose run is incomplete (shards missing)."""
+    setting's runs on other inputs and the jobs whose run is incomplete (shards missing). Runs on
+    synthetic prompts (no task) are never paired, never left out."""
     done = frame[frame["status"] == "ok"].drop_duplicates("run_id")
+    # runs on synthetic prompts (efficiency, OOM: no task) have no samples to pair on: their
+    # batch is a shape (ZSMerge Table 1's batch 4 and 8), never "other samples"
+    done = done[
+        done["run_id"].map(lambda r: (records[r].get("config") or {}).get("task") is not None).astype(bool)
+    ]
     runs = pd.DataFrame(
         {
             "run_id": done["run_id"],

@@ -11,7 +11,15 @@ import pandas as pd
 from omegaconf import ListConfig, OmegaConf
 
 from reports import figures, style
-from reports.cells import ordered, paper_cells, spread_reference, wide_table, with_paper
+from reports.cells import (
+    ordered,
+    paper_cells,
+    ratio_table,
+    spread_reference,
+    wide_table,
+    with_paper,
+    with_stand_ins,
+)
 from reports.context import Context
 from reports.experiment_paired import HEADING, paired_table
 from reports.frame import cell_means, label
@@ -69,7 +77,7 @@ def failed_hues(ctx: Context, hue: str) -> dict[str, str]:
 
 
 def _paper_points(ctx: Context, hue: str, x: str, metrics: list[str]) -> pd.DataFrame:
-    paper = paper_cells(ctx.spec, [hue], [x])
+    paper = with_stand_ins(paper_cells(ctx.spec, [hue], [x]), ctx.stand_ins)
     if paper.empty:
         return paper
     paper = paper[paper["model"].isin(ctx.models)]
@@ -120,9 +128,11 @@ def _table_kind(ctx: Context) -> Rendered:
         )
         per = wide_table(cell_means(frame, [*index, *columns], subsets), index, columns, subsets)
         extra.append(("Per dataset", spread_reference(per, index)))
-    paper = paper_cells(spec, index, columns)
+    paper = with_stand_ins(paper_cells(spec, index, columns), ctx.stand_ins)
+    several = "model" in index and len(ctx.models) > 1
+    if spec.get("ratio"):
+        extra.insert(0, _ratio_part(ctx, paper, [*index, *columns], None if several else ctx.models[0]))
     if len(paper):
-        several = "model" in index and len(ctx.models) > 1
         table = with_paper(table, paper, index, columns, values, None if several else ctx.models[0])
         if not set(ctx.models) <= set(paper["model"]):
             paper_index = index if "model" in index else ["model", *index]
@@ -130,6 +140,28 @@ def _table_kind(ctx: Context) -> Rendered:
             others = ", ".join(m for m in ctx.models if m not in set(paper["model"]))
             extra.append((f"The paper's numbers ({spec.paper.source}; its models, not {others})", ref))
     return spread_reference(table, index), plots, extra
+
+
+def _ratio_part(
+    ctx: Context, paper: pd.DataFrame, keys: list[str], model: str | None
+) -> tuple[str, pd.DataFrame]:
+    """``report.ratio`` (``{value, reference}``): each cell's value over its reference cell's,
+    beside the paper's ratio (:func:`reports.cells.ratio_table`), as a titled extra table."""
+    value = str(ctx.spec.ratio.value)
+    reference = OmegaConf.to_container(ctx.spec.ratio.reference, resolve=True)
+    keys = ordered(keys)
+    means = cell_means(ctx.frame, keys, [value])
+    table = ratio_table(means, paper, keys, value, reference, model)
+    against = ", ".join(f"{k}={v}" for k, v in reference.items())
+    table.attrs["caption"] = (
+        f"ratio: the cell's {value} over the reference cell's ({against}, every other key the cell's)"
+        + (
+            "; paper: the same from the paper's cells (the header says what our model is)."
+            if "paper: ratio" in table
+            else "."
+        )
+    )
+    return f"{value} over the reference ({against})", table
 
 
 def _sensitivity_kind(ctx: Context) -> Rendered:

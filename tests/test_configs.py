@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from methods import METHOD_REGISTRY
-from runners.models.loading import validate_model_config
+from runners.models.loading import resolve_model_config, validate_model_config
 from runners.models.sources import MODEL_SOURCES
 from runners.results.sweep_jobs import experiment_names
 from runners.setup.build import registered_name
@@ -49,17 +50,40 @@ def test_experiment_glob_matches_the_experiment_files():
     assert names == experiment_names() and len(names) >= 12
 
 
-@pytest.mark.parametrize("scale", ["smoke", "paper"])
+#: The throughput tables: random weights of a shape at every scale (smoke: SmolLM2's, 2 layers),
+#: and the scales each has (``cpu``: 2 layers of Llama-2-7B's shape).
+RANDOM_WEIGHTS = {
+    "zsmerge_table1": ("smoke", "cpu", "paper"),
+    "keepkv_table1": ("smoke", "cpu", "paper"),
+    "keepkv_table1_maxbatch": ("smoke", "paper"),
+}
+
+
+@pytest.mark.parametrize("scale", ["smoke", "cpu", "paper"])
 @pytest.mark.parametrize("option", options("experiment"))
 def test_every_experiment_sweep_job_composes_and_validates(option, scale):
     """Every job ``python run.py -m experiment=<option> scale=<scale>`` would launch composes, its
-    method builds, and it names the model the scale asks for; smoke runs the embedded model."""
+    method builds, and it names the model the scale asks for; smoke runs the embedded model, or for
+    the throughput tables random weights of its shape; ``cpu`` is the throughput tables' alone. A
+    random model's composed config is the one its run records (the report finds runs by it)."""
+    if scale not in RANDOM_WEIGHTS.get(option, ("smoke", "paper")):
+        pytest.skip(f"{option} has no scale={scale}")
     base, jobs = sweep_jobs(option, scale)
     assert jobs and base.report.kind in ("table", "sensitivity", "curve", "error")
     for job in jobs:
         assert job.name("method") in METHOD_REGISTRY
         validate_model_config(job.cfg.model)
+        if job.cfg.model.loader == "random":
+            resolved = OmegaConf.create(job.config["model"])
+            resolve_model_config(resolved)  # fills the null fields as a run does (no weights built)
+            assert OmegaConf.to_container(resolved) == job.config["model"], option
     models = {job.cfg.model.name for job in jobs}
+    if option in RANDOM_WEIGHTS:
+        assert {job.cfg.model.loader for job in jobs} == {"random"}
+        shape = "smollm2-135m" if scale == "smoke" else "llama2-7b"
+        assert {job.cfg.model.shape for job in jobs} == {shape}
+        assert {job.cfg.model.num_layers for job in jobs} == ({None} if scale == "paper" else {2})
+        return
     assert (models == {"smollm2-135m"}) == (scale == "smoke")
     if scale == "smoke":
         assert {job.cfg.model.loader for job in jobs} == {"embedded_gguf"}

@@ -258,3 +258,24 @@ def test_process_peak_keeps_what_a_run_window_leaves_out():
     run = peak_rss_bytes()
     assert run < before - 64 * 2**20  # the window was reset
     assert process_peak_rss_bytes() >= before
+
+
+@pytest.mark.integration
+def test_oom_search_then_times_the_largest_batch_it_found(tmp_path):
+    """``runner.measure_repeats``: after the search, the threshold's shape is timed as the
+    efficiency runner times it (KeepKV Table 1 at the largest batch that fits)."""
+    proc = run_cli(
+        tmp_path, "runner=oom", "model=random", "model.shape=tiny", "method=h2o", "budget=0.25",
+        "runner.prompt_len=64", "runner.gen_len=4", "runner.low=1", "runner.high=3",
+        "runner.memory_cap_gb=6", "+runner.measure_repeats=2", "+runner.measure_warmup_steps=1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(next((tmp_path / "results" / "runs").glob("*/record.json")).read_text())
+    assert record["metrics"]["max_batch"] == 3  # the tiny model fits everything: high
+    eff = record["efficiency"]
+    assert eff["at_threshold_batch_size"] == 3 and eff["at_threshold_prompt_len"] == 64
+    assert (
+        len(eff["probes"]) == 1 and record["metrics"]["tokens_per_s"] == eff["at_threshold_tokens_per_s"] > 0
+    )
+    assert record["metrics"]["tokens_per_s"] == pytest.approx(3 * 4 / eff["at_threshold_latency_seconds"])
+    assert "h2o: 3 x 64 + 4 ->" in proc.stdout

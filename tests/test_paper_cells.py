@@ -10,6 +10,7 @@ import numbers
 import pytest
 from omegaconf import ListConfig, OmegaConf
 
+from reports.cells import stand_in
 from runners.results.sweep_jobs import Job, experiment_names
 from runners.sweeps.experiment_jobs import sweep_jobs
 
@@ -26,8 +27,12 @@ def with_cells() -> list[str]:
 
 
 def job_value(job: Job, key: str) -> object:
-    """A cell key's value for a job: a config group's chosen preset (the model preset's name), or
-    a field of the job's stored config (``budget`` null where the method ignores it)."""
+    """A cell key's value for a job: a config group's chosen preset (the model preset's name; for
+    random weights of a paper model's shape, that model: ``reports.cells.stand_in``), or a field of
+    the job's stored config (``budget`` null where the method ignores it)."""
+    found = stand_in(job.cfg.model.name, job.config["model"]) if key == "model" else None
+    if found is not None:
+        return found.paper
     if key in GROUPS:
         return job.choice(key) or (job.cfg.model.name if key == "model" else job.name(key))
     return OmegaConf.select(OmegaConf.create(job.config), key, default=None)
@@ -81,6 +86,13 @@ def test_kvmerger_numbers_sit_under_the_papers_checkpoints(paper_sweeps):
 def test_zsmerge_table1_runs_in_the_papers_float32_and_stores_its_latencies(paper_sweeps):
     base, jobs = paper_sweeps["zsmerge_table1"]
     assert {job.cfg.model.dtype for job in jobs} == {"float32"}
+    # the paper's shape at full depth, random weights (timings do not depend on their values)
+    assert {(job.cfg.model.loader, job.cfg.model.shape, job.cfg.model.num_layers) for job in jobs} == {
+        ("random", "llama2-7b", None)
+    }
+    assert {(job.cfg.runner.prompt_len, job.cfg.runner.gen_len) for job in jobs} == {
+        (n, n) for n in (1024, 2048, 4096)
+    }
     cells = OmegaConf.to_container(base.report.paper.cells)
     assert all({"tokens_per_s", "latency_seconds"} <= set(c) for c in cells)
     shapes = {(c["runner.prompt_len"], c["runner.batch_size"]) for c in cells}

@@ -11,6 +11,11 @@ fits a memory cap, found by bisection. An OOM is a recorded outcome of a probe, 
 
 A probe is one full measurement shape: prefill and ``probe_steps`` decode steps
 (``runners.measure.timing.timed_generate``), with the method's budget resolved for that prompt.
+
+``runner.measure_repeats=N`` then times the threshold's shape as ``runner=efficiency`` does
+(``runners.measure.efficiency.measure``: ``runner.measure_warmup_steps``, N repeats, medians): on
+CUDA in this process under the same cap, on CPU in this process (the shape fitted under the cap in
+the child). KeepKV Table 1's throughput at the largest batch a method fits.
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ from dataclasses import asdict, dataclass
 import torch
 from omegaconf import OmegaConf
 
-from runners.measure.efficiency import start_synthetic_run
+from runners.measure.efficiency import measure, start_synthetic_run
 from runners.output.record import failure, is_oom, new_record, recording
 from runners.setup.budget import resolve_budget
-from runners.setup.build import build_method
-from runners.setup.options import OomOptions
+from runners.setup.build import build_method, run_budget
+from runners.setup.options import EfficiencyOptions, OomOptions
 from runners.setup.quant_kind import storage_of
 from runners.setup.settings import RunSettings, check_device, read_settings
 from tasks.errors import KVBenchError
@@ -221,6 +226,33 @@ def check_search(settings: RunSettings) -> None:
         raise KVBenchError("runner.memory_cap_gb is required on CPU (the child process' address-space cap)")
 
 
+def measure_at(
+    settings: RunSettings, method, storage, model: torch.nn.Module | None, batch: int, prompt_len: int
+) -> dict:
+    """The efficiency block (``runners.measure.efficiency.summarise``) of ``batch`` prompts of
+    ``prompt_len`` tokens: ``runner.measure_warmup_steps``, ``runner.measure_repeats`` timed runs
+    of ``runner.gen_len`` tokens. Loads the model on the CPU unless given (CUDA: the capped one)."""
+    from runners.models.loading import load_model
+
+    r = settings.runner
+    model = model if model is not None else load_model(settings.model, "cpu")
+    shape = EfficiencyOptions(
+        name="efficiency",
+        progress=r.progress,
+        prompt_len=prompt_len,
+        gen_len=r.gen_len,
+        batch_size=batch,
+        warmup_steps=r.measure_warmup_steps,
+        repeats=r.measure_repeats,
+    )
+    budget = resolve_budget(
+        run_budget(settings, method), prompt_len, settings.model.max_context, settings.budget_unit
+    )
+    timed, _ = measure(model, method, shape, settings.seed, budget, storage)
+    print(f"{method.label}: {batch} x {prompt_len} + {r.gen_len} -> {timed['tokens_per_s']:.2f} tokens/s")
+    return timed | {"batch_size": batch, "prompt_len": prompt_len}
+
+
 def run_oom(settings: RunSettings) -> dict:
     """Find the OOM threshold of the method of ``settings`` and return its record (status ``ok`` even
     when nothing fits: the threshold is then None and every probe says ``oom``).
@@ -230,7 +262,7 @@ def run_oom(settings: RunSettings) -> dict:
     KVBenchError
         For bad input, before any probe.
     """
-    method, _, config, store, rid, done = start_synthetic_run(settings, check_search)
+    method, storage, config, store, rid, done = start_synthetic_run(settings, check_search)
     if done is not None:
         return done
     r = settings.runner
@@ -266,15 +298,23 @@ def run_oom(settings: RunSettings) -> dict:
     with recording(settings.config, store, record):  # an OOM inside a probe is an outcome, never raised here
         threshold, probes = largest_fitting(fits, r.low, r.high)
         key = "max_batch" if r.search == "batch" else "max_context"
+        metrics = {key: threshold}
+        if r.measure_repeats and threshold is not None:
+            timed = measure_at(settings, method, storage, model, *probe_shape(r, r.search, threshold))
+            metrics |= {k: timed[k] for k in ("tokens_per_s", "latency_seconds")}
+            efficiency_at = {f"at_threshold_{k}": v for k, v in timed.items() if not isinstance(v, list)}
+        else:
+            efficiency_at = {}
         record.update(
             status="ok",
-            metrics={key: threshold},
+            metrics=metrics,
             efficiency={
                 "search": r.search,
                 "threshold": threshold,
                 "memory_cap_bytes": cap,
                 "cuda_memory_fraction": r.cuda_memory_fraction,
                 "probes": [asdict(p) for p in probes],
+                **efficiency_at,
             },
         )
     print(f"{method.label}: largest {r.search} that fits = {threshold}")

@@ -90,6 +90,10 @@ class OomOptions(Progress):
     memory_cap_gb: float | None = option(4.0, low=0)
     cuda_memory_fraction: float | None = option(None, low=0, high=1)
     probe_timeout_s: float = option(1800, low=0)
+    #: Timed repeats at the threshold found (the efficiency runner's measurement, same prompt and
+    #: gen_len); 0: none. Not in configs/runner/oom.yaml, so the OOM runs stored before keep their ids.
+    measure_repeats: int = option(0, low=0)
+    measure_warmup_steps: int = option(8, low=0)
 
 
 @dataclass
