@@ -32,22 +32,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_cuda import build_model
+
 from methods import METHOD_REGISTRY
 from runners.generation.model_run import set_decode_backend
 from runners.measure.timing import Decoder, synthetic_prompts
 from runners.output.environment import device_info
-
-
-def build_model(shape: str, layers: int | None, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    """A random Llama of ``shape`` (``runners.models.shapes.SHAPES``), ``layers`` decoder layers if
-    given: the ``random`` model source's build (``runners.models.random_weights.build_random``)."""
-    from omegaconf import OmegaConf
-
-    from runners.models.random_weights import build_random
-
-    node = OmegaConf.create({"shape": shape, "num_layers": layers, "seed": 0})
-    kwargs = {"dtype": dtype, "attn_implementation": "kvbench"}
-    return build_random(node, kwargs, torch.device(device)).eval()
 
 
 def _sync(device: str) -> None:
@@ -137,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     set_decode_backend(args.backend)
-    model = build_model(args.shape, args.layers, getattr(torch, args.dtype), args.device)
+    model = build_model(args.shape, getattr(torch, args.dtype), args.device, args.layers)
     layers = model.config.num_hidden_layers
     print(f"device: {device_info(torch.device(args.device))}; {args.shape} ({args.dtype}, {layers} layers), "
           f"batch {args.batch}, backend {args.backend}, median of {args.steps} steps")  # fmt: skip
