@@ -106,16 +106,18 @@ class SlotStore(MergingStorage):
             return self._read(name)
         raise KeyError(f"the layer holds no {name!r} (fields: {sorted(self.buffers) or 'none yet'})")
 
-    def _read(self, name: str) -> torch.Tensor:
-        """Keys or values held as codes, decoded: ``[batch, kv_heads, n, head_dim]`` (model dtype)."""
-        fields = {f: self.view(f) for f in self.kv_fields if f.startswith(f"{name}.")}
+    def _read(self, name: str, whole: bool = False) -> torch.Tensor:
+        """Keys or values held as codes, decoded: ``[batch, kv_heads, n, head_dim]`` (model dtype);
+        ``whole``: over every slot of the capacity."""
+        fields = {
+            f: self.buffers[f] if whole else self.view(f) for f in self.kv_fields if f.startswith(f"{name}.")
+        }
         return self.codec.decode(name, fields).to(self.dtype)
 
     def _whole(self, name: str) -> torch.Tensor:
         """Field ``name`` over every slot of the capacity, valid or not: ``[batch, kv_heads, capacity,
         *extra]`` (keys and values held as codes: decoded)."""
-        fields = {f: buf for f, buf in self.buffers.items() if f == name or f.startswith(f"{name}.")}
-        return fields[name] if name in fields else self.codec.decode(name, fields).to(self.dtype)
+        return self.buffers[name] if name in self.buffers else self._read(name, whole=True)
 
     def state_names(self) -> tuple[str, ...]:
         """The method's state fields (``Traits.state_fill``)."""
