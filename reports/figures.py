@@ -117,7 +117,10 @@ def lines(
             if len(band):
                 ax.fill_between(band["xn"], band["low"], band["high"], color=color, alpha=0.15)
         if paper is not None and len(paper):
-            _paper_markers(ax, paper[paper["metric"] == metric], hue, order)
+            shown = paper[paper["metric"] == metric]
+            if facet_value is not None and "facet" in shown:
+                shown = shown[shown["facet"] == facet_value]
+            _paper_markers(ax, shown, hue, order)
         for value, why in (failed or {}).items():
             ax.plot(
                 [],

@@ -76,14 +76,18 @@ def failed_hues(ctx: Context, hue: str) -> dict[str, str]:
     return out
 
 
-def _paper_points(ctx: Context, hue: str, x: str, metrics: list[str]) -> pd.DataFrame:
-    paper = with_stand_ins(paper_cells(ctx.spec, [hue], [x]), ctx.stand_ins)
+def _paper_points(
+    ctx: Context, hue: str, x: str, metrics: list[str], facet: str | None = None
+) -> pd.DataFrame:
+    keys = [x, *([facet] if facet else [])]  # a panel shows the paper's cells of its facet value only
+    paper = with_stand_ins(paper_cells(ctx.spec, [hue], keys), ctx.stand_ins)
     if paper.empty:
         return paper
     paper = paper[paper["model"].isin(ctx.models)]
     present = [m for m in metrics if m in paper]
-    long = paper.melt(id_vars=[hue, x], value_vars=present, var_name="metric", value_name="value").dropna()
-    return long.rename(columns={hue: "hue", x: "x"})
+    long = paper.melt(id_vars=[hue, *keys], value_vars=present, var_name="metric", value_name="value")
+    long = long.dropna()
+    return long.rename(columns={hue: "hue", x: "x", **({facet: "facet"} if facet else {})})
 
 
 def _table_kind(ctx: Context) -> Rendered:
@@ -109,7 +113,7 @@ def _table_kind(ctx: Context) -> Rendered:
                     ctx.hue(hue),
                     ctx.title,
                     ctx.budget_unit(),
-                    _paper_points(ctx, hue, fig.x, ys),
+                    _paper_points(ctx, hue, fig.x, ys, facet),
                     failed_hues(ctx, hue),
                     bool(fig.get("log_y")),
                     fig.get("facet"),
