@@ -112,7 +112,8 @@ def lines(
                     ax.axhspan(group["low"].mean(), group["high"].mean(), color=color, alpha=0.08)
                 continue
             group = group.assign(xn=xs).sort_values("xn")
-            ax.plot(group["xn"], group["mean"], marker="o", color=color, label=f"{label} ({n})")
+            named = f"{label} ({n})" if n else label
+            ax.plot(group["xn"], group["mean"], marker="o", color=color, label=named)
             band = group[group["low"].notna()]
             if len(band):
                 ax.fill_between(band["xn"], band["low"], band["high"], color=color, alpha=0.15)

@@ -94,6 +94,10 @@ def _table_kind(ctx: Context) -> Rendered:
     frame, spec, index = ctx.frame, ctx.spec, ctx.index
     columns, values = list(spec.get("columns") or []), list(spec["values"])
     table = wide_table(cell_means(frame, [*index, *columns], values), index, columns, values)
+    paper = with_stand_ins(paper_cells(spec, index, columns), ctx.stand_ins)
+    several = "model" in index and len(ctx.models) > 1
+    model = None if several else ctx.models[0]
+    ratios = [_ratio_part(ctx, paper, [*index, *columns], model, v) for v in _ratio_values(spec)]
     plots = []
     if spec.get("figure"):
         fig = spec.figure
@@ -101,9 +105,10 @@ def _table_kind(ctx: Context) -> Rendered:
         ys = list(fig.y) if isinstance(fig.y, ListConfig) else [fig.y]
         facet = fig.get("facet")
         keys = ordered([hue, fig.x, *([facet] if facet else [])])
-        points = scored_cells(ctx, keys, ys).rename(
-            columns={hue: "hue", fig.x: "x", **({facet: "facet"} if facet else {})}
-        )
+        names = {hue: "hue", fig.x: "x", **({facet: "facet"} if facet else {})}
+        points, theirs, note = scored_cells(ctx, keys, ys).rename(columns=names), None, None
+        if ratios and ys[0] in _ratio_values(spec):  # the comparable numbers: ratios
+            points, theirs, ys, note = _ratio_points(ratios[_ratio_values(spec).index(ys[0])], names, ys[0])
         if len(points) or failed_hues(ctx, hue):
             plots.append(
                 figures.lines(
@@ -113,10 +118,11 @@ def _table_kind(ctx: Context) -> Rendered:
                     ctx.hue(hue),
                     ctx.title,
                     ctx.budget_unit(),
-                    _paper_points(ctx, hue, fig.x, ys, facet),
+                    _paper_points(ctx, hue, fig.x, ys, facet) if theirs is None else theirs,
                     failed_hues(ctx, hue),
                     bool(fig.get("log_y")),
                     fig.get("facet"),
+                    note,
                 )
             )
     extra = []
@@ -132,10 +138,7 @@ def _table_kind(ctx: Context) -> Rendered:
         )
         per = wide_table(cell_means(frame, [*index, *columns], subsets), index, columns, subsets)
         extra.append(("Per dataset", spread_reference(per, index)))
-    paper = with_stand_ins(paper_cells(spec, index, columns), ctx.stand_ins)
-    several = "model" in index and len(ctx.models) > 1
-    if spec.get("ratio"):
-        extra.insert(0, _ratio_part(ctx, paper, [*index, *columns], None if several else ctx.models[0]))
+    extra[:0] = ratios
     if len(paper):
         table = with_paper(table, paper, index, columns, values, None if several else ctx.models[0])
         if not set(ctx.models) <= set(paper["model"]):
@@ -146,12 +149,36 @@ def _table_kind(ctx: Context) -> Rendered:
     return spread_reference(table, index), plots, extra
 
 
+def _ratio_points(
+    ratio: tuple[str, pd.DataFrame], names: dict[str, str], value: str
+) -> tuple[pd.DataFrame, pd.DataFrame, list[str], str]:
+    """The figure of a ``report.ratio`` experiment: each cell's ratio (ours as points, the paper's as
+    hollow markers) instead of the raw ``value``, whose scales differ between our model and the
+    paper's (a truncated random model beside full depth); ``names`` renames the figure's keys."""
+    heading, table = ratio
+    metric = f"{style.metric_label(value)}, ratio"
+    table = table.rename(columns=names).assign(metric=metric)
+    ours = table.dropna(subset=["ratio"]).assign(mean=lambda t: t["ratio"], low=None, high=None, n=None)
+    theirs = table.dropna(subset=["paper: ratio"]) if "paper: ratio" in table else table.iloc[:0]
+    note = (
+        f"Points: each cell's {heading} in the same run grid; hollow markers: the same ratio from "
+        "the paper's cells."
+    )
+    return ours, theirs.assign(value=theirs.get("paper: ratio")), [metric], note
+
+
+def _ratio_values(spec) -> list[str]:
+    """The values ``report.ratio.value`` names (one or a list); none without ``report.ratio``."""
+    value = spec.ratio.value if spec.get("ratio") else []
+    return [str(v) for v in value] if isinstance(value, ListConfig) else [str(value)] if value else []
+
+
 def _ratio_part(
-    ctx: Context, paper: pd.DataFrame, keys: list[str], model: str | None
+    ctx: Context, paper: pd.DataFrame, keys: list[str], model: str | None, value: str
 ) -> tuple[str, pd.DataFrame]:
-    """``report.ratio`` (``{value, reference}``): each cell's value over its reference cell's,
-    beside the paper's ratio (:func:`reports.cells.ratio_table`), as a titled extra table."""
-    value = str(ctx.spec.ratio.value)
+    """``report.ratio`` (``{value, reference}``, ``value`` one name or a list): each cell's ``value``
+    over its reference cell's, beside the paper's ratio (:func:`reports.cells.ratio_table`), as a
+    titled extra table."""
     reference = OmegaConf.to_container(ctx.spec.ratio.reference, resolve=True)
     keys = ordered(keys)
     means = cell_means(ctx.frame, keys, [value])

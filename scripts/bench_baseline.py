@@ -1,8 +1,9 @@
 """Our FullKV decode step against transformers' own caches, in one process: the same model, batch,
 prompt and dtype, each step a forward of one token per row plus its greedy argmax.
 
-- ``ours``: FullKV through the seam (``runners.measure.timing.Decoder``), eager or ``--backend
-  compiled``;
+- ``ours``: FullKV through the seam (``runners.measure.timing.Decoder``), eager, or ``--backend
+  compiled``, or both (``--backend eager,compiled``: ``ours`` and ``ours compiled``, whose ratio says
+  whether compiling pays);
 - ``dynamic``: transformers' ``DynamicCache``, eager, ``attn_implementation="sdpa"``;
 - ``static``: transformers' ``StaticCache``, eager (and, on CUDA, ``static+compile``: the forward
   compiled with ``mode="reduce-overhead"``, transformers' own generate setting).
@@ -85,7 +86,10 @@ def measure(model, args, prompt: int) -> dict[str, float]:
     total = args.steps + args.warmup
     decoders: dict[str, object] = {}
     model.set_attn_implementation("kvbench")
-    decoders["ours"] = Decoder(model, ids, METHOD_REGISTRY["fullkv"](), None, prompt + total)
+    for backend in args.backends:  # each run keeps the backend it was built with
+        set_decode_backend(backend)
+        name = "ours" if backend == args.backends[0] else f"ours {backend}"
+        decoders[name] = Decoder(model, ids, METHOD_REGISTRY["fullkv"](), None, prompt + total)
     model.set_attn_implementation("sdpa")
     kinds = ["dynamic", "static"] + (["static+compile"] if args.device.startswith("cuda") else [])
     for kind in kinds:
@@ -93,7 +97,7 @@ def measure(model, args, prompt: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in decoders}
     for _ in range(total):
         for name, decoder in decoders.items():
-            if name == "ours":
+            if name.startswith("ours"):
                 model.set_attn_implementation("kvbench")
             times[name].append(decoder.step())
             model.set_attn_implementation("sdpa")
@@ -113,12 +117,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt", default="512,4096", help="comma-separated prompt lengths")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--backend", default="eager", choices=["eager", "compiled"])
+    parser.add_argument("--backend", default="eager", help="eager, compiled, or eager,compiled")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     args.prompts = [int(p) for p in args.prompt.split(",")]
+    args.backends = args.backend.split(",")
+    if not set(args.backends) <= {"eager", "compiled"} or len(set(args.backends)) != len(args.backends):
+        parser.error(f"--backend takes eager, compiled or eager,compiled, got {args.backend!r}")
     if min(args.prompts) < 1 or args.batch < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("prompt lengths, --batch and --steps must be >= 1, --warmup >= 0")
     return args
@@ -126,7 +133,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    set_decode_backend(args.backend)
     model = build_model(args.shape, getattr(torch, args.dtype), args.device, args.layers)
     layers = model.config.num_hidden_layers
     print(f"device: {device_info(torch.device(args.device))}; {args.shape} ({args.dtype}, {layers} layers), "
@@ -137,7 +143,8 @@ def main() -> None:
         best = min(ms["dynamic"], ms["static"])
         rows.append({"prompt": prompt, **ms, "ratio": ms["ours"] / best})
         cells = "  ".join(f"{k} {v:8.2f} ms" for k, v in ms.items())
-        print(f"prompt {prompt:>5}: {cells}  ours / best eager {ms['ours'] / best:.3f}x", flush=True)
+        gain = f"  compiled / eager {ms['ours compiled'] / ms['ours']:.3f}x" if "ours compiled" in ms else ""
+        print(f"prompt {prompt:>5}: {cells}  ours / best eager {ms['ours'] / best:.3f}x{gain}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": {**vars(args)}, "rows": rows}, indent=2, default=str))
 

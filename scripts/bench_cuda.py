@@ -25,6 +25,7 @@ interrupted run keeps the figures it finished.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -69,28 +70,36 @@ def ours(model, ids: torch.Tensor, name: str, budget: int | None, steps: int, wa
 @torch.inference_mode()
 def transformers_static(model, ids: torch.Tensor, steps: int, warmup: int, device: str) -> list[float]:
     """Per-step seconds of ``model.generate`` with a static cache, which transformers compiles itself
-    (``CompileConfig``: ``mode="reduce-overhead"``, full graph): the time of ``steps + warmup`` new
-    tokens minus that of ``warmup`` new tokens, divided by ``steps``."""
-    from transformers import CompileConfig
+    (``CompileConfig``: ``mode="reduce-overhead"``, full graph): a logits processor stamps the wall
+    clock at every step (CUDA synchronised), and a step is the time between two stamps, after
+    ``warmup`` steps. (The difference of two ``generate`` lengths divided by the extra steps is not
+    used: each call's prefill varies by more than a step at long prompts, so it misestimated the
+    step by up to 2-3x on a CPU.)"""
+    from transformers import CompileConfig, LogitsProcessor, LogitsProcessorList
 
     torch._dynamo.reset()  # its graphs must not count towards ours (same forward code object)
     torch._dynamo.config.fail_on_recompile_limit_hit = False
     model.set_attn_implementation("sdpa")
     model.generation_config.cache_implementation = "static"
     model.generation_config.compile_config = CompileConfig(fullgraph=True, mode="reduce-overhead")
+    stamps: list[float] = []
 
-    def timed(new: int) -> float:
-        sync(device)
-        start = time.perf_counter()
-        model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-        sync(device)
-        return time.perf_counter() - start
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            sync(device)
+            stamps.append(time.perf_counter())
+            return scores
 
-    timed(warmup + 2)  # compile
-    short, long = min(timed(warmup) for _ in range(2)), min(timed(warmup + steps) for _ in range(2))
+    def run(new: int) -> None:
+        stamps.clear()
+        model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+                       logits_processor=LogitsProcessorList([Stamp()]))  # fmt: skip
+
+    run(warmup + 2)  # compile
+    run(warmup + steps + 1)
     model.set_attn_implementation("kvbench")
     model.__dict__.pop("_kvbench_compiled", None)  # ours recompiles from a clean slate
-    return [(long - short) / steps]
+    return [b - a for a, b in itertools.pairwise(stamps)][warmup:]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

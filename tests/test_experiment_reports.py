@@ -315,6 +315,14 @@ def test_zsmerge_table1_sets_each_ratio_to_our_fullkv_beside_the_papers(tmp_path
     assert f"llama2-7b's shape with random weights, {depth}" in report.markdown
     cols = list(report.table.columns)  # the paper's tokens/s beside ours in the main table too
     assert cols.index("paper: tokens_per_s @ zsmerge") == cols.index("tokens_per_s @ zsmerge") + 1
+    # the figure draws ratios: a truncated random model's tokens/s is not on the paper's scale
+    (plot,) = report.plots
+    assert set(plot.data["metric"]) == {"throughput (tokens/s), ratio"}
+    batch8 = plot.data[plot.data["facet"] == "8"]  # the panel of batch 8 (paper scale: 4, 8, 16)
+    ours = batch8[batch8["source"].isna()].set_index(["hue", "x"])
+    paper = batch8[batch8["source"] == "paper"].set_index(["hue", "x"])
+    assert ours.loc[("zsmerge", "2048"), "mean"] == pytest.approx(part.loc[("2048", "8", "zsmerge"), "ratio"])
+    assert paper.loc[("zsmerge", "2048"), "value"] == pytest.approx(163.2 / 110.8)
 
 
 def test_keepkv_table1_ratio_is_over_fullkv_at_batch_2_and_smoke_has_no_paper_ratio(tmp_path):
