@@ -3,7 +3,8 @@ prompt and dtype, each step a forward of one token per row plus its greedy argma
 
 - ``ours``: FullKV through the seam (``runners.measure.timing.Decoder``), eager, or ``--backend
   compiled``, or both (``--backend eager,compiled``: ``ours`` and ``ours compiled``, whose ratio says
-  whether compiling pays);
+  whether compiling pays); ``--methods zsmerge,h2o --budget 0.05``: compressed methods beside it, the
+  same steps interleaved, so a shared machine's drift cancels in their speed-ups;
 - ``dynamic``: transformers' ``DynamicCache``, eager, ``attn_implementation="sdpa"``;
 - ``static``: transformers' ``StaticCache``, eager (and, on CUDA, ``static+compile``: the forward
   compiled with ``mode="reduce-overhead"``, transformers' own generate setting).
@@ -90,14 +91,18 @@ def measure(model, args, prompt: int) -> dict[str, float]:
         set_decode_backend(backend)
         name = "ours" if backend == args.backends[0] else f"ours {backend}"
         decoders[name] = Decoder(model, ids, METHOD_REGISTRY["fullkv"](), None, prompt + total)
+    set_decode_backend(args.backends[0])
+    slots = max(2, int(args.budget * prompt))
+    for name in args.methods:  # compressed methods beside FullKV, the same steps interleaved
+        decoders[name] = Decoder(model, ids, METHOD_REGISTRY[name](), slots, prompt + total)
     model.set_attn_implementation("sdpa")
-    kinds = ["dynamic", "static"] + (["static+compile"] if args.device.startswith("cuda") else [])
+    kinds = args.caches + (["static+compile"] if args.device.startswith("cuda") and args.caches else [])
     for kind in kinds:
         decoders[kind] = HFDecoder(model, ids, kind, total)
     times: dict[str, list[float]] = {name: [] for name in decoders}
     for _ in range(total):
         for name, decoder in decoders.items():
-            if name.startswith("ours"):
+            if name.startswith("ours") or name in args.methods:
                 model.set_attn_implementation("kvbench")
             times[name].append(decoder.step())
             model.set_attn_implementation("sdpa")
@@ -120,10 +125,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backend", default="eager", help="eager, compiled, or eager,compiled")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--methods", default="", help="methods timed beside our FullKV (at --budget)")
+    parser.add_argument("--budget", type=float, default=0.05, help="--methods' slots: a share of the prompt")
+    parser.add_argument("--caches", default="dynamic,static", help="transformers' caches ('' for none)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     args.prompts = [int(p) for p in args.prompt.split(",")]
     args.backends = args.backend.split(",")
+    args.methods = [m for m in args.methods.split(",") if m]
+    args.caches = [c for c in args.caches.split(",") if c]
+    if not set(args.methods) <= set(METHOD_REGISTRY) - {"fullkv"}:
+        parser.error(f"--methods takes registered methods other than fullkv, got {args.methods}")
+    if not set(args.caches) <= {"dynamic", "static"}:
+        parser.error(f"--caches takes dynamic, static or both, got {args.caches}")
+    if not 0 < args.budget <= 1:
+        parser.error(f"--budget is a share of the prompt in (0, 1], got {args.budget}")
     if not set(args.backends) <= {"eager", "compiled"} or len(set(args.backends)) != len(args.backends):
         parser.error(f"--backend takes eager, compiled or eager,compiled, got {args.backend!r}")
     if min(args.prompts) < 1 or args.batch < 1 or args.steps < 1 or args.warmup < 0:
@@ -140,11 +156,14 @@ def main() -> None:
     rows = []
     for prompt in args.prompts:
         ms = measure(model, args, prompt)
-        best = min(ms["dynamic"], ms["static"])
-        rows.append({"prompt": prompt, **ms, "ratio": ms["ours"] / best})
+        best = min((ms[c] for c in args.caches), default=None)
+        rows.append({"prompt": prompt, **ms, "ratio": None if best is None else ms["ours"] / best})
         cells = "  ".join(f"{k} {v:8.2f} ms" for k, v in ms.items())
-        gain = f"  compiled / eager {ms['ours compiled'] / ms['ours']:.3f}x" if "ours compiled" in ms else ""
-        print(f"prompt {prompt:>5}: {cells}  ours / best eager {ms['ours'] / best:.3f}x{gain}", flush=True)
+        notes = [] if best is None else [f"ours / best eager {ms['ours'] / best:.3f}x"]
+        if "ours compiled" in ms:
+            notes.append(f"compiled / eager {ms['ours compiled'] / ms['ours']:.3f}x")
+        notes += [f"FullKV / {m} {ms['ours'] / ms[m]:.3f}x" for m in args.methods]
+        print(f"prompt {prompt:>5}: {cells}  {'  '.join(notes)}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": {**vars(args)}, "rows": rows}, indent=2, default=str))
 
