@@ -97,7 +97,8 @@ def _table_kind(ctx: Context) -> Rendered:
     paper = with_stand_ins(paper_cells(spec, index, columns), ctx.stand_ins)
     several = "model" in index and len(ctx.models) > 1
     model = None if several else ctx.models[0]
-    ratios = [_ratio_part(ctx, paper, [*index, *columns], model, v) for v in _ratio_values(spec)]
+    ratio_values = _ratio_values(spec)
+    ratios = [_ratio_part(ctx, paper, [*index, *columns], model, v) for v in ratio_values]
     plots = []
     if spec.get("figure"):
         fig = spec.figure
@@ -107,8 +108,8 @@ def _table_kind(ctx: Context) -> Rendered:
         keys = ordered([hue, fig.x, *([facet] if facet else [])])
         names = {hue: "hue", fig.x: "x", **({facet: "facet"} if facet else {})}
         points, theirs, note = scored_cells(ctx, keys, ys).rename(columns=names), None, None
-        if ratios and ys[0] in _ratio_values(spec):  # the comparable numbers: ratios
-            points, theirs, ys, note = _ratio_points(ratios[_ratio_values(spec).index(ys[0])], names, ys[0])
+        if ys[0] in ratio_values:  # the comparable numbers: ratios
+            points, theirs, ys, note = _ratio_points(ratios[ratio_values.index(ys[0])], names, ys[0])
         if len(points) or failed_hues(ctx, hue):
             plots.append(
                 figures.lines(
@@ -140,7 +141,7 @@ def _table_kind(ctx: Context) -> Rendered:
         extra.append(("Per dataset", spread_reference(per, index)))
     extra[:0] = ratios
     if len(paper):
-        table = with_paper(table, paper, index, columns, values, None if several else ctx.models[0])
+        table = with_paper(table, paper, index, columns, values, model)
         if not set(ctx.models) <= set(paper["model"]):
             paper_index = index if "model" in index else ["model", *index]
             ref = spread_reference(wide_table(paper, paper_index, columns, values), paper_index)
