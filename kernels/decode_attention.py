@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 from kernels.proof import CASES, Case, triton_proven, triton_wanted
 from kernels.switch import BACKEND, RAN
@@ -111,6 +112,29 @@ def decode_attention(
     if scores is not None:
         scores.mul_(decay).add_(mean)
     return out, mean
+
+
+def masked_sdpa(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor | None, scaling: float
+) -> torch.Tensor:
+    """``softmax(q k^T * scaling) V`` over the slots ``valid`` ``[1, 1, slots]`` (bool; None: all), for
+    query ``[batch, q_heads, q_len, head_dim]`` and keys, values ``[batch, kv_heads, slots, head_dim]``
+    (GQA: ``q_heads`` a multiple of ``kv_heads``); returns ``[batch, q_heads, q_len, head_dim]``.
+
+    A masked one-token step on a CPU (a growing layer's compiled step) calls ATen's CPU flash kernel
+    itself, each KV head's query heads as its rows: traced, ``F.scaled_dot_product_attention`` with a
+    mask lowers to the math path, which Inductor fuses with the rotary embedding and the append into
+    one loop nest that ran at half the flash kernel's speed (Llama-2-7B shape, batch 8, 1K context).
+    Everything else is ``F.scaled_dot_product_attention``."""
+    if valid is None or query.device.type != "cpu" or query.shape[2] != 1:
+        return F.scaled_dot_product_attention(query, keys, values, valid, scale=scaling, enable_gqa=True)
+    b, hq, _, d = query.shape
+    hkv = keys.shape[1]
+    bias = torch.where(valid, 0.0, float("-inf")).to(query.dtype).unsqueeze(0)  # [1, 1, 1, slots]
+    rows = query.reshape(b, hkv, hq // hkv, d)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out = flash(rows, keys, values, attn_mask=bias, scale=scaling)[0]
+    return out.reshape(b, hq, 1, values.shape[-1])
 
 
 #: :func:`decode_attention` with ``spec=True``, same arguments: the specification of the decode step,

@@ -172,3 +172,21 @@ def test_the_dispatch_follows_what_the_method_declares():
     sdpa = F.scaled_dot_product_attention(query, keys, values, scale=0.5, enable_gqa=True)
     for out in outs:
         torch.testing.assert_close(out, sdpa)
+
+
+@pytest.mark.parametrize("q_heads", [4, 8])
+def test_the_masked_cpu_step_attention_is_sdpa_over_the_valid_slots(q_heads):
+    """The compiled growing step's attention (``masked_sdpa``: ATen's CPU flash kernel, each KV
+    head's query heads as rows, GQA 2 and 4 query heads a KV head) equals SDPA over the valid slots
+    alone; the slots past the count hold garbage that must not leak in."""
+    from kernels.decode_attention import masked_sdpa
+
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(3, q_heads, 1, 16, generator=gen)
+    keys, values = torch.randn(2, 3, 2, 40, 16, generator=gen)
+    valid = (torch.arange(40) < 29).view(1, 1, -1)
+    keys[:, :, 29:], values[:, :, 29:] = 1e4, -1e4  # past the count
+    want = F.scaled_dot_product_attention(
+        query, keys[:, :, :29], values[:, :, :29], scale=0.3, enable_gqa=True
+    )
+    torch.testing.assert_close(masked_sdpa(query, keys, values, valid, 0.3), want)

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from kernels import decode_attention
+from kernels.decode_attention import masked_sdpa
 from methods.seam.ragged import RaggedStore
 from methods.seam.slots import gather_slots, slot_index
 from methods.seam.storage import KV, PLAIN, Codec, MergingStorage
@@ -399,8 +399,7 @@ class SlotStore(MergingStorage):
             read = self._whole
         keys, values = read("keys"), read("values")
         if needs == "none" and not traits.uses_log_weight and softcap is None:
-            out = F.scaled_dot_product_attention(query, keys, values, valid, scale=scaling, enable_gqa=True)
-            return out, None
+            return masked_sdpa(query, keys, values, valid, scaling), None
         bias = read("log_weight") if traits.uses_log_weight or valid is not None else None
         decay = traits.score_decay if needs == "probs" else None
         fused = None if decay is None else self.view("scores")  # updated in place
