@@ -4,7 +4,8 @@ prompt and dtype, each step a forward of one token per row plus its greedy argma
 - ``ours``: FullKV through the seam (``runners.measure.timing.Decoder``), eager, or ``--backend
   compiled``, or both (``--backend eager,compiled``: ``ours`` and ``ours compiled``, whose ratio says
   whether compiling pays); ``--methods zsmerge,h2o --budget 0.05``: compressed methods beside it, the
-  same steps interleaved, so a shared machine's drift cancels in their speed-ups;
+  same steps interleaved, so a shared machine's drift cancels in their speed-ups (``--shared-prefill``:
+  one prefill forward feeds every cache, ``runners.measure.timing.Decoder.shared``);
 - ``dynamic``: transformers' ``DynamicCache``, eager, ``attn_implementation="sdpa"``;
 - ``static``: transformers' ``StaticCache``, eager (and, on CUDA, ``static+compile``: the forward
   compiled with ``mode="reduce-overhead"``, transformers' own generate setting).
@@ -87,13 +88,18 @@ def measure(model, args, prompt: int) -> dict[str, float]:
     total = args.steps + args.warmup
     decoders: dict[str, object] = {}
     model.set_attn_implementation("kvbench")
-    for backend in args.backends:  # each run keeps the backend it was built with
+    for backend in [] if args.shared_prefill else args.backends:  # each keeps the backend it was built with
         set_decode_backend(backend)
         name = "ours" if backend == args.backends[0] else f"ours {backend}"
         decoders[name] = Decoder(model, ids, METHOD_REGISTRY["fullkv"](), None, prompt + total)
     set_decode_backend(args.backends[0])
     slots = max(2, int(args.budget * prompt))
-    for name in args.methods:  # compressed methods beside FullKV, the same steps interleaved
+    if args.shared_prefill:  # one prefill forward for our FullKV and the methods
+        settings = [(METHOD_REGISTRY["fullkv"](), None)]
+        settings += [(METHOD_REGISTRY[m](), slots) for m in args.methods]
+        shared = Decoder.shared(model, ids, settings, prompt + total)
+        decoders = dict(zip(["ours", *args.methods], shared, strict=True))
+    for name in [] if args.shared_prefill else args.methods:  # compressed methods beside FullKV
         decoders[name] = Decoder(model, ids, METHOD_REGISTRY[name](), slots, prompt + total)
     model.set_attn_implementation("sdpa")
     kinds = args.caches + (["static+compile"] if args.device.startswith("cuda") and args.caches else [])
@@ -128,6 +134,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--methods", default="", help="methods timed beside our FullKV (at --budget)")
     parser.add_argument("--budget", type=float, default=0.05, help="--methods' slots: a share of the prompt")
     parser.add_argument("--caches", default="dynamic,static", help="transformers' caches ('' for none)")
+    parser.add_argument(
+        "--shared-prefill",
+        action="store_true",
+        help="one prefill forward for our FullKV and --methods (eager only; a long prompt's minutes once)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     args.prompts = [int(p) for p in args.prompt.split(",")]
@@ -142,6 +153,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--budget is a share of the prompt in (0, 1], got {args.budget}")
     if not set(args.backends) <= {"eager", "compiled"} or len(set(args.backends)) != len(args.backends):
         parser.error(f"--backend takes eager, compiled or eager,compiled, got {args.backend!r}")
+    if args.shared_prefill and (args.backends != ["eager"] or not args.methods):
+        parser.error("--shared-prefill shares our eager FullKV's prefill with --methods: give both")
     if min(args.prompts) < 1 or args.batch < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("prompt lengths, --batch and --steps must be >= 1, --warmup >= 0")
     return args

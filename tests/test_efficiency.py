@@ -16,7 +16,7 @@ from methods.seam.step import prefill_step
 from runners.generation.greedy import greedy_generate
 from runners.measure.efficiency import measure, summarise
 from runners.measure.oom import OOM_EXIT, Probe, largest_fitting, run_capped
-from runners.measure.timing import TimedRun, timed_generate
+from runners.measure.timing import Decoder, TimedRun, timed_generate
 from runners.setup.options import EfficiencyOptions
 from tests.conftest import REPO
 from tests.test_cli import run_cli
@@ -41,6 +41,26 @@ def test_batch_rows_equal_their_single_prompt_runs(tiny_model, name):
             tiny_model, prompts(3)[row : row + 1], METHOD_REGISTRY[name](**kwargs), budget, STEPS + 1, set()
         )
         assert batch.tokens[row].tolist() == alone.tokens, f"row {row}"
+
+
+def test_decoders_sharing_one_prefill_decode_as_their_own(tiny_model):
+    """``Decoder.shared`` (one FullKV prefill forward fanned out to every setting's cache): each
+    setting's tokens and slot counts are those of its own decoder, FullKV's cache holds the prompt
+    once (it is the forward's own), and a probing method is refused before any work."""
+    ids = prompts(2)
+    settings = [(FullKV(), None), (ZSMerge(), 12), (H2O(), 12)]
+    shared = Decoder.shared(tiny_model, ids, settings, PROMPT + STEPS + 1)
+    alone = [Decoder(tiny_model, ids, m, b, PROMPT + STEPS + 1) for m, b in (
+        (FullKV(), None), (ZSMerge(), 12), (H2O(), 12))]  # fmt: skip
+    for _ in range(STEPS):
+        for decoder in (*shared, *alone):
+            decoder.step()
+    for ours, theirs in zip(shared, alone, strict=True):
+        assert torch.equal(torch.stack(ours.tokens), torch.stack(theirs.tokens))
+        assert ours.cache.n_slots == theirs.cache.n_slots
+    assert shared[0].cache.n_slots[0] == PROMPT + STEPS and shared[1].cache.n_slots[0] <= 12
+    with pytest.raises(ValueError, match="probing"):
+        Decoder.shared(tiny_model, ids, [(METHOD_REGISTRY["kvzip"](), 12)])
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))

@@ -149,6 +149,56 @@ class Decoder:
         _sync(self.device)
         self.prefill_seconds = time.perf_counter() - start
 
+    @classmethod
+    @torch.inference_mode()
+    def shared(
+        cls,
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        settings: list[tuple[CompressionMethod, int | None]],
+        max_tokens: int | None = None,
+    ) -> list[Decoder]:
+        """One decoder per ``(method, budget)`` setting over one prefill forward: FullKV's, whose
+        observer hands every layer's queries, keys and values to each setting's cache, compressed as
+        in its own prefill (``runners.generation.shared_prefill.PrefillFanout``); a FullKV setting's
+        cache is the forward's own (no second copy of the prompt's keys and values). A long prompt's
+        prefill (minutes on a CPU at a 7B shape) then runs once for a speed comparison. Each
+        decoder's ``prefill_seconds`` is the shared forward's.
+
+        Raises
+        ------
+        ValueError
+            For an empty batch or a probing method (it runs forwards of its own: not shared).
+        """
+        from methods import CompressedCache, FullKV
+        from runners.generation.shared_prefill import PrefillFanout
+
+        if input_ids.numel() == 0:
+            raise ValueError(f"need a non-empty batch, got shape {tuple(input_ids.shape)}")
+        if any(method.traits.probes for method, _ in settings):
+            raise ValueError("a probing method runs its own forwards: its prefill is not shared")
+        caches = [CompressedCache.for_model(model, m, b, max_tokens, SlotStore) for m, b in settings]
+        full = [i for i, (m, b) in enumerate(settings) if isinstance(m, FullKV) and b is None][:1]
+        length = input_ids.shape[1]
+        own = caches[full[0]] if full else CompressedCache.for_model(model, FullKV(), None, length)
+        fanout = PrefillFanout([c for i, c in enumerate(caches) if i not in full])
+        driver = ModelRun(model, FullKV(), None, cache=own, observer=fanout)
+        _sync(input_ids.device)
+        start = time.perf_counter()
+        token = driver.prefill(input_ids).argmax(dim=-1)
+        _sync(input_ids.device)
+        seconds = time.perf_counter() - start
+        del driver, own
+        decoders = []
+        for cache, (method, budget) in zip(caches, settings, strict=True):
+            decoder = cls.__new__(cls)
+            decoder.model, decoder.device = model, input_ids.device
+            decoder.batch, decoder.length = input_ids.shape
+            decoder.run = ModelRun(model, method, budget, cache=cache)
+            decoder.cache, decoder.tokens, decoder.prefill_seconds = cache, [token], seconds
+            decoders.append(decoder)
+        return decoders
+
     @torch.inference_mode()
     def step(self) -> float:
         """One decode step for every row; returns its wall time (seconds; CUDA synchronised)."""
