@@ -55,14 +55,14 @@ def figure_command(args, store: ResultStore, out: Path) -> int:
 
 def ruler_command(args, store: ResultStore, out: Path) -> int:
     """The RULER leaderboard: Markdown tables on stdout and in ``ruler.md``, the figure and its CSV."""
-    from reports import ruler, ruler_figure, ruler_table
+    from reports import ruler, ruler_dots, ruler_figure, ruler_table
 
     filters = Filters(args.task, args.model, args.method, args.runner, args.budget_unit, args.limit)
     found = ruler.rows(store, filters)
     compared = ruler_table.paired(ruler.leaderboard(found.frame), store, args.baseline, args.resamples)
     text = ruler_table.markdown(compared.frame, args.label, found.pairing, compared)
-    plot = ruler_figure.draw(compared.frame, args.label, found.pairing)
-    files = plot.save(out)
+    plot = ruler_dots.draw(compared.frame, args.label, found.pairing)
+    files = plot.save(out) + ruler_figure.draw(compared.frame, args.label, found.pairing).save(out)
     (out / "ruler.md").write_text(text, encoding="utf-8")
     print(text)
     for note in found.notes + plot.notes:

@@ -45,9 +45,10 @@ def draw_reference(ax, ref: pd.Series, value: float) -> None:
     )
 
 
-def draw_lines(ax, part: pd.DataFrame) -> str:
+def draw_lines(ax, part: pd.DataFrame, dodge: bool = True) -> str:
     """One line (and band) per method preset, each shifted sideways by a few points (a dodge:
-    equal values of several methods, e.g. all 0, stay visible instead of hiding each other).
+    equal values of several methods, e.g. all 0, stay visible instead of hiding each other), or
+    at its exact x positions (``dodge=False``).
     A method's presets differ in line style and marker; where ``part`` holds quantized storage
     (its ``quant`` column) the marker names the storage kind instead (:func:`style.quant_marker`)
     and a method's presets over one kind differ in fill (:data:`style.FILLS`). Returns the caption
@@ -58,8 +59,8 @@ def draw_lines(ax, part: pd.DataFrame) -> str:
     fills_seen: dict[tuple[str, str], list[str]] = {}
     groups = part.groupby("label", sort=False)
     for i, (label, group) in enumerate(groups):
-        shift = (i - (groups.ngroups - 1) / 2) * DODGE_POINTS
-        dodge = transforms.offset_copy(ax.transData, fig=ax.figure, x=shift, y=0, units="points")
+        shift = (i - (groups.ngroups - 1) / 2) * DODGE_POINTS if dodge else 0.0
+        moved = transforms.offset_copy(ax.transData, fig=ax.figure, x=shift, y=0, units="points")
         group = group.sort_values("budget")
         method = group["method"].iloc[0]
         rank = presets_seen.setdefault(method, [])
@@ -90,7 +91,7 @@ def draw_lines(ax, part: pd.DataFrame) -> str:
             markerfacecolor="none" if outcome else color,
             fillstyle="full" if outcome else fill,
             label=text,
-            transform=dodge,
+            transform=moved,
             clip_on=False,  # a point at 0 on the axis stays whole
         )
         ax.update_datalim(list(zip(group["budget"], group["mean"], strict=True)))  # the undodged data
@@ -102,7 +103,7 @@ def draw_lines(ax, part: pd.DataFrame) -> str:
                 banded["ci_high"],
                 color=color,
                 alpha=0.15,
-                transform=dodge,
+                transform=moved,
             )
     ax.autoscale_view()
     return style.quant_note(quants, half_filled=any(len(labels) > 1 for labels in fills_seen.values()))

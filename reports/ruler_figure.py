@@ -1,7 +1,9 @@
-"""The figure of ``python -m reports ruler``: the RULER average against kvpress's compression ratio
-(or the kept fraction, ``--label budget``), one line per method preset in its colour
-(:mod:`reports.style`), FullKV a dashed horizontal reference; one panel per (model, context
-length, protocol), so query-aware and query-agnostic runs never share an axis."""
+"""The companion figure of ``python -m reports ruler`` (``ruler_scores``): the RULER average against
+kvpress's compression ratio (or the kept fraction, ``--label budget``), one line per method preset in
+its colour (:mod:`reports.style`), every point at the ratio it was run at, FullKV a dashed
+horizontal reference; one panel per (model, context length, protocol), so query-aware and
+query-agnostic runs never share an axis. The leaderboard figure, with the paired intervals, is
+:mod:`reports.ruler_dots`."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from reports import style
-from reports.lines import DODGE_POINTS, draw_lines, draw_reference, method_legend
+from reports.lines import draw_lines, draw_reference, method_legend
 from reports.pairing import Pairing
 from reports.ruler import GROUP, LABELS, task_columns
 
@@ -27,40 +29,31 @@ PROTOCOL_NOTE = (
 )
 
 
-def _x_limits(ax, ticks: list[float], n_lines: int) -> tuple[float, float]:
-    """x limits that hold every dodged point: the outermost line is drawn ``(n_lines - 1) / 2 x
-    DODGE_POINTS`` points (plus its marker) beside its tick, so the margin ``m`` in data units
-    solves ``m = s (d + 2 m) / W`` (``s`` that distance and ``W`` the axes' width, in inches; ``d``
-    the ticks' span)."""
-    reach = ((n_lines - 1) / 2 * DODGE_POINTS + 6) / 72
-    width = ax.get_position().width * ax.figure.get_figwidth() * 0.7  # the legend and layout shrink the axes
-    span = max(ticks) - min(ticks) or 1.0
-    margin = max(0.06, reach * span / max(width - 2 * reach, 0.5))
-    return min(ticks) - margin, max(ticks) + margin
-
-
 def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = None) -> style.Plot:
-    """The figure of :func:`reports.ruler.leaderboard` rows; the plotted numbers are the
-    leaderboard itself (its CSV). Methods at equal values are drawn a few points apart sideways
-    (:func:`reports.lines.draw_lines`)."""
+    """The companion figure of :func:`reports.ruler.leaderboard` rows; the plotted numbers are the
+    leaderboard itself (its CSV). Every point at its exact ratio: methods at equal values overlap
+    (the dot plot, :mod:`reports.ruler_dots`, gives each its own row)."""
     column = LABELS[label][0]
     panels = list(board.groupby(GROUP, sort=False))
     columns = min(len(panels), 3)
     rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.4 * columns + 3.2, 3.6 * rows + 0.9), squeeze=False)
+    legend_inches = 0.17 * board["label"].nunique() + 0.5  # the legend beside the axes sets the height
+    height = max(3.0 * rows, legend_inches) + 1.6
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns + 3.4, height), squeeze=False)
     handles: dict[str, object] = {}
     markers: list[str] = []
     for ax, ((model, length, protocol), part) in zip(axes.flat, panels, strict=False):
         lines = part[~part["reference"]].assign(
             budget=part[column], mean=part["avg"], ci_low=np.nan, ci_high=np.nan, budget_realised=False
         )
-        markers.append(draw_lines(ax, lines))
+        markers.append(draw_lines(ax, lines, dodge=False))
         for _, ref in part[part["reference"]].iterrows():
             draw_reference(ax, ref, ref["avg"])
         if len(lines):
             ticks = sorted(set(lines[column]))
             ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-            ax.set_xlim(*_x_limits(ax, ticks, lines["label"].nunique()))
+            margin = 0.06 * ((max(ticks) - min(ticks)) or 1.0)
+            ax.set_xlim(min(ticks) - margin, max(ticks) + margin)
         ax.set_ylim(0, 100 * 1.02)
         ax.set_xlabel(AXES[label], fontsize=8)
         ax.set_ylabel(f"average of {len(task_columns(part))} RULER tasks (x100)", fontsize=8)
@@ -74,9 +67,11 @@ def draw(board: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = No
     x = "compression ratio" if label == "ratio" else "KV budget"
     style.title(fig, f"RULER: average score vs {x}")
     note = (
-        "Points: the recorded average of the RULER task scores; dashed: FullKV. Methods are drawn a few "
-        f"points apart sideways so that equal values stay visible. {PROTOCOL_NOTE}"
+        "Points: the recorded average of the RULER task scores, at the ratios run; dashed: FullKV. Equal "
+        f"values overlap: ruler.png gives each method a row, with its paired interval. {PROTOCOL_NOTE}"
     )
     note = " ".join([note, *dict.fromkeys(m for m in markers if m)])
-    style.caption(fig, note + (" " + pairing.caption() if pairing is not None else ""))
-    return style.Plot(fig, board, "ruler", pairing.notes() if pairing is not None else [])
+    if pairing is not None and (pairing.unpaired or pairing.incomplete):
+        note += " Runs on other samples or incomplete are not drawn (ruler.md names them)."
+    style.caption(fig, note)
+    return style.Plot(fig, board, "ruler_scores", [])

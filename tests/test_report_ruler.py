@@ -192,9 +192,10 @@ def test_cli_writes_png_pdf_csv_and_markdown(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["ruler", "--results-dir", str(store.root), "--out", str(out), "--label", "budget"]) == 0
     printed = capsys.readouterr().out
-    assert {p.name for p in out.iterdir()} == {"ruler.png", "ruler.pdf", "ruler.csv", "ruler.md"}
-    assert all((out / name).stat().st_size > 0 for name in ("ruler.png", "ruler.pdf"))
-    table = pd.read_csv(out / "ruler.csv")
+    figures = {f"{stem}.{ext}" for stem in ("ruler", "ruler_scores") for ext in ("png", "pdf", "csv")}
+    assert {p.name for p in out.iterdir()} == figures | {"ruler.md"}
+    assert all((out / name).stat().st_size > 0 for name in figures)
+    table = pd.read_csv(out / "ruler_scores.csv")
     assert list(table["label"]) == ["FullKV", "AdaKV-SnapKV", "AdaKV-SnapKV", "SnapKV", "SnapKV"]
     assert {"compression_ratio", "budget", "avg", *RULER_TASKS, "n/qa_1"} <= set(table.columns)
     assert "budget (kept fraction)" in printed and "compression ratio" not in printed
@@ -232,3 +233,42 @@ def test_pareto_of_ruler_runs_says_why_it_draws_no_bars(tmp_path):
     caption = _caption(plot.fig)
     assert "no bars (avg has no per-sample values; paired intervals: python -m reports ruler)" in caption
     assert "bars: 95%" not in caption
+
+
+def test_the_leaderboard_figure_draws_the_tables_differences_at_their_values(tmp_path):
+    """The dot plot: one panel per ratio, each compressed setting a dot at the table's Δ FullKV with
+    its interval as a bar, sorted best first, at its exact value (no sideways dodge); the companion
+    score-vs-ratio figure draws every point at the ratio run."""
+    from reports import ruler_dots
+
+    store = ResultStore(tmp_path)
+    ruler_runs(store)
+    board, _ = _board(store)
+    compared = ruler_table.paired(board, store, n_resamples=200)
+    plot = ruler_dots.draw(compared.frame)
+    frame = compared.frame[~compared.frame["reference"]]
+    assert len(plot.data) == len(frame) and set(plot.data["level"]) == {0.25, 0.5}
+    for level, part in plot.data.groupby("level"):
+        assert list(part["vs_fullkv"]) == sorted(part["vs_fullkv"], reverse=True)
+        want = frame[frame["compression_ratio"] == level].set_index("label")
+        assert dict(zip(part["label"], part["vs_fullkv"], strict=True)) == want["vs_fullkv"].to_dict()
+    axes = plot.fig.axes
+    assert [ax.get_title(loc="left") for ax in axes] == [
+        "compression ratio 0.25 (FullKV 100.0)",
+        "compression ratio 0.5 (FullKV 100.0)",
+    ]
+    for ax, (_, part) in zip(axes, plot.data.groupby("level"), strict=True):
+        dots = [line for line in ax.lines if line.get_marker() == "o"]
+        drawn = sorted((float(line.get_ydata()[0]), float(line.get_xdata()[0])) for line in dots)
+        assert [x for _, x in drawn][::-1] == list(part["vs_fullkv"])  # best on top, exact x
+        bars = [line for line in ax.lines if line.get_marker() in ("None", "", None)]
+        bars = [line for line in bars if line.get_linestyle() == "-"]  # not FullKV's dashed zero
+        lows = sorted(float(min(line.get_xdata())) for line in bars)
+        assert lows == sorted(part["vs_fullkv_low"].dropna())
+    scores = ruler_figure.draw(compared.frame)
+    (ax,) = [a for a in scores.fig.axes if a.get_visible()]
+    methods = [line for line in ax.lines if "(reference" not in line.get_label()]  # not FullKV's
+    assert len(methods) == 2
+    for line in methods:
+        xs = line.get_transform().transform(list(zip(line.get_xdata(), line.get_ydata(), strict=True)))
+        assert (xs == ax.transData.transform(line.get_xydata())).all()
