@@ -25,7 +25,9 @@ from methods.seam.plan import LayerPlan
 from methods.wrap import ScorerWrapper
 
 
-def adakv_keep(scores: torch.Tensor, keep: int, first: int, recent: int, alpha: float) -> torch.Tensor:
+def adakv_keep(
+    scores: torch.Tensor, keep: int, first: int, recent: int, alpha: float, safe_protected: bool = False
+) -> torch.Tensor:
     """AdaKV's selection: which tokens each head keeps.
 
     Parameters
@@ -38,6 +40,10 @@ def adakv_keep(scores: torch.Tensor, keep: int, first: int, recent: int, alpha: 
         Protected tokens kept by every head (attention sinks, observation window).
     alpha : float
         Safeguard: each head first reserves its top ``floor(alpha x B)`` unprotected tokens.
+    safe_protected : bool
+        kvpress's safeguard instead: ``max(1, floor(alpha x B))`` tokens (``alpha > 0``) of which the
+        protected ones are spent first (its SnapKV gives them the maximal score), so only the rest
+        go to unprotected tokens.
 
     Returns
     -------
@@ -50,6 +56,8 @@ def adakv_keep(scores: torch.Tensor, keep: int, first: int, recent: int, alpha: 
     s = scores.float().masked_fill(protected, float("-inf"))
     top = torch.finfo(torch.float32).max
     safe = min(int(keep * alpha), keep - first - recent)
+    if safe_protected:
+        safe = max(0, (max(1, int(keep * alpha)) if alpha > 0 else 0) - first - recent)
     if safe > 0:
         s = s.scatter(-1, s.topk(safe, dim=-1).indices, top)
     s = s.masked_fill(protected, top)
@@ -68,6 +76,10 @@ class AdaKV(ScorerWrapper):
         Scores every prompt token of every head (compared across the heads of a layer).
     alpha_safeguard : float
         Fraction of the uniform per-head budget each head is guaranteed (paper, kvpress: 0.2).
+    safeguard_protected : bool
+        Count the protected tokens (observation window, sinks) in the safeguard, as kvpress does
+        (:func:`adakv_keep`'s ``safe_protected``; preset ``adakv_snapkv_kvpress``); False (the
+        paper's reading): the safeguard reserves unprotected tokens besides them.
 
     Raises
     ------
@@ -78,6 +90,7 @@ class AdaKV(ScorerWrapper):
     name: ClassVar[str] = "adakv"
 
     alpha_safeguard: float = 0.2
+    safeguard_protected: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,7 +117,9 @@ class AdaKV(ScorerWrapper):
         if scores is None:  # the scorer ranks by position: every head keeps the same tokens
             self.scorer.prefill(layer, query, scaling)
             return
-        keep = adakv_keep(scores, plan.keep, plan.first, plan.recent, self.alpha_safeguard)
+        keep = adakv_keep(
+            scores, plan.keep, plan.first, plan.recent, self.alpha_safeguard, self.safeguard_protected
+        )
         layer.store = layer.store.ragged(keep)
         layer.aux.clear()  # the scorer's decode-time state (Expected Attention's query statistics)
 

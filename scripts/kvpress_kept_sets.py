@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 
 N, VOCAB, LAYERS, KV_HEADS = 200, 256, 2, 2
+#: Cases whose kvpress press masks keys (``masked_key_indices``) instead of gathering the kept rows.
+MASKING = ("dms", "dms_knorm", "adakv_snapkv_avg", "adakv_snapkv_kvpress")
 
 
 def tiny_llama(attn: str):
@@ -65,6 +67,8 @@ def kvpress_cases() -> dict:
         "dms": (kp.DMSPress(press=kp.SnapKVPress(), threshold=0.005, sliding_window_size=100), "sdpa"),
     }
     cases["simlayerkv"] = (kp.SimLayerKVPress(lazy_threshold=0.3, n_recent=64, n_initial=4), "sdpa")
+    for name in MASKING[2:]:  # AdaKV masks (masked_key_indices); both KVBench presets against it
+        cases[name] = (kp.AdaKVPress(press=snap()), "sdpa")
     return cases
 
 
@@ -87,6 +91,8 @@ def kvbench_cases() -> dict:
     }
     lazy_layer_0 = M["simlayerkv"](lazy_threshold=0.3, n_recent=64, n_initial=4)
     cases["simlayerkv"] = (lazy_layer_0, None)
+    cases["adakv_snapkv_avg"] = (M["adakv"](scorer=snap()), N // 2)  # the paper's safeguard
+    cases["adakv_snapkv_kvpress"] = (M["adakv"](scorer=snap(), safeguard_protected=True), N // 2)
     return cases
 
 
@@ -110,7 +116,7 @@ def kvpress_side(out: Path) -> None:
             kept, keys = [], []
             for i in range(LAYERS):
                 masked = getattr(model.model.layers[i].self_attn, "masked_key_indices", None)
-                if name.startswith("dms"):
+                if name in MASKING:
                     _, head, pos = masked if masked is not None else ([], torch.zeros(0), torch.zeros(0))
                     kept.append(
                         [sorted(set(range(N)) - set(pos[head == h].tolist())) for h in range(KV_HEADS)]

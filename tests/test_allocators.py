@@ -31,15 +31,19 @@ from tests.test_method_matrix import NEW, prompt
 PATTERN = str(REPO / "tests" / "data" / "duo_pattern_2x2.tsv")  # tiny_llama: 2 layers x 2 KV heads
 
 
-def reference_adakv(scores: torch.Tensor, keep: int, window: int, alpha: float) -> list[set[int]]:
+def reference_adakv(
+    scores: torch.Tensor, keep: int, window: int, alpha: float, kvpress: bool = False
+) -> list[set[int]]:
     """AdaKV Algorithm 1 per head, written plainly: every head keeps its observation window and its
     top ``floor(alpha B)`` other tokens; the rest of the layer's ``heads x B`` goes to the highest
-    remaining scores of any head."""
+    remaining scores of any head. ``kvpress``: AdaKVPress's safeguard, ``max(1, floor(alpha B))``
+    tokens of which the window (SnapKVPress's maximal scores) takes its share first."""
     heads, n = scores.shape
     kept = [set(range(n - window, n)) for _ in range(heads)]
+    safe = max(0, max(1, int(keep * alpha)) - window) if kvpress else int(keep * alpha)
     for h in range(heads):
         order = sorted(range(n - window), key=lambda i: -scores[h, i].item())
-        kept[h] |= set(order[: int(keep * alpha)])
+        kept[h] |= set(order[:safe])
     rest = sorted(
         ((scores[h, i].item(), h, i) for h in range(heads) for i in range(n - window) if i not in kept[h]),
         reverse=True,
@@ -68,24 +72,30 @@ def test_adakv_on_a_real_prompt_keeps_what_algorithm_1_keeps(embedded, data_dir)
             scores[layer.spec.layer_idx] = out = super().prefill_scores(layer, query, scaling)
             return out
 
-    # no pooling: max-pooled votes tie in runs, and a tie at the cut may go either way
-    method = AdaKV(scorer=Recorded(window_size=window, kernel_size=1), alpha_safeguard=alpha)
-    kept: dict[int, list[set[int]]] = {}
-
-    def record(cache) -> None:
-        if not kept:
-            kept.update({layer.spec.layer_idx: held_positions(layer) for layer in cache.layers})
-
-    greedy_generate(model, ids, method, budget, 2, set(), record)
     heads = model.config.num_key_value_heads
-    differ = 0
-    for idx, held in kept.items():
-        assert held == reference_adakv(scores[idx][0], budget, window, alpha), idx
-        counts = [len(h) for h in held]
-        assert sum(counts) == heads * budget
-        assert min(counts) >= window + int(alpha * budget)
-        differ += len(set(counts)) > 1
-    assert differ > len(kept) // 2  # most layers give their heads different counts
+    by_rule = {}
+    for kvpress in (False, True):  # the paper's safeguard, then kvpress's (preset adakv_snapkv_kvpress)
+        # no pooling: max-pooled votes tie in runs, and a tie at the cut may go either way
+        scorer = Recorded(window_size=window, kernel_size=1)
+        method = AdaKV(scorer=scorer, alpha_safeguard=alpha, safeguard_protected=kvpress)
+        kept: dict[int, list[set[int]]] = {}
+
+        def record(cache, kept=kept) -> None:
+            if not kept:
+                kept.update({layer.spec.layer_idx: held_positions(layer) for layer in cache.layers})
+
+        greedy_generate(model, ids, method, budget, 2, set(), record)
+        differ = 0
+        for idx, held in kept.items():
+            assert held == reference_adakv(scores[idx][0], budget, window, alpha, kvpress), idx
+            counts = [len(h) for h in held]
+            assert sum(counts) == heads * budget
+            floor = max(window, max(1, int(alpha * budget))) if kvpress else window + int(alpha * budget)
+            assert min(counts) >= floor
+            differ += len(set(counts)) > 1
+        assert differ > len(kept) // 2  # most layers give their heads different counts
+        by_rule[kvpress] = kept
+    assert by_rule[False] != by_rule[True]  # the safeguards differ on this prompt
 
 
 def test_adakv_with_the_whole_budget_as_floor_equals_snapkv(tiny_model):
