@@ -9,7 +9,8 @@ the mean over its tokens of the scorer's scores summed over the layer's KV heads
 same tokens in every head. KVBench keeps exactly the budget: the scorer's protected tokens, then
 whole chunks in rank order, the chunk that does not fit contributing its best tokens (kvpress keeps
 ``max(1, int(chunks x (1 - ratio)))`` whole chunks and protects nothing: its SnapKV gives the window the
-maximal score). Once, at prefill (kvpress); decoding appends.
+maximal score). ``whole_chunks=true`` (preset ``chunkkv_kvpress``) is kvpress's rule instead
+(:func:`whole_chunks`). Once, at prefill (kvpress); decoding appends.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from methods.evict import ScoreEvict
 from methods.scoring import keep_index
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
-from methods.seam.plan import LayerPlan
+from methods.seam.plan import LayerPlan, budget_share
 from methods.snapkv import SnapKV
 from methods.wrap import ScorerWrapper
 
@@ -49,6 +50,25 @@ def chunk_priority(scores: torch.Tensor, first: int, recent: int, chunk_length: 
     return priority[:, None].expand(b, h, n)
 
 
+def whole_chunks(scores: torch.Tensor, chunk_length: int, share: float) -> torch.Tensor:
+    """kvpress 0.5.5's ``ChunkKVPress``: the prompt cut into chunks of ``chunk_length`` from token 0
+    (the last one partial), a chunk scored by the mean over its tokens of ``scores`` ``[batch, kv_heads,
+    prompt]`` summed over the heads (batch row 0's choice for every row), and the top ``max(1,
+    int(chunks x share))`` chunks kept whole, in every head; nothing protected. Returns the kept
+    positions ``[batch, kv_heads, k]`` int64, ascending (``k`` a multiple of ``chunk_length`` unless
+    the partial chunk is kept: not the budget, what kvpress keeps)."""
+    b, h, n = scores.shape
+    complete, rest = divmod(n, chunk_length)
+    summed = scores.sum(dim=1)
+    chunk = summed[:, : complete * chunk_length].view(b, complete, chunk_length).mean(dim=-1)
+    if rest:
+        chunk = torch.cat([chunk, summed[:, complete * chunk_length :].mean(dim=-1, keepdim=True)], dim=-1)
+    kept = chunk.topk(max(1, int(chunk.shape[-1] * share)), dim=-1).indices[0]
+    spans = [(s, min(s + chunk_length, n)) for s in (kept * chunk_length).tolist()]
+    index = torch.cat([torch.arange(s, e, device=scores.device) for s, e in spans])
+    return index.sort().values.view(1, 1, -1).expand(b, h, -1)
+
+
 @dataclass
 class ChunkKV(ScorerWrapper):
     """ChunkKV over a scorer (kvpress: SnapKV, window 64, kernel 5, average pooling).
@@ -59,6 +79,10 @@ class ChunkKV(ScorerWrapper):
         Scores the prompt's tokens; its protected tokens are kept besides the chunks.
     chunk_length : int
         Tokens per chunk (kvpress: 20).
+    whole_chunks : bool
+        kvpress's rule (:func:`whole_chunks`: whole chunks only, nothing protected, the chunk count
+        from the budget's share; the scorer's protected tokens scored as kvpress's SnapKV scores its
+        window, the prefix maximum + 1); False: exactly the budget (module docstring).
 
     Raises
     ------
@@ -73,6 +97,7 @@ class ChunkKV(ScorerWrapper):
 
     scorer: ScoreEvict = field(default_factory=lambda: SnapKV(window_size=64, kernel_size=5, pooling="avg"))
     chunk_length: int = option(20, low=1, high="max_context")
+    whole_chunks: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -94,8 +119,25 @@ class ChunkKV(ScorerWrapper):
         scores = self.scorer.prefill_scores(layer, query, scaling)
         if scores is None:
             return self.scorer.prefill_keep(layer, query, scaling)
+        if self.whole_chunks and layer.store.n_slots < self.chunk_length:  # no whole chunk: the scorer
+            return self.scorer.prefill_keep(layer, query, scaling)  # (kvpress delegates to the press)
+        if self.whole_chunks:
+            return self._kvpress_keep(layer, scores)
         priority = chunk_priority(scores, plan.first, plan.recent, self.chunk_length)
         return keep_index(priority, plan.first, plan.keep - plan.first - plan.recent, plan.recent)
+
+    def _kvpress_keep(self, layer: CompressedLayer, scores: torch.Tensor) -> torch.Tensor | None:
+        """:func:`whole_chunks` over the scorer's scores on kvpress's scale (``score_scale``), its
+        protected tokens at the prefix maximum + 1 (kvpress's SnapKV window)."""
+        n, plan = layer.store.n_slots, layer.plan
+        scores = scores.float() * self.scorer.score_scale(layer)
+        if plan.first or plan.recent:
+            body = scores[..., plan.first : n - plan.recent]
+            top = body.max() + 1
+            scores = scores.clone()
+            scores[..., : plan.first] = top
+            scores[..., n - plan.recent :] = top
+        return whole_chunks(scores, self.chunk_length, budget_share(layer.budget, n))
 
     prefill = ScoreEvict.prefill
     decode_attention = CompressionMethod.decode_attention

@@ -10,6 +10,7 @@ selects ``max - l (max - min) / (L - 1)`` tokens, with ``min = r / beta``, ``max
 keep the mean). kvpress's ``PyramidKVPress`` (0.5.5) shares the whole budget instead, window included
 (``r = budget``): at an equal budget its top layer keeps ``B / beta`` tokens, this one
 ``w + (B - w) / beta``. The rounding is spread so the layers' budgets add up to exactly ``L x budget``.
+``window_in_budget=true`` (preset ``pyramidkv_kvpress``) is kvpress's: :func:`kvpress_budgets`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from methods.seam.layer import CompressedLayer
+from methods.seam.plan import budget_share
 from methods.wrap import LayerBudgets, spread_evenly
 
 
@@ -55,6 +57,29 @@ def pyramid_budgets(budget: int, protected: int, prompt: int, layers: int, beta:
     return [protected + n for n in spread_evenly([high - i * step for i in range(layers)])]
 
 
+def kvpress_budgets(share_tokens: float, window: int, prompt: int, layers: int, beta: float) -> list[int]:
+    """kvpress 0.5.5's ``PyramidKVPress.get_layer_budget`` for every layer: the whole budget shared,
+    window included. ``cap = w + s`` for the ``s = prompt x (1 - ratio)`` tokens (a float) a uniform
+    layer keeps; ``min = s / beta``, ``max = 2 s - min`` (``max`` capped at ``prompt - w``, ``min``
+    raised to keep the mean); layer ``l`` keeps ``round(max - l (max - min) / (L - 1))`` tokens, its
+    window among them. Unless ``prompt >= max >= min >= w``: every layer ``max(1, round(s))`` (SnapKV).
+
+    Returns
+    -------
+    list[int]
+        ``L`` budgets (slots per KV head, the window included).
+    """
+    low = share_tokens / beta
+    high = share_tokens * 2 - low
+    if high >= prompt - window:
+        high = prompt - window
+        low = share_tokens * 2 - high
+    if not prompt >= high >= low >= window:
+        return [max(1, round(share_tokens))] * layers
+    step = (high - low) / (layers - 1) if layers > 1 else 0.0
+    return [round(high - i * step) for i in range(layers)]
+
+
 @dataclass
 class PyramidKV(LayerBudgets):
     """PyramidKV's linear layer budgets over a scorer (SnapKV in the paper and the preset).
@@ -65,6 +90,9 @@ class PyramidKV(LayerBudgets):
         Ranks the tokens within a layer.
     beta : float
         Pyramid steepness (paper and kvpress: 20).
+    window_in_budget : bool
+        kvpress's schedule (:func:`kvpress_budgets`): the window shares the budget; False: the
+        official code's (:func:`pyramid_budgets`).
 
     Raises
     ------
@@ -76,6 +104,7 @@ class PyramidKV(LayerBudgets):
     PAPER_SCORER: ClassVar[str] = "snapkv"  # the paper's method: named ``pyramidkv``
 
     beta: float = 20.0
+    window_in_budget: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -83,7 +112,11 @@ class PyramidKV(LayerBudgets):
             raise ValueError(f"beta must be >= 1, got {self.beta}")
 
     def layer_budget(self, layer: CompressedLayer, budget: int) -> int:
-        """This layer's entry of :func:`pyramid_budgets` (protected: the scorer's under ``budget``)."""
-        protected = sum(self.scorer.protected(budget))
-        schedule = pyramid_budgets(budget, protected, layer.store.n_slots, layer.spec.num_layers, self.beta)
-        return schedule[layer.spec.layer_idx]
+        """This layer's entry of :func:`pyramid_budgets` or :func:`kvpress_budgets` (protected: the
+        scorer's under ``budget``)."""
+        protected, prompt = sum(self.scorer.protected(budget)), layer.store.n_slots
+        layers = layer.spec.num_layers
+        if self.window_in_budget:
+            share = budget_share(budget, prompt) * prompt
+            return kvpress_budgets(share, protected, prompt, layers, self.beta)[layer.spec.layer_idx]
+        return pyramid_budgets(budget, protected, prompt, layers, self.beta)[layer.spec.layer_idx]

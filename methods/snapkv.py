@@ -62,8 +62,10 @@ class SnapKV(ScoreEvict):
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
 
     def window(self, budget: int) -> int:
-        """Observation window (tokens) used with a budget."""
-        return self.window_size if budget > self.window_size else max(1, budget // 2)
+        """Observation window (tokens) used with a budget: the whole window once the budget holds
+        it (a budget of exactly the window keeps the window alone, as kvpress's SnapKV), else half
+        the budget."""
+        return self.window_size if budget >= self.window_size else max(1, budget // 2)
 
     def protected(self, bound: int) -> tuple[int, int]:
         """No first tokens; the observation window."""

@@ -8,9 +8,16 @@ side prefills the same weights and prompts with the matching method and prints, 
 (prompt, layer, head) sets are identical and their Jaccard index; for ``key_rerotation`` also the
 largest difference between kvpress's re-rotated keys (turned forward to KVBench's positions) and ours.
 
+``--real``: the embedded SmolLM2-135M-Instruct instead (its weights exported once as safetensors for
+kvpress's side) on real prompts, every layer and KV head: two XSum articles (the first, and the longest
+of the first 20) and RULER's niah_single_2 at 4K and vt at 2K (the compressed piece of sample 0, as
+kvpress's pipeline cuts it; ``KVBENCH_DATA_DIR``).
+
 Usage::
 
     python scripts/kvpress_kept_sets.py --kvpress-python /path/to/kvpress-venv/bin/python
+    python scripts/kvpress_kept_sets.py --kvpress-python /path/to/kvpress-venv/bin/python --real
+    KVPRESS_CASES=tova,knorm python scripts/kvpress_kept_sets.py --kvpress-python ...   # some cases only
 """
 
 from __future__ import annotations
@@ -69,96 +76,164 @@ def kvpress_cases() -> dict:
     cases["simlayerkv"] = (kp.SimLayerKVPress(lazy_threshold=0.3, n_recent=64, n_initial=4), "sdpa")
     for name in MASKING[2:]:  # AdaKV masks (masked_key_indices); both KVBench presets against it
         cases[name] = (kp.AdaKVPress(press=snap()), "sdpa")
-    return cases
+    cases["snapkv_avg"] = (snap(), "sdpa")
+    cases["tova"] = (kp.TOVAPress(compression_ratio=0.5), "eager")
+    cases["knorm"] = (kp.KnormPress(compression_ratio=0.5), "sdpa")
+    cases["streamingllm_no_rerotate"] = (kp.StreamingLLMPress(compression_ratio=0.5), "sdpa")
+    cases["pyramidkv"] = (kp.PyramidKVPress(compression_ratio=0.5), "sdpa")
+    cases["pyramidkv_kvpress"] = cases["pyramidkv"]
+    cases["chunkkv_kvpress"] = cases["chunkkv"]
+    return {name: case for name, case in cases.items() if name in selected(cases)}
+
+
+def selected(cases: dict) -> list[str]:
+    """The cases named by ``KVPRESS_CASES`` (comma-separated; both sides read it), else all."""
+    import os
+
+    names = os.environ.get("KVPRESS_CASES", "")
+    return [n for n in names.split(",") if n] or list(cases)
 
 
 def kvbench_cases() -> dict:
-    """KVBench's side: name -> (method, budget in slots: half the prompt, or None for an outcome)."""
+    """KVBench's side: name -> (method, budget: a share of the prompt, floored as kvpress's
+    ``compute_n_kept``, or None for an outcome)."""
     from methods import METHOD_REGISTRY as M
 
     snap = lambda: M["snapkv"](window_size=64, kernel_size=5, pooling="avg")  # noqa: E731
     cases = {
-        "observed_attention": (M["observed_attention"](), N // 2),
-        "chunkkv": (M["chunkkv"](scorer=snap(), chunk_length=20), N // 2),
-        "chunkkv_knorm": (M["chunkkv"](scorer=M["knorm"](), chunk_length=20), N // 2),
-        "leverage_score": (M["leverage_score"](), N // 2),  # a sketch wider than head_dim 16: exact leverage
-        "leverage_score_s8": (M["leverage_score"](sketch_dimension=8), N // 2),  # the sketches differ (seeds)
-        "cur": (M["cur"](), N // 2),
-        "cur_kv_avg": (M["cur"](leverage_type="kv_avg"), N // 2),
-        "key_rerotation": (M["key_rerotation"](scorer=snap()), N // 2),
+        "observed_attention": (M["observed_attention"](), 0.5),
+        "chunkkv": (M["chunkkv"](scorer=snap(), chunk_length=20), 0.5),
+        "chunkkv_knorm": (M["chunkkv"](scorer=M["knorm"](), chunk_length=20), 0.5),
+        "leverage_score": (M["leverage_score"](), 0.5),  # a sketch wider than head_dim 16: exact leverage
+        "leverage_score_s8": (M["leverage_score"](sketch_dimension=8), 0.5),  # the sketches differ (seeds)
+        "cur": (M["cur"](), 0.5),
+        "cur_kv_avg": (M["cur"](leverage_type="kv_avg"), 0.5),
+        "key_rerotation": (M["key_rerotation"](scorer=snap()), 0.5),
         "dms_knorm": (M["dms"](scorer=M["knorm"](), threshold=-12.3, sliding_window_size=64), None),
         "dms": (M["dms"](scorer=snap(), threshold=0.005, sliding_window_size=100), None),
     }
     lazy_layer_0 = M["simlayerkv"](lazy_threshold=0.3, n_recent=64, n_initial=4)
     cases["simlayerkv"] = (lazy_layer_0, None)
-    cases["adakv_snapkv_avg"] = (M["adakv"](scorer=snap()), N // 2)  # the paper's safeguard
-    cases["adakv_snapkv_kvpress"] = (M["adakv"](scorer=snap(), safeguard_protected=True), N // 2)
-    return cases
+    cases["adakv_snapkv_avg"] = (M["adakv"](scorer=snap()), 0.5)  # the paper's safeguard
+    cases["adakv_snapkv_kvpress"] = (M["adakv"](scorer=snap(), safeguard_protected=True), 0.5)
+    cases["snapkv_avg"] = (snap(), 0.5)
+    cases["tova"] = (M["tova"](), 0.5)
+    cases["knorm"] = (M["knorm"](), 0.5)
+    cases["streamingllm_no_rerotate"] = (M["streamingllm"](rerotate=False), 0.5)
+    cases["pyramidkv"] = (M["pyramidkv"](scorer=snap()), 0.5)  # documented: the budget outside the window
+    cases["pyramidkv_kvpress"] = (M["pyramidkv"](scorer=snap(), window_in_budget=True), 0.5)
+    cases["chunkkv_kvpress"] = (M["chunkkv"](scorer=snap(), chunk_length=20, whole_chunks=True), 0.5)
+    return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
 def kvpress_side(out: Path) -> None:
-    """Save the weights, the prompts and kvpress's kept positions under ``out``."""
-    from transformers import DynamicCache
+    """kvpress's kept positions under ``out``: on the tiny model (its weights and prompts saved there
+    first), or on the real model and prompts KVBench's side exported there (``out/model``)."""
+    from transformers import AutoModelForCausalLM, DynamicCache
 
-    models = {attn: tiny_llama(attn) for attn in ("sdpa", "eager")}
-    torch.save(models["sdpa"].state_dict(), out / "weights.pt")
-    prompts = [torch.randperm(VOCAB, generator=torch.Generator().manual_seed(s))[:N][None] for s in range(3)]
-    torch.save(prompts, out / "prompts.pt")  # distinct tokens: every value row is distinct
+    real = (out / "model").is_dir()
+    if real:
+        load = AutoModelForCausalLM.from_pretrained
+        models = {attn: load(out / "model", attn_implementation=attn).eval() for attn in ("sdpa", "eager")}
+        prompts = torch.load(out / "prompts.pt")
+    else:
+        models = {attn: tiny_llama(attn) for attn in ("sdpa", "eager")}
+        torch.save(models["sdpa"].state_dict(), out / "weights.pt")
+        seeds = [torch.Generator().manual_seed(s) for s in range(3)]
+        prompts = [torch.randperm(VOCAB, generator=g)[:N][None] for g in seeds]
+        torch.save(prompts, out / "prompts.pt")  # distinct tokens: every value row is distinct
+    layers, kv_heads = models["sdpa"].config.num_hidden_layers, models["sdpa"].config.num_key_value_heads
     result: dict[str, list] = {}
     for name, (press, attn) in kvpress_cases().items():
         model, result[name] = models[attn], []
         for ids in prompts:
+            n = ids.shape[1]
             full, cache = DynamicCache(), DynamicCache()
             with torch.no_grad():
                 model(ids, past_key_values=full)
                 with press(model):
                     model(ids, past_key_values=cache)
             kept, keys = [], []
-            for i in range(LAYERS):
+            for i in range(layers):
                 masked = getattr(model.model.layers[i].self_attn, "masked_key_indices", None)
                 if name in MASKING:
                     _, head, pos = masked if masked is not None else ([], torch.zeros(0), torch.zeros(0))
-                    kept.append(
-                        [sorted(set(range(N)) - set(pos[head == h].tolist())) for h in range(KV_HEADS)]
-                    )
+                    dropped = [set(pos[head == h].tolist()) for h in range(kv_heads)]
+                    kept.append([sorted(set(range(n)) - d) for d in dropped])
                     continue
                 rows, every = cache.layers[i].values[0], full.layers[i].values[0]
                 exact = "donot_use_mm_for_euclid_dist"
-                dist = [torch.cdist(rows[h], every[h], compute_mode=exact) for h in range(KV_HEADS)]
+                dist = [torch.cdist(rows[h], every[h], compute_mode=exact) for h in range(kv_heads)]
                 kept.append([sorted(d.argmin(-1).tolist()) for d in dist])
                 keys.append(cache.layers[i].keys[0].tolist())
             result[name].append({"kept": kept, "keys": keys})
     (out / "kvpress.json").write_text(json.dumps(result))
 
 
-def kvbench_side(out: Path) -> None:
+def real_model():
+    """The embedded model (``configs/model/smollm2-135m.yaml``) and its tokenizer, KVBench's loader."""
+    from omegaconf import OmegaConf
+
+    from runners.models.loading import load_model, load_tokenizer
+
+    cfg = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / "model" / "smollm2-135m.yaml")
+    return load_model(cfg), load_tokenizer(cfg)
+
+
+def real_prompts(tokenizer) -> list[torch.Tensor]:
+    """``[1, n]`` ids of the real prompts (module docstring), read from ``KVBENCH_DATA_DIR``."""
+    import os
+
+    from tasks.ruler import Ruler
+
+    data = Path(os.environ.get("KVBENCH_DATA_DIR", "data"))
+    articles = [json.loads(line)["document"] for line in (data / "xsum" / "test.jsonl").open()][:20]
+    ids = [tokenizer(a, return_tensors="pt").input_ids for a in articles]
+    prompts = [ids[0], max(ids, key=lambda t: t.shape[1])]
+    for task, length in (("niah_single_2", 4096), ("vt", 2048)):
+        ruler = Ruler(data_dir=str(data / "ruler"), tasks=[task], lengths=[length], limit=1)
+        sample = ruler.load(tokenizer)[0]
+        full = ruler.encode(tokenizer, sample)
+        prompts.append(full[:, : ruler.chunk_start(tokenizer, sample, full)])
+    return prompts
+
+
+def kvbench_side(out: Path, real: bool = False) -> None:
     """Run KVBench's methods on kvpress's weights and prompts; print the agreement per method."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from transformers.models.llama.modeling_llama import rotate_half
 
     import methods  # noqa: F401  (registers the "kvbench" attention implementation)
     from runners.generation.greedy import greedy_generate
+    from runners.setup.budget import resolve_budget
 
-    model = tiny_llama("kvbench")
-    model.load_state_dict(torch.load(out / "weights.pt"))
+    if real:
+        model, _ = real_model()
+    else:
+        model = tiny_llama("kvbench")
+        model.load_state_dict(torch.load(out / "weights.pt"))
+    kv_heads = model.config.num_key_value_heads
     prompts, theirs = torch.load(out / "prompts.pt"), json.loads((out / "kvpress.json").read_text())
-    for name, (method, budget) in kvbench_cases().items():
+    for name, (method, share) in kvbench_cases().items():
         jaccard, key_diff, held = [], 0.0, []
         for p, ids in enumerate(prompts):
             seen: list = []
+            n = ids.shape[1]
+            budget = resolve_budget(share, n)  # floored as kvpress's compute_n_kept; keeps the share
             greedy_generate(model, ids, method, budget, 1, set(), lambda c, seen=seen: seen or seen.append(c))
             for i, layer in enumerate(seen[0].layers):
-                for h in range(KV_HEADS):
+                for h in range(kv_heads):
                     pos = layer.store.positions[0, h]
-                    ours, ref = {q for q in pos.tolist() if 0 <= q < N}, set(theirs[name][p]["kept"][i][h])
+                    ours, ref = {q for q in pos.tolist() if 0 <= q < n}, set(theirs[name][p]["kept"][i][h])
                     jaccard.append(len(ours & ref) / len(ours | ref))
-                    held.append(len(ours) / N)
-                    if name == "key_rerotation" and ours == ref:  # kvpress: 0 .. k-1; KVBench: N-k .. N-1
-                        k, slots = len(ref), [s for s in pos.argsort().tolist() if 0 <= pos[s] < N]
+                    held.append(len(ours) / n)
+                    if name == "key_rerotation" and ours == ref:  # kvpress: 0 .. k-1; KVBench: n-k .. n-1
+                        k, slots = len(ref), [s for s in pos.argsort().tolist() if 0 <= pos[s] < n]
                         kv = torch.tensor(theirs[name][p]["keys"][i][h])
-                        cos, sin = model.model.rotary_emb(kv[None], torch.full((1, k), N - k))
+                        cos, sin = model.model.rotary_emb(kv[None], torch.full((1, k), n - k))
                         turned = kv * cos[0] + rotate_half(kv) * sin[0]
                         key_diff = max(key_diff, float((turned - layer.keys[0, h, slots]).abs().max()))
+        if not jaccard:
+            continue
         same = sum(j == 1.0 for j in jaccard)
         extra = f"; re-rotated keys: max |diff| {key_diff:.1e}" if name == "key_rerotation" else ""
         print(
@@ -170,6 +245,7 @@ def kvbench_side(out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kvpress-python", help="python of a venv with kvpress installed")
+    parser.add_argument("--real", action="store_true", help="the embedded model on real prompts")
     parser.add_argument("--kvpress-side", type=Path, help=argparse.SUPPRESS)  # the re-run under kvpress
     args = parser.parse_args()
     if args.kvpress_side is not None:
@@ -177,9 +253,16 @@ def main() -> None:
         return
     if not args.kvpress_python:
         parser.error("--kvpress-python is required")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     with tempfile.TemporaryDirectory() as tmp:
+        if args.real:  # KVBench's loader reads the GGUF; kvpress's side reads these weights
+            model, tokenizer = real_model()
+            model.config.attn_implementation = "sdpa"
+            model.save_pretrained(Path(tmp) / "model")
+            torch.save(real_prompts(tokenizer), Path(tmp) / "prompts.pt")
+            del model
         subprocess.run([args.kvpress_python, __file__, "--kvpress-side", tmp], check=True)
-        kvbench_side(Path(tmp))
+        kvbench_side(Path(tmp), args.real)
 
 
 if __name__ == "__main__":

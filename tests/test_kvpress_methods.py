@@ -88,6 +88,43 @@ def test_chunkkv_keeps_the_chunks_of_the_best_summed_scores(n, budget):
     assert kept(layer) == [sorted(want)] * HKV
 
 
+@pytest.mark.parametrize(("n", "share"), [(62, 0.5), (63, 0.3), (3, 0.5)])
+def test_chunkkv_kvpress_keeps_whole_chunks_by_the_shares_count(n, share):
+    """``whole_chunks=true`` (preset ``chunkkv_kvpress``, kvpress ``ChunkKVPress``) over KNorm: chunks
+    of 5 from token 0 (the last partial), the top ``max(1, int(chunks x share))`` by the mean of the
+    head-summed scores kept whole in every head, however many tokens that is; the share is the one
+    the budget was floored from (a prompt shorter than a chunk: the scorer's own top budget)."""
+    from methods.seam.plan import Slots
+
+    keys, values, query = tensors(n, seed=1)
+    budget = Slots(max(1, int(n * share)), share)
+    layer = prefilled(ChunkKV(scorer=KNorm(), chunk_length=5, whole_chunks=True), keys, values, query, budget)
+    token = -keys[0].norm(dim=-1).sum(0)  # [n]
+    if n < 5:
+        norms = -keys[0].norm(dim=-1)
+        assert kept(layer) == [sorted(norms[h].topk(budget).indices.tolist()) for h in range(HKV)]
+        return
+    chunks = [list(range(s, min(s + 5, n))) for s in range(0, n, 5)]
+    ranked = sorted(chunks, key=lambda c: -token[c].mean().item())
+    want = sorted(j for c in ranked[: max(1, int(len(chunks) * share))] for j in c)
+    assert kept(layer) == [want] * HKV
+    assert n != 62 or len(want) != budget  # whole chunks, not the budget: 30 tokens for 31 slots
+
+
+def test_pyramidkv_kvpress_budgets_share_the_whole_budget():
+    """``window_in_budget=true`` (preset ``pyramidkv_kvpress``), kvpress ``PyramidKVPress``: with ``s``
+    the tokens a uniform layer keeps, the top layer keeps ``s / beta`` tokens window included, the
+    layers' mean is ``s`` (up to rounding), ``max`` capped at ``prompt - window`` raising ``min``, and
+    a minimum under the window falls back to ``round(s)`` in every layer."""
+    from methods.pyramidkv import kvpress_budgets
+
+    budgets = kvpress_budgets(2000.0, 64, 4000, 30, 20)
+    assert budgets[-1] == 100 and budgets[0] == 3900 and budgets == sorted(budgets, reverse=True)
+    assert abs(sum(budgets) / 30 - 2000) < 1
+    assert kvpress_budgets(100.0, 64, 200, 2, 20) == [136, 64]  # capped: 200 - 64, min raised to 64
+    assert kvpress_budgets(1000.0, 64, 4000, 30, 20) == [1000] * 30  # min 50 < 64: SnapKV's round(s)
+
+
 def test_dms_evicts_what_scores_below_the_threshold_outside_the_window():
     """kvpress ``DMSPress`` over KNorm: per head, a token older than the ``sliding_window_size``
     newest is evicted when ``-||k||`` is below the threshold; the heads keep different counts, and

@@ -38,3 +38,32 @@ class LayerPlan:
     first: int = 0
     recent: int = 0
     split: tuple[int, ...] = ()
+
+
+class Slots(int):
+    """A slot budget floored from a share of the prompt (``runners.setup.budget.resolve_budget``): an
+    ``int`` (the slots) that keeps the ``share`` it came from, so a rule defined on the share itself
+    (kvpress's PyramidKV budget, ChunkKV's chunk count) computes exactly what its reference does.
+    Arithmetic gives plain ints; a bare int budget has no share (rules then use ``slots / prompt``).
+
+    Attributes
+    ----------
+    share : float
+        The fraction of the prompt's tokens the budget was floored from, in (0, 1].
+    """
+
+    share: float
+
+    def __new__(cls, slots: int, share: float) -> Slots:
+        out = super().__new__(cls, slots)
+        out.share = share
+        return out
+
+    def __getnewargs__(self) -> tuple[int, float]:
+        return int(self), self.share
+
+
+def budget_share(budget: int, prompt: int) -> float:
+    """The share of a ``prompt``-token prompt that ``budget`` slots stand for: the share a
+    :class:`Slots` was floored from, else ``budget / prompt``."""
+    return getattr(budget, "share", budget / prompt)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from methods.seam.plan import Slots
+
 BUDGET_UNITS = ("prompt", "context")
 
 
@@ -61,7 +63,8 @@ def resolve_budget(
     Returns
     -------
     int | None
-        The slot budget (tokens), or None.
+        The slot budget (tokens), or None; from a share of the prompt a
+        :class:`~methods.seam.plan.Slots` that keeps the share.
 
     Raises
     ------
@@ -74,5 +77,6 @@ def resolve_budget(
     if isinstance(budget, float) and budget <= 1.0:
         if unit == "context" and not context_tokens:
             raise ValueError("budget_unit=context needs the model's context size")
-        return max(1, int(budget * (prompt_tokens if unit == "prompt" else context_tokens)))
+        slots = max(1, int(budget * (prompt_tokens if unit == "prompt" else context_tokens)))
+        return Slots(slots, budget) if unit == "prompt" else slots
     return int(budget)
