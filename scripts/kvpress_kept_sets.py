@@ -3,10 +3,11 @@
 kvpress pins its own transformers, so the script runs itself a second time under kvpress's interpreter
 (``--kvpress-python``, a venv with ``pip install kvpress``): that side saves the weights, the prompts
 and, per press, the positions each (layer, KV head) keeps after the prefill (kvpress gathers the kept
-rows, found again by their values; ``DMSPress`` masks, its ``masked_key_indices`` are read). KVBench's
-side prefills the same weights and prompts with the matching method and prints, per method, how many
-(prompt, layer, head) sets are identical and their Jaccard index; for ``key_rerotation`` also the
-largest difference between kvpress's re-rotated keys (turned forward to KVBench's positions) and ours.
+rows, found again by their keys and values, by values alone for KeyRerotation; ``DMSPress`` and
+``AdaKVPress`` mask, their ``masked_key_indices`` are read). KVBench's side prefills the same weights
+and prompts with the matching method and prints, per method, how many (prompt, layer, head) sets are
+identical and their Jaccard index; for ``key_rerotation`` also the largest difference between
+kvpress's re-rotated keys (turned forward to KVBench's positions) and ours.
 
 ``--real``: the embedded SmolLM2-135M-Instruct instead (its weights exported once as safetensors for
 kvpress's side) on real prompts, every layer and KV head: two XSum articles (the first, and the longest
@@ -162,6 +163,9 @@ def kvpress_side(out: Path) -> None:
                     kept.append([sorted(set(range(n)) - d) for d in dropped])
                     continue
                 rows, every = cache.layers[i].values[0], full.layers[i].values[0]
+                if name != "key_rerotation":  # rotated keys tell repeated tokens apart (layer 0's values not)
+                    rows = torch.cat([cache.layers[i].keys[0], rows], dim=-1)
+                    every = torch.cat([full.layers[i].keys[0], every], dim=-1)
                 exact = "donot_use_mm_for_euclid_dist"
                 dist = [torch.cdist(rows[h], every[h], compute_mode=exact) for h in range(kv_heads)]
                 kept.append([sorted(d.argmin(-1).tolist()) for d in dist])
@@ -191,7 +195,7 @@ def real_prompts(tokenizer) -> list[torch.Tensor]:
     ids = [tokenizer(a, return_tensors="pt").input_ids for a in articles]
     prompts = [ids[0], max(ids, key=lambda t: t.shape[1])]
     for task, length in (("niah_single_2", 4096), ("vt", 2048)):
-        ruler = Ruler(data_dir=str(data / "ruler"), tasks=[task], lengths=[length], limit=1)
+        ruler = Ruler(data_dir=str(data), tasks=[task], lengths=[length], limit=1)
         sample = ruler.load(tokenizer)[0]
         full = ruler.encode(tokenizer, sample)
         prompts.append(full[:, : ruler.chunk_start(tokenizer, sample, full)])
