@@ -137,7 +137,7 @@ class ChunkKV(ScorerWrapper):
             scores = scores.clone()
             scores[..., : plan.first] = top
             scores[..., n - plan.recent :] = top
-        return whole_chunks(scores, self.chunk_length, budget_share(layer.budget, n))
+        return whole_chunks(scores, self.chunk_length, budget_share(layer.share, layer.budget, n))
 
     prefill = ScoreEvict.prefill
     decode_attention = CompressionMethod.decode_attention

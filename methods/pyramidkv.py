@@ -117,6 +117,6 @@ class PyramidKV(LayerBudgets):
         protected, prompt = sum(self.scorer.protected(budget)), layer.store.n_slots
         layers = layer.spec.num_layers
         if self.window_in_budget:
-            share = budget_share(budget, prompt) * prompt
+            share = budget_share(layer.share, budget, prompt) * prompt
             return kvpress_budgets(share, protected, prompt, layers, self.beta)[layer.spec.layer_idx]
         return pyramid_budgets(budget, protected, prompt, layers, self.beta)[layer.spec.layer_idx]

@@ -56,6 +56,9 @@ class CompressedLayer(CacheLayerMixin):
         sink keys); counted in the cache's KV bytes, since it replaces cache memory.
     budget : int | None
         Slot budget resolved for the current sample (None: no compression).
+    share : float | None
+        The share of the prompt the budget was floored from (a :class:`~methods.seam.plan.Slots`
+        budget), else None; :func:`~methods.seam.plan.budget_share` reads it.
     spec : LayerSpec
         What the model's architecture says of this layer (``methods.seam.architecture``): its index,
         sliding window (None for full attention), logit soft-cap and rotary embedding.
@@ -86,7 +89,8 @@ class CompressedLayer(CacheLayerMixin):
         self._seen = 0
         self._counted = 0  # tokens of the next update already in ``_seen`` (``_count_ahead``)
         self._seen_device: torch.Tensor | None = None  # read by ``tokens_seen`` in compiled steps
-        self.budget = budget
+        self.budget = None if budget is None else int(budget)  # a plain int in compiled steps
+        self.share: float | None = getattr(budget, "share", None)  # ``methods.seam.plan.Slots``
         self.spec = spec if spec is not None else LayerSpec()
         owner = weakref.ref(self)  # no layer <-> store cycle: the cache is freed by reference counting
         self.store: SlotStorage = storage(fills, lambda needed: owner()._capacity(needed))

@@ -45,6 +45,8 @@ class Slots(int):
     ``int`` (the slots) that keeps the ``share`` it came from, so a rule defined on the share itself
     (kvpress's PyramidKV budget, ChunkKV's chunk count) computes exactly what its reference does.
     Arithmetic gives plain ints; a bare int budget has no share (rules then use ``slots / prompt``).
+    ``CompressedLayer`` keeps the share apart and the budget as a plain int (compiled steps trace
+    plain ints only).
 
     Attributes
     ----------
@@ -63,7 +65,7 @@ class Slots(int):
         return int(self), self.share
 
 
-def budget_share(budget: int, prompt: int) -> float:
-    """The share of a ``prompt``-token prompt that ``budget`` slots stand for: the share a
-    :class:`Slots` was floored from, else ``budget / prompt``."""
-    return getattr(budget, "share", budget / prompt)
+def budget_share(share: float | None, budget: int, prompt: int) -> float:
+    """The share of a ``prompt``-token prompt that ``budget`` slots stand for: ``share``, the one a
+    :class:`Slots` budget was floored from (``CompressedLayer.share``), else ``budget / prompt``."""
+    return budget / prompt if share is None else share
