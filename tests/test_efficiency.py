@@ -50,8 +50,7 @@ def test_decoders_sharing_one_prefill_decode_as_their_own(tiny_model):
     ids = prompts(2)
     settings = [(FullKV(), None), (ZSMerge(), 12), (H2O(), 12)]
     shared = Decoder.shared(tiny_model, ids, settings, PROMPT + STEPS + 1)
-    alone = [Decoder(tiny_model, ids, m, b, PROMPT + STEPS + 1) for m, b in (
-        (FullKV(), None), (ZSMerge(), 12), (H2O(), 12))]  # fmt: skip
+    alone = [Decoder(tiny_model, ids, type(m)(), b, PROMPT + STEPS + 1) for m, b in settings]
     for _ in range(STEPS):
         for decoder in (*shared, *alone):
             decoder.step()
