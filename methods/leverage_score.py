@@ -52,8 +52,10 @@ class LeverageScore(ScoreEvict):
     ----------
     sketch_dimension : int
         Columns ``s`` of the Gaussian sketch (kvpress: 48).
-    seed : int
-        Seed of the sketch (with the layer index).
+    seed : int | None
+        Seed of the sketch (with the layer index); None: kvpress's draw, ``[1, kv_heads, head_dim,
+        s]`` from torch's global generator at each layer's prefill (unseeded unless the caller
+        seeds it: the reference comparison, ``scripts/kvpress_kept_sets.py``).
 
     Raises
     ------
@@ -67,15 +69,19 @@ class LeverageScore(ScoreEvict):
     )
 
     sketch_dimension: int = option(48, low=1, high="head_dim")
-    seed: int = 0
+    seed: int | None = 0
 
     def __post_init__(self) -> None:
         if self.sketch_dimension < 1:
             raise ValueError(f"sketch_dimension must be >= 1, got {self.sketch_dimension}")
 
     def sketch(self, layer: CompressedLayer, heads: int, dim: int, device: torch.device) -> torch.Tensor:
-        """``Phi`` ``[kv_heads, head_dim, s]`` float32, entries N(0, 1/s), seeded by ``seed`` and layer."""
-        gen = torch.Generator(device=device).manual_seed(self.seed * 100_003 + layer.spec.layer_idx)
+        """``Phi`` ``[kv_heads, head_dim, s]`` float32, entries N(0, 1/s), seeded by ``seed`` and layer
+        (None: torch's global generator, kvpress's draw; its ``[1, kv_heads, ...]`` holds the same
+        numbers in the same order)."""
+        gen = None
+        if self.seed is not None:
+            gen = torch.Generator(device=device).manual_seed(self.seed * 100_003 + layer.spec.layer_idx)
         phi = torch.randn(heads, dim, self.sketch_dimension, generator=gen, device=device)
         return phi / math.sqrt(self.sketch_dimension)
 

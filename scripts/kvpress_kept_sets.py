@@ -68,6 +68,10 @@ def kvpress_cases() -> dict:
         ),
         "leverage_score": (kp.LeverageScorePress(compression_ratio=0.5), "sdpa"),
         "leverage_score_s8": (kp.LeverageScorePress(compression_ratio=0.5, sketch_dimension=8), "sdpa"),
+        "leverage_score_s8_global": (
+            kp.LeverageScorePress(compression_ratio=0.5, sketch_dimension=8),
+            "sdpa",
+        ),
         "cur": (kp.CURPress(compression_ratio=0.5), "sdpa"),
         "cur_kv_avg": (kp.CURPress(compression_ratio=0.5, leverage_type="kv_avg"), "sdpa"),
         "key_rerotation": (kp.KeyRerotationPress(press=snap()), "sdpa"),
@@ -107,6 +111,7 @@ def kvbench_cases() -> dict:
         "chunkkv_knorm": (M["chunkkv"](scorer=M["knorm"](), chunk_length=20), 0.5),
         "leverage_score": (M["leverage_score"](), 0.5),  # a sketch wider than head_dim 16: exact leverage
         "leverage_score_s8": (M["leverage_score"](sketch_dimension=8), 0.5),  # the sketches differ (seeds)
+        "leverage_score_s8_global": (M["leverage_score"](sketch_dimension=8, seed=None), 0.5),  # kvpress's
         "cur": (M["cur"](), 0.5),
         "cur_kv_avg": (M["cur"](leverage_type="kv_avg"), 0.5),
         "key_rerotation": (M["key_rerotation"](scorer=snap()), 0.5),
@@ -147,11 +152,12 @@ def kvpress_side(out: Path) -> None:
     result: dict[str, list] = {}
     for name, (press, attn) in kvpress_cases().items():
         model, result[name] = models[attn], []
-        for ids in prompts:
+        for p, ids in enumerate(prompts):
             n = ids.shape[1]
             full, cache = DynamicCache(), DynamicCache()
             with torch.no_grad():
                 model(ids, past_key_values=full)
+                torch.manual_seed(p)  # the global generator's draws (LeverageScore's sketch) as KVBench's
                 with press(model):
                     model(ids, past_key_values=cache)
             kept, keys = [], []
@@ -223,6 +229,7 @@ def kvbench_side(out: Path, real: bool = False) -> None:
             seen: list = []
             n = ids.shape[1]
             budget = resolve_budget(share, n)  # floored as kvpress's compute_n_kept; keeps the share
+            torch.manual_seed(p)  # the global generator as on kvpress's side
             greedy_generate(model, ids, method, budget, 1, set(), lambda c, seen=seen: seen or seen.append(c))
             for i, layer in enumerate(seen[0].layers):
                 for h in range(kv_heads):

@@ -172,6 +172,29 @@ def test_leverage_score_keeps_the_highest_leverage_of_the_pre_rope_keys(sketch):
     assert kept(layer) == want
 
 
+def test_leverage_score_without_a_seed_draws_kvpress_sketch_from_the_global_generator():
+    """``seed=None``: the sketch is ``torch.randn(1, kv_heads, head_dim, s) / sqrt(s)`` from torch's global
+    generator at prefill, kvpress's draw: seeded alike, the kept sets are those of that very sketch
+    (and not those of the seeded default)."""
+    n, budget, sketch = 30, 12, 4
+    pre, values, query = tensors(n, seed=3)
+    spec, emb = rotary_spec()
+    torch.manual_seed(11)
+    layer = prefilled(LeverageScore(sketch_dimension=sketch, seed=None), rope(pre, torch.arange(n), emb),
+                      values, query, budget, spec)  # fmt: skip
+    torch.manual_seed(11)
+    phi = (torch.randn(1, HKV, D, sketch) / sketch**0.5)[0].double()  # kvpress's draw
+    want = []
+    for h in range(HKV):
+        x = (pre[0, h] - pre[0, h].mean(0)).double() @ phi[h]
+        lev = torch.diag(x @ torch.linalg.inv(x.T @ x + 1e-2 * torch.eye(sketch)) @ x.T)
+        want.append(sorted(lev.topk(budget).indices.tolist()))
+    assert kept(layer) == want
+    seeded = prefilled(LeverageScore(sketch_dimension=sketch), rope(pre, torch.arange(n), emb),
+                       values, query, budget, spec)  # fmt: skip
+    assert kept(seeded) != want
+
+
 @pytest.mark.parametrize(("n", "leverage_type"), [(45, "kv_product"), (48, "kv_avg")])
 def test_cur_keeps_the_sinks_and_the_best_block_normalised_norms(n, leverage_type):
     """CurDKV (arXiv 2509.15038; kvpress ``CURPress``): per head, ``||k||^2`` and ``||v||^2`` each divided

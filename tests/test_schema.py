@@ -34,7 +34,7 @@ REFUSED = [
     (["method=dms", "method.threshold=inf"], "method.threshold must be a number (finite), got inf"),
     (["method=dms", "method.threshold=-1"], "threshold=-1 keeps every token"),
     (["method=dms", "method.scorer.window_size=x"], "method.scorer.window_size must be an integer, got 'x'"),
-    (["method=leverage_score", "method.seed=abc"], "method.seed must be an integer, got 'abc'"),
+    (["method=leverage_score", "method.seed=abc"], "method.seed must be an integer or null, got 'abc'"),
     (
         ["method=leverage_score", "method.sketch_dimension=1.5"],
         "method.sketch_dimension must be a positive integer, got 1.5",
