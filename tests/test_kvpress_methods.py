@@ -153,6 +153,18 @@ def rotary_spec() -> tuple[LayerSpec, LlamaRotaryEmbedding]:
     return LayerSpec(rotary=LayerRotary(emb), layer_idx=1), emb
 
 
+def leverage_kept(pre: torch.Tensor, phi: torch.Tensor, budget: int) -> list[list[int]]:
+    """Per KV head, the top ``budget`` leverage scores ``diag(X (X^T X + 1e-2 I)^-1 X^T)`` of the centred
+    pre-RoPE keys ``pre`` ``[1, HKV, n, D]`` sketched by ``phi`` ``[HKV, D, s]`` (explicit inverse,
+    float64)."""
+    want = []
+    for h in range(HKV):
+        x = (pre[0, h] - pre[0, h].mean(0)).double() @ phi[h].double()
+        lev = torch.diag(x @ torch.linalg.inv(x.T @ x + 1e-2 * torch.eye(phi.shape[-1])) @ x.T)
+        want.append(sorted(lev.topk(budget).indices.tolist()))
+    return want
+
+
 @pytest.mark.parametrize("sketch", [4, 48])
 def test_leverage_score_keeps_the_highest_leverage_of_the_pre_rope_keys(sketch):
     """kvpress ``LeverageScorePress`` (Chari & Van Durme 2025): the pre-RoPE keys centred over the
@@ -164,11 +176,7 @@ def test_leverage_score_keeps_the_highest_leverage_of_the_pre_rope_keys(sketch):
     method = LeverageScore(sketch_dimension=sketch, seed=7)
     layer = prefilled(method, rope(pre, torch.arange(n), emb), values, query, budget, spec)
     phi = method.sketch(layer, HKV, D, pre.device).double()
-    want = []
-    for h in range(HKV):
-        x = (pre[0, h] - pre[0, h].mean(0)).double() @ phi[h]
-        lev = torch.diag(x @ torch.linalg.inv(x.T @ x + 1e-2 * torch.eye(sketch)) @ x.T)
-        want.append(sorted(lev.topk(budget).indices.tolist()))
+    want = leverage_kept(pre, phi, budget)
     assert kept(layer) == want
 
 
@@ -184,11 +192,7 @@ def test_leverage_score_without_a_seed_draws_kvpress_sketch_from_the_global_gene
                       values, query, budget, spec)  # fmt: skip
     torch.manual_seed(11)
     phi = (torch.randn(1, HKV, D, sketch) / sketch**0.5)[0].double()  # kvpress's draw
-    want = []
-    for h in range(HKV):
-        x = (pre[0, h] - pre[0, h].mean(0)).double() @ phi[h]
-        lev = torch.diag(x @ torch.linalg.inv(x.T @ x + 1e-2 * torch.eye(sketch)) @ x.T)
-        want.append(sorted(lev.topk(budget).indices.tolist()))
+    want = leverage_kept(pre, phi, budget)
     assert kept(layer) == want
     seeded = prefilled(LeverageScore(sketch_dimension=sketch), rope(pre, torch.arange(n), emb),
                        values, query, budget, spec)  # fmt: skip
