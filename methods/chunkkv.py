@@ -119,14 +119,14 @@ class ChunkKV(ScorerWrapper):
         scores = self.scorer.prefill_scores(layer, query, scaling)
         if scores is None:
             return self.scorer.prefill_keep(layer, query, scaling)
-        if self.whole_chunks and layer.store.n_slots < self.chunk_length:  # no whole chunk: the scorer
-            return self.scorer.prefill_keep(layer, query, scaling)  # (kvpress delegates to the press)
-        if self.whole_chunks:
+        if self.whole_chunks:  # no whole chunk: the scorer's selection (kvpress delegates to the press)
+            if layer.store.n_slots < self.chunk_length:
+                return self.scorer.prefill_keep(layer, query, scaling)
             return self._kvpress_keep(layer, scores)
         priority = chunk_priority(scores, plan.first, plan.recent, self.chunk_length)
         return keep_index(priority, plan.first, plan.keep - plan.first - plan.recent, plan.recent)
 
-    def _kvpress_keep(self, layer: CompressedLayer, scores: torch.Tensor) -> torch.Tensor | None:
+    def _kvpress_keep(self, layer: CompressedLayer, scores: torch.Tensor) -> torch.Tensor:
         """:func:`whole_chunks` over the scorer's scores on kvpress's scale (``score_scale``), its
         protected tokens at the prefix maximum + 1 (kvpress's SnapKV window)."""
         n, plan = layer.store.n_slots, layer.plan

@@ -174,12 +174,14 @@ class Pairing:
         self.other_inputs += other.other_inputs
         self.incomplete = list(dict.fromkeys(self.incomplete + other.incomplete))
 
-    def caption(self) -> str:
-        """One sentence for a caption: the samples compared, and how many runs were left out."""
+    def caption(self, brief: bool = False) -> str:
+        """One sentence for a caption: the samples compared, and how many runs were left out;
+        ``brief``: the runs on other samples by label only (a long list, named in full elsewhere)."""
         sets = {describe(k) for k in self.samples.values()}
         text = f"Runs paired on the same samples: {'; '.join(sorted(sets))}." if sets else ""
         if self.unpaired:
-            runs = "; ".join(dict.fromkeys(f"{u.label} on {u.samples}" for u in self.unpaired))
+            named = (u.label if brief else f"{u.label} on {u.samples}" for u in self.unpaired)
+            runs = "; ".join(dict.fromkeys(named))
             text += f" Not paired (other samples): {runs}."
         for o in dict.fromkeys(self.other_inputs):
             text += f" {o.label} (run {o.run_id}) also run on other inputs: {o.ids()}."

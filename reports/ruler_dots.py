@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reports import style
-from reports.pairing import Pairing, describe
+from reports.pairing import Pairing
 from reports.ruler import GROUP, LABELS
 
 #: Columns of the figure's CSV: a panel's keys, then each dot's numbers.
@@ -106,16 +106,6 @@ def draw(frame: pd.DataFrame, label: str = "ratio", pairing: Pairing | None = No
     )
     if len(left):
         note += " Not drawn (no per-sample scores): " + ", ".join(sorted(set(left["label"]))) + "."
-    style.caption(fig, note + (" " + _pairing_text(pairing) if pairing is not None else ""))
+    pairs = pairing.caption(brief=True) if pairing is not None else ""  # ruler.md names the samples
+    style.caption(fig, " ".join(filter(None, [note, pairs])))
     return style.Plot(fig, data, "ruler", pairing.notes() if pairing is not None else [])
-
-
-def _pairing_text(pairing: Pairing) -> str:
-    """The samples compared, and the runs on other samples by label only (``ruler.md`` and the
-    console name their samples)."""
-    sets = sorted({describe(k) for k in pairing.samples.values()})
-    text = f"Paired on the same samples: {'; '.join(sets)}." if sets else ""
-    if pairing.unpaired:
-        labels = ", ".join(dict.fromkeys(u.label for u in pairing.unpaired))
-        text += f" Not drawn, run on other samples (ruler.md): {labels}."
-    return text

@@ -88,19 +88,20 @@ def measure(model, args, prompt: int) -> dict[str, float]:
     total = args.steps + args.warmup
     decoders: dict[str, object] = {}
     model.set_attn_implementation("kvbench")
-    for backend in [] if args.shared_prefill else args.backends:  # each keeps the backend it was built with
-        set_decode_backend(backend)
-        name = "ours" if backend == args.backends[0] else f"ours {backend}"
-        decoders[name] = Decoder(model, ids, METHOD_REGISTRY["fullkv"](), None, prompt + total)
-    set_decode_backend(args.backends[0])
     slots = max(2, int(args.budget * prompt))
-    if args.shared_prefill:  # one prefill forward for our FullKV and the methods
+    if args.shared_prefill:  # one prefill forward for our (eager) FullKV and the methods
         settings = [(METHOD_REGISTRY["fullkv"](), None)]
         settings += [(METHOD_REGISTRY[m](), slots) for m in args.methods]
         shared = Decoder.shared(model, ids, settings, prompt + total)
         decoders = dict(zip(["ours", *args.methods], shared, strict=True))
-    for name in [] if args.shared_prefill else args.methods:  # compressed methods beside FullKV
-        decoders[name] = Decoder(model, ids, METHOD_REGISTRY[name](), slots, prompt + total)
+    else:
+        for backend in args.backends:  # each run keeps the backend it was built with
+            set_decode_backend(backend)
+            name = "ours" if backend == args.backends[0] else f"ours {backend}"
+            decoders[name] = Decoder(model, ids, METHOD_REGISTRY["fullkv"](), None, prompt + total)
+        set_decode_backend(args.backends[0])
+        for name in args.methods:  # compressed methods beside FullKV, the same steps interleaved
+            decoders[name] = Decoder(model, ids, METHOD_REGISTRY[name](), slots, prompt + total)
     model.set_attn_implementation("sdpa")
     kinds = args.caches + (["static+compile"] if args.device.startswith("cuda") and args.caches else [])
     for kind in kinds:

@@ -56,6 +56,21 @@ class PrefillFanout:
                 prefill_step(cache.rules[layer_idx], layer, query, None, None, scale)
 
 
+def fanout_prefill(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    caches: list[CompressedCache],
+    own: CompressedCache | None = None,
+) -> torch.Tensor:
+    """One FullKV prefill forward of ``input_ids`` ``[batch, prompt]`` whose observer hands every layer
+    to each of ``caches`` (:class:`PrefillFanout`: each compresses as in its own prefill); ``own`` is the
+    forward's own FullKV cache (default: a new one sized to the prompt, released after). Returns the
+    forward's logits."""
+    if own is None:
+        own = CompressedCache.for_model(model, FullKV(), None, input_ids.shape[1], SlotStore)
+    return ModelRun(model, FullKV(), None, cache=own, observer=PrefillFanout(caches)).prefill(input_ids)
+
+
 @torch.inference_mode()
 def shared_generate(
     model: torch.nn.Module,
@@ -109,11 +124,8 @@ def shared_generate(
         for (method, budget), kind in zip(settings, kinds, strict=True)
     ]
     prefix = input_ids if question_start is None else input_ids[:, :question_start]
-    own = CompressedCache.for_model(model, FullKV(), None, prefix.shape[1], SlotStore)
-    driver = ModelRun(model, FullKV(), None, cache=own, observer=PrefillFanout(caches))
     start = time.perf_counter()
-    logits = driver.prefill(prefix)
-    del driver
+    logits = fanout_prefill(model, prefix, caches)
     for group in probe_groups(caches, kinds, prefix):  # a probing method's own forwards (KVzip)
         probe_caches(model, group, prefix)
     seconds = time.perf_counter() - start

@@ -139,15 +139,27 @@ class Decoder:
     ) -> None:
         if input_ids.numel() == 0:
             raise ValueError(f"need a non-empty batch, got shape {tuple(input_ids.shape)}")
+        run = ModelRun(model, method, budget, max_tokens, storage=storage)
+        _sync(input_ids.device)
+        start = time.perf_counter()
+        token = run.prefill(input_ids).argmax(dim=-1)
+        _sync(input_ids.device)
+        self._prefilled(model, input_ids, run, token, time.perf_counter() - start)
+
+    def _prefilled(
+        self,
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        run: ModelRun,
+        token: torch.Tensor,
+        seconds: float,
+    ) -> None:
+        """Hold ``run`` (its cache prefilled with ``input_ids``), the prefill's tokens ``token`` ``[batch]``
+        and its wall time ``seconds``."""
         self.model, self.device = model, input_ids.device
         self.batch, self.length = input_ids.shape
-        self.run = ModelRun(model, method, budget, max_tokens, storage=storage)
-        self.cache = self.run.cache
-        _sync(self.device)
-        start = time.perf_counter()
-        self.tokens = [self.run.prefill(input_ids).argmax(dim=-1)]
-        _sync(self.device)
-        self.prefill_seconds = time.perf_counter() - start
+        self.run, self.cache = run, run.cache
+        self.tokens, self.prefill_seconds = [token], seconds
 
     @classmethod
     @torch.inference_mode()
@@ -171,7 +183,7 @@ class Decoder:
             For an empty batch or a probing method (it runs forwards of its own: not shared).
         """
         from methods import CompressedCache, FullKV
-        from runners.generation.shared_prefill import PrefillFanout
+        from runners.generation.shared_prefill import fanout_prefill
 
         if input_ids.numel() == 0:
             raise ValueError(f"need a non-empty batch, got shape {tuple(input_ids.shape)}")
@@ -179,23 +191,16 @@ class Decoder:
             raise ValueError("a probing method runs its own forwards: its prefill is not shared")
         caches = [CompressedCache.for_model(model, m, b, max_tokens, SlotStore) for m, b in settings]
         full = [i for i, (m, b) in enumerate(settings) if isinstance(m, FullKV) and b is None][:1]
-        length = input_ids.shape[1]
-        own = caches[full[0]] if full else CompressedCache.for_model(model, FullKV(), None, length)
-        fanout = PrefillFanout([c for i, c in enumerate(caches) if i not in full])
-        driver = ModelRun(model, FullKV(), None, cache=own, observer=fanout)
+        fed = [c for i, c in enumerate(caches) if i not in full]
         _sync(input_ids.device)
         start = time.perf_counter()
-        token = driver.prefill(input_ids).argmax(dim=-1)
+        token = fanout_prefill(model, input_ids, fed, caches[full[0]] if full else None).argmax(dim=-1)
         _sync(input_ids.device)
         seconds = time.perf_counter() - start
-        del driver, own
         decoders = []
         for cache, (method, budget) in zip(caches, settings, strict=True):
             decoder = cls.__new__(cls)
-            decoder.model, decoder.device = model, input_ids.device
-            decoder.batch, decoder.length = input_ids.shape
-            decoder.run = ModelRun(model, method, budget, cache=cache)
-            decoder.cache, decoder.tokens, decoder.prefill_seconds = cache, [token], seconds
+            decoder._prefilled(model, input_ids, ModelRun(model, method, budget, cache=cache), token, seconds)
             decoders.append(decoder)
         return decoders
 
