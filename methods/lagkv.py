@@ -12,6 +12,11 @@ partition. Ties of rank between partitions go to the newer partition (score
 Tokens whose partition has no complete reference yet (the last full partition and the remainder),
 and the sinks, score ``2 + position``: above every scored token (at most 1), oldest first among
 themselves, so a budget below them keeps the newest (kvpress's short-prompt rule, a sliding window).
+``ties="topk"`` (the ``lagkv_kvpress`` preset) selects the prompt's tokens as kvpress's ``ScorerPress``
+does instead: ``torch.topk`` over kvpress's score vector (sinks and unscored tokens 1, scored ones
+``rank / L`` in the keys' dtype; a short prompt ``(position - n_sink) / (n - n_sink)``), whose tie
+order is the device's ``topk`` (on the CPU an introselect: neither the older nor the newer first), so
+on the same device and dtype the kept sets are kvpress's.
 
 Decode: partitions stay aligned to positions (as the official code's recursive compression); the
 step that completes a partition scores the one before it with the tokens of both still held, and
@@ -28,6 +33,7 @@ import torch
 from methods.evict import ScoreEvict
 from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
+from methods.seam.plan import LayerPlan
 
 BITS = 24  # float32 holds every integer below 2^24
 TAIL = 2.0  # unscored tokens score TAIL + position; scored ones at most 1
@@ -53,11 +59,16 @@ class LagKV(ScoreEvict):
     cross_scoring : bool
         Rank by the softmax scores themselves, so partitions compete (kvpress's experimental
         option, for head-adaptive budgets); False: by rank inside each partition (the paper).
+    ties : str
+        The prefill selection's tie order: ``"newer"`` (rank ties between partitions keep the newer
+        partition; sinks and unscored tokens kept first, the oldest of them evicted first) or
+        ``"topk"`` (kvpress ``LagKVPress``: ``torch.topk`` over kvpress's score vector, module
+        docstring). Decoding is the same for both.
 
     Raises
     ------
     ValueError
-        For ``n_sink`` < 0 or ``lag_size`` < 2.
+        For ``n_sink`` < 0, ``lag_size`` < 2 or ``ties`` not in ``("newer", "topk")``.
     """
 
     name: ClassVar[str] = "lagkv"
@@ -66,8 +77,11 @@ class LagKV(ScoreEvict):
     n_sink: int = 4
     lag_size: int = 128
     cross_scoring: bool = False
+    ties: str = "newer"
 
     def __post_init__(self) -> None:
+        if self.ties not in ("newer", "topk"):
+            raise ValueError(f"ties must be 'newer' or 'topk', got {self.ties!r}")
         if self.n_sink < 0:
             raise ValueError(f"n_sink must be >= 0, got {self.n_sink}")
         if self.lag_size < 2:
@@ -110,6 +124,38 @@ class LagKV(ScoreEvict):
         scored = self.partition_scores(score, rank, part).reshape(b, h, -1)
         out[:, :, self.n_sink : self.n_sink + (parts - 1) * lag] = scored
         return out
+
+    def kvpress_scores(self, layer: CompressedLayer) -> torch.Tensor:
+        """kvpress ``LagKVPress.score`` of the prompt ``[batch, kv_heads, prompt]`` in the keys' dtype,
+        read off the stored scores (held in position order): sinks and unscored tokens 1, a scored
+        token ``rank / L`` (its rank decoded from the rank code) or its softmax score
+        (``cross_scoring``); a prompt of under two partitions ``(position - n_sink) / (n - n_sink)``
+        after the sinks (kvpress's short-prompt rule)."""
+        stored, pos = layer.store.state["scores"], layer.store.positions
+        n, dtype, one = stored.shape[-1], layer.keys.dtype, torch.ones((), dtype=layer.keys.dtype)
+        if (n - self.n_sink) // self.lag_size < 2:
+            slide = ((pos - self.n_sink) / max(n - self.n_sink, 1)).to(dtype)
+            return torch.where(pos < self.n_sink, one, slide)
+        if self.cross_scoring:
+            scored = stored
+        else:
+            code = (stored * 2.0**BITS).long()
+            scored = torch.div(code, self.per_rank, rounding_mode="floor") / self.lag_size
+        return torch.where(stored < TAIL, scored.to(dtype), one)
+
+    def prefill_keep(
+        self, layer: CompressedLayer, query: torch.Tensor, scaling: float
+    ) -> torch.Tensor | None:
+        """:meth:`ScoreEvict.prefill_keep`, or with ``ties="topk"`` kvpress's selection: the
+        ``layer.plan.keep`` slots of ``torch.topk`` over :meth:`kvpress_scores` ``[batch, kv_heads,
+        keep]`` (ascending), or None when the prompt fits."""
+        if self.ties == "newer":
+            return super().prefill_keep(layer, query, scaling)
+        layer.store.write("scores", self.prefill_scores(layer, query, scaling))
+        plan: LayerPlan = layer.plan
+        if plan.keep is None or layer.store.n_slots <= plan.keep:
+            return None
+        return self.kvpress_scores(layer).topk(plan.keep, dim=-1).indices.sort(dim=-1).values
 
     def step_scores(self, layer: CompressedLayer, probs: None) -> torch.Tensor:
         """The stored scores, the newest token's ``2 + position``, and the partition whose

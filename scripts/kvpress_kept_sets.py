@@ -35,6 +35,9 @@ import torch
 N, VOCAB, LAYERS, KV_HEADS = 200, 256, 2, 2
 #: Cases whose kvpress press masks keys (``masked_key_indices``) instead of gathering the kept rows.
 MASKING = ("dms", "dms_knorm", "adakv_snapkv_avg", "adakv_snapkv_kvpress")
+#: LagKV's partition: kvpress's 128 on the real prompts, 16 on the tiny model's 200 tokens (under 2 x 128
+#: kvpress scores nothing); set by each side before it builds its cases.
+LAG = {"size": 16}
 
 
 def tiny_llama(attn: str):
@@ -88,6 +91,8 @@ def kvpress_cases() -> dict:
     cases["pyramidkv"] = (kp.PyramidKVPress(compression_ratio=0.5), "sdpa")
     cases["pyramidkv_kvpress"] = cases["pyramidkv"]
     cases["chunkkv_kvpress"] = cases["chunkkv"]
+    cases["lagkv"] = (kp.LagKVPress(compression_ratio=0.5, lag_size=LAG["size"]), "sdpa")
+    cases["lagkv_kvpress"] = cases["lagkv"]
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -129,6 +134,8 @@ def kvbench_cases() -> dict:
     cases["pyramidkv"] = (M["pyramidkv"](scorer=snap()), 0.5)  # documented: the budget outside the window
     cases["pyramidkv_kvpress"] = (M["pyramidkv"](scorer=snap(), window_in_budget=True), 0.5)
     cases["chunkkv_kvpress"] = (M["chunkkv"](scorer=snap(), chunk_length=20, whole_chunks=True), 0.5)
+    cases["lagkv"] = (M["lagkv"](lag_size=LAG["size"]), 0.5)  # documented: rank ties keep the newer partition
+    cases["lagkv_kvpress"] = (M["lagkv"](lag_size=LAG["size"], ties="topk"), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -138,6 +145,7 @@ def kvpress_side(out: Path) -> None:
     from transformers import AutoModelForCausalLM, DynamicCache
 
     real = (out / "model").is_dir()
+    LAG["size"] = 128 if real else 16
     if real:
         load = AutoModelForCausalLM.from_pretrained
         models = {attn: load(out / "model", attn_implementation=attn).eval() for attn in ("sdpa", "eager")}
@@ -216,6 +224,7 @@ def kvbench_side(out: Path, real: bool = False) -> None:
     from runners.generation.greedy import greedy_generate
     from runners.setup.budget import resolve_budget
 
+    LAG["size"] = 128 if real else 16
     if real:
         model, _ = real_model()
     else:

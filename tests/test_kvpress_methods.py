@@ -1,5 +1,5 @@
-"""ObservedAttention, ChunkKV, DMS, LeverageScore, CurDKV, SimLayerKV and KeyRerotation against references
-written here from each rule (the paper's, or kvpress's press where the method is kvpress's).
+"""ObservedAttention, ChunkKV, DMS, LeverageScore, CurDKV, SimLayerKV, KeyRerotation and LagKV against
+references written here from each rule (the paper's, or kvpress's press where the method is kvpress's).
 
 Each test prefills one layer of tiny random tensors (2 KV heads, 3 query heads each) and compares
 the positions each head keeps with a straightforward implementation of the rule: full attention
@@ -20,6 +20,7 @@ from methods import (
     CurDKV,
     KeyRerotation,
     KNorm,
+    LagKV,
     LeverageScore,
     ObservedAttention,
     SimLayerKV,
@@ -109,6 +110,40 @@ def test_chunkkv_kvpress_keeps_whole_chunks_by_the_shares_count(n, share):
     want = sorted(j for c in ranked[: max(1, int(len(chunks) * share))] for j in c)
     assert kept(layer) == [want] * HKV
     assert n != 62 or len(want) != budget  # whole chunks, not the budget: 30 tokens for 31 slots
+
+
+def lagkv_kvpress_kept(keys: torch.Tensor, values: torch.Tensor, n_sink: int, lag: int, budget: int):
+    """kvpress ``LagKVPress`` + ``ScorerPress.compress``, re-stated per head with loops: partition ``m``
+    min-max normalised by ``m + 1``'s per-channel range, ``(softmax(std K) + softmax(std V)) / 2``
+    ranked inside its partition, score ``rank / lag``; sinks and the unscored tail 1; kept:
+    ``torch.topk`` of that vector (its tie order is kvpress's)."""
+    n, out = keys.shape[2], []
+    parts = (n - n_sink) // lag
+    for h in range(HKV):
+        vector = [1.0] * n
+        for m in range(parts - 1):
+            total = 0
+            for x in (keys[0, h], values[0, h]):
+                part = x[n_sink + m * lag : n_sink + (m + 1) * lag]
+                ref = x[n_sink + (m + 1) * lag : n_sink + (m + 2) * lag]
+                low, high = ref.min(0).values, ref.max(0).values
+                std = torch.stack([((t - low) / (high - low)).std() for t in part])
+                total = total + torch.softmax(std, 0) / 2
+            for rank, i in enumerate(sorted(range(lag), key=lambda i: total[i].item())):
+                vector[n_sink + m * lag + i] = rank / lag
+        out.append(sorted(torch.tensor(vector).topk(budget).indices.tolist()))
+    return out
+
+
+@pytest.mark.parametrize("budget", [10, 31])
+def test_lagkv_kvpress_breaks_ties_as_kvpress_topk(budget):
+    """``ties="topk"`` (preset ``lagkv_kvpress``): kvpress's kept sets where rank ties between
+    partitions (budget 31: 4 of the 6 rank-5 tokens) or sinks and tail (budget 10 of 15) split, and
+    where the default (the newer partition, the sinks first) keeps others."""
+    keys, values, query = tensors(63)  # 4 sinks, 7 partitions of 8, 3 more: 6 partitions scored
+    want = lagkv_kvpress_kept(keys, values, 4, 8, budget)
+    assert kept(prefilled(LagKV(lag_size=8, ties="topk"), keys, values, query, budget)) == want
+    assert kept(prefilled(LagKV(lag_size=8), keys, values, query, budget)) != want
 
 
 def test_pyramidkv_kvpress_budgets_share_the_whole_budget():
