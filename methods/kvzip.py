@@ -15,7 +15,10 @@ and the chat template before the context (the system prompt, which no chunk repe
 the official code keeps its system prompt. KVzip+ (``kvzip_plus_normalization``, kvpress's
 ``KVzipPress`` option of that name) weighs each probability before the maximum by the pair's
 ``||v W_o^h||_2`` through its query head's slice of ``o_proj`` over the query token's attention-input
-norm ``||h||_2``. docs/methods.md, "KVzip", lists the choices.
+norm ``||h||_2``. The preset ``kvzip_kvpress`` (``keep_head=false``, ``count_pairs=true``) selects as
+kvpress's ``KVzipPress.compress_post``: the template head's length skipped whether or not the prompt
+starts with it, its tokens after the sinks scored 0 (evicted first), and ``int(ratio x pairs)`` pairs
+evicted. docs/methods.md, "KVzip", lists the choices.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from methods.probing import Probe, Probing
 from methods.seam.architecture import UnsupportedArchitectureError
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
+from methods.seam.plan import budget_share
 from methods.seam.traits import NO_DECODE_RULE, Traits
 from tasks.chat import user_turn
 
@@ -101,6 +105,15 @@ class KVzip(Probing, CompressionMethod):
         The prompt's token ids; set by :meth:`attach_tokenizer` (the runners call it).
     kvzip_plus_normalization : bool
         KVzip+ (module docstring): probabilities times ``||v W_o^h||_2 / ||h||_2`` before the maximum.
+    keep_head : bool
+        True: the chat template before the context (its system prompt; no chunk repeats it) is kept, as
+        the official code keeps its system prompt, and skipped only where the prompt starts with it.
+        False (kvpress): skipped always (kvpress's ``prefix_length``), its tokens after the sinks score
+        0, so they are evicted first.
+    count_pairs : bool
+        False: ``heads x B`` pairs kept per layer (``B`` the per-head budget). True (kvpress):
+        ``int(ratio x pairs)`` evicted of the pooled pairs (all layers' heads, or each layer's with
+        ``layerwise``), ``ratio = 1 -`` the share the budget was floored from.
 
     Raises
     ------
@@ -124,6 +137,8 @@ class KVzip(Probing, CompressionMethod):
     resume_tokens: int = option(8, low=0, high="max_context")
     prompt: ReconstructionPrompt | None = None
     kvzip_plus_normalization: bool = False
+    keep_head: bool = True
+    count_pairs: bool = False
 
     def __post_init__(self) -> None:
         if self.n_sink < 1 or self.chunk_size < 1 or self.resume_tokens < 0:
@@ -155,7 +170,9 @@ class KVzip(Probing, CompressionMethod):
             return torch.tensor(tokens, dtype=input_ids.dtype, device=input_ids.device).expand(b, -1)
 
         head = ids(self.prompt.head)
-        start = head.shape[1] if head.shape[1] < n and torch.equal(input_ids[:, : head.shape[1]], head) else 0
+        start = head.shape[1] if head.shape[1] < n else 0
+        if self.keep_head and not torch.equal(input_ids[:, :start], head[:, :start]):
+            start = 0
         probes = []
         for first in range(start, n, self.chunk_size):
             stop = min(first + self.chunk_size, n)
@@ -229,11 +246,28 @@ class KVzip(Probing, CompressionMethod):
         return output_norm(values, layer.spec.out_proj, ord=2, per_head=True), hidden_norm.float()
 
     def ranking(self, layer: CompressedLayer) -> torch.Tensor:
-        """``[batch, kv_heads, prompt]`` scores with the kept tokens (sinks, unrepeated head) at +inf, at
-        most ``B`` of them per head (the rest of them at 0)."""
+        """``[batch, kv_heads, prompt]`` scores with the kept tokens (sinks, and the unrepeated head with
+        ``keep_head``) at +inf, at most ``B`` of them per head (the rest of them at 0; the head at 0
+        without ``keep_head``)."""
         scores, pos = layer.store.state["scores"], layer.store.positions
-        protected = (pos < self.n_sink) | torch.isinf(scores)
-        return scores.masked_fill(protected, 0.0).masked_fill(protected & (pos < layer.plan.keep), torch.inf)
+        protected = pos < self.n_sink
+        if self.keep_head:
+            protected = protected | torch.isinf(scores)
+        scores = scores.masked_fill(protected | torch.isinf(scores), 0.0)
+        return scores.masked_fill(protected & (pos < layer.plan.keep), torch.inf)
+
+    def kept_pairs(self, layers: list[CompressedLayer], heads: list[int]) -> list[int]:
+        """Pairs to keep per layer (``layerwise``) or in all ``layers`` together (one entry), the layers
+        holding ``heads`` KV heads each: ``heads x B`` per layer, or with ``count_pairs`` kvpress's
+        count, the pooled pairs less ``int(ratio x pairs)``."""
+        if self.count_pairs:
+            pairs = [h * layer.store.n_slots for h, layer in zip(heads, layers, strict=True)]
+            first = layers[0]
+            ratio = 1.0 - budget_share(first.share, first.budget, first.store.n_slots)
+            pools = pairs if self.layerwise else [sum(pairs)]
+            return [p - int(p * ratio) for p in pools]
+        kept = [h * layer.plan.keep for h, layer in zip(heads, layers, strict=True)]
+        return kept if self.layerwise else [sum(kept)]
 
     def compress(self, layers: list[CompressedLayer]) -> None:
         """Keep the top ``heads x B`` of each layer (``layerwise``) or the top ``sum(heads x B)`` over
@@ -242,13 +276,11 @@ class KVzip(Probing, CompressionMethod):
         if not layers:
             return
         ranked = [self.ranking(layer) for layer in layers]
-        budgets = [r.shape[1] * layer.plan.keep for r, layer in zip(ranked, layers, strict=True)]
+        budgets = self.kept_pairs(layers, [r.shape[1] for r in ranked])
         if self.layerwise:
             masks = [top_mask(r, k) for r, k in zip(ranked, budgets, strict=True)]
         else:
-            masks = top_mask(torch.cat(ranked, dim=1), sum(budgets)).split(
-                [r.shape[1] for r in ranked], dim=1
-            )
+            masks = top_mask(torch.cat(ranked, dim=1), budgets[0]).split([r.shape[1] for r in ranked], dim=1)
         for layer, keep in zip(layers, masks, strict=True):
             layer.store = layer.store.ragged(keep)
 

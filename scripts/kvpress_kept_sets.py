@@ -34,7 +34,12 @@ import torch
 
 N, VOCAB, LAYERS, KV_HEADS = 200, 256, 2, 2
 #: Cases whose kvpress press masks keys (``masked_key_indices``) instead of gathering the kept rows.
-MASKING = ("dms", "dms_knorm", "adakv_snapkv_avg", "adakv_snapkv_kvpress")
+MASKING = ("dms", "dms_knorm", "adakv_snapkv_avg", "adakv_snapkv_kvpress", "kvzip", "kvzip_kvpress")
+#: The tiny model's chat template (KVzip reads its head and tail; kvpress from ``name_or_path``).
+TINY_TEMPLATE = (
+    "{{ '<sys>be brief</sys>' }}{% for m in messages %}{{ '<u>' + m['content'] + '</u>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<a>' }}{% endif %}"
+)
 #: LagKV's partition: kvpress's 128 on the real prompts, 16 on the tiny model's 200 tokens (under 2 x 128
 #: kvpress scores nothing); set by each side before it builds its cases.
 LAG = {"size": 16}
@@ -55,6 +60,23 @@ def tiny_llama(attn: str):
         for p in model.parameters():
             p.mul_(4.0)
     return model
+
+
+def tiny_tokenizer(folder: Path):
+    """A byte-level tokenizer (ids 0-255: the tiny vocabulary) with :data:`TINY_TEMPLATE`, saved in
+    ``folder`` on first use, loaded from it after."""
+    from transformers import AutoTokenizer
+
+    if not (folder / "tokenizer.json").exists():
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+        tok = Tokenizer(models.BPE(vocab, []))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=TINY_TEMPLATE)
+        fast.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def kvpress_cases() -> dict:
@@ -93,6 +115,8 @@ def kvpress_cases() -> dict:
     cases["chunkkv_kvpress"] = cases["chunkkv"]
     cases["lagkv"] = (kp.LagKVPress(compression_ratio=0.5, lag_size=LAG["size"]), "sdpa")
     cases["lagkv_kvpress"] = cases["lagkv"]
+    cases["kvzip"] = (kp.KVzipPress(compression_ratio=0.5), "sdpa")
+    cases["kvzip_kvpress"] = cases["kvzip"]
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -136,6 +160,8 @@ def kvbench_cases() -> dict:
     cases["chunkkv_kvpress"] = (M["chunkkv"](scorer=snap(), chunk_length=20, whole_chunks=True), 0.5)
     cases["lagkv"] = (M["lagkv"](lag_size=LAG["size"]), 0.5)  # documented: rank ties keep the newer partition
     cases["lagkv_kvpress"] = (M["lagkv"](lag_size=LAG["size"], ties="topk"), 0.5)
+    cases["kvzip"] = (M["kvzip"](), 0.5)  # documented: the template head kept, heads x B kept per layer
+    cases["kvzip_kvpress"] = (M["kvzip"](keep_head=False, count_pairs=True), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -152,6 +178,9 @@ def kvpress_side(out: Path) -> None:
         prompts = torch.load(out / "prompts.pt")
     else:
         models = {attn: tiny_llama(attn) for attn in ("sdpa", "eager")}
+        tiny_tokenizer(out / "tokenizer")
+        for model in models.values():  # where KVzipPress loads its tokenizer from
+            model.config.name_or_path = str(out / "tokenizer")
         torch.save(models["sdpa"].state_dict(), out / "weights.pt")
         seeds = [torch.Generator().manual_seed(s) for s in range(3)]
         prompts = [torch.randperm(VOCAB, generator=g)[:N][None] for g in seeds]
@@ -226,13 +255,15 @@ def kvbench_side(out: Path, real: bool = False) -> None:
 
     LAG["size"] = 128 if real else 16
     if real:
-        model, _ = real_model()
+        model, tokenizer = real_model()
     else:
-        model = tiny_llama("kvbench")
+        model, tokenizer = tiny_llama("kvbench"), tiny_tokenizer(out / "tokenizer")
         model.load_state_dict(torch.load(out / "weights.pt"))
     kv_heads = model.config.num_key_value_heads
     prompts, theirs = torch.load(out / "prompts.pt"), json.loads((out / "kvpress.json").read_text())
     for name, (method, share) in kvbench_cases().items():
+        if hasattr(method, "attach_tokenizer"):  # KVzip's reconstruction prompt (kvpress: no thinking)
+            method.attach_tokenizer(tokenizer, {"enable_thinking": False})
         jaccard, key_diff, held = [], 0.0, []
         for p, ids in enumerate(prompts):
             seen: list = []
@@ -279,6 +310,7 @@ def main() -> None:
             model, tokenizer = real_model()
             model.config.attn_implementation = "sdpa"
             model.save_pretrained(Path(tmp) / "model")
+            tokenizer.save_pretrained(Path(tmp) / "model")  # KVzipPress loads it from name_or_path
             torch.save(real_prompts(tokenizer), Path(tmp) / "prompts.pt")
             del model
         subprocess.run([args.kvpress_python, __file__, "--kvpress-side", tmp], check=True)

@@ -144,6 +144,47 @@ def test_kept_sets_are_the_papers_rule_and_the_heads_share_the_budget(layerwise,
     )  # freed: K and V (head_dim 16, fp32) of the kept pairs
 
 
+def kvpress_kept(scores: torch.Tensor, ratio: float, layerwise: bool) -> list[list[set[int]]]:
+    """kvpress ``KVzipPress.compress_post``: the unscored template head at 0, the sinks above every
+    score, and the ``int(ratio x pairs)`` lowest evicted, of all layers' pairs or (``layerwise``) of
+    each layer's."""
+    s = scores.nan_to_num(0.0)
+    s[..., :SINKS] = s.max() + 1
+    layers, heads, n = s.shape
+    kept = [[set(range(n)) for _ in range(heads)] for _ in range(layers)]
+    for pool in [[layer] for layer in range(layers)] if layerwise else [range(layers)]:
+        pairs = sorted((float(s[l_, h, p]), l_, h, p) for l_ in pool for h in range(heads) for p in range(n))
+        for _, l_, h, p in pairs[: int(len(pairs) * ratio)]:
+            kept[l_][h].discard(p)
+    return kept
+
+
+@pytest.mark.parametrize("layerwise", [True, False], ids=["layerwise", "across_layers"])
+def test_kvzip_kvpress_evicts_the_template_head_and_int_ratio_x_pairs(layerwise):
+    """``keep_head=false, count_pairs=true`` (preset ``kvzip_kvpress``): kvpress's kept sets at a share
+    (0.35 of 70 tokens) where ``int(ratio x pairs)`` evicted is not ``heads x B`` kept (147 pairs kept
+    of 420, not 144), the head token after the sinks evicted, and the default keeps others."""
+    from methods.seam.plan import Slots
+
+    ours, reference = tiny_llama(layers=3), tiny_llama(layers=3)
+    reference.set_attn_implementation("sdpa")
+    ids, budget = prompt_ids(), Slots(int(PROMPT * 0.35), 0.35)
+    want = kvpress_kept(reference_scores(reference, ids), 0.65, layerwise)
+    kept = {}
+    for preset in (True, False):
+        method = KVzip(
+            n_sink=SINKS, layerwise=layerwise, chunk_size=CHUNK, resume_tokens=RESUME, prompt=TEMPLATE,
+            keep_head=not preset, count_pairs=preset,
+        )  # fmt: skip
+        run = ModelRun(ours, method, budget, PROMPT)
+        with torch.inference_mode():
+            run.prefill(ids)
+        kept[preset] = kept_positions(run.cache)
+    assert kept[True] == want and kept[False] != want
+    assert all(SINKS not in head for layer in want for head in layer)  # the head's last token
+    assert sum(len(head) for layer in want for head in layer) == 3 * 2 * 70 - int(3 * 2 * 70 * 0.65)
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 @torch.inference_mode()
 def test_a_probe_forward_is_the_models_own_and_leaves_the_cache(family):
