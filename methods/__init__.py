@@ -18,6 +18,7 @@ from methods.keepkv import KeepKV
 from methods.key_rerotation import KeyRerotation
 from methods.keydiff import KeyDiff
 from methods.knorm import KNorm
+from methods.kvgrad import KVgrad
 from methods.kvmerger import KVMerger
 from methods.kvzip import KVzip
 from methods.lagkv import LagKV
@@ -57,6 +58,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         KeyRerotation,
         KNorm,
         KVMerger,
+        KVgrad,
         KVzip,
         LayerRatios,
         LagKV,
@@ -93,6 +95,7 @@ __all__ = [
     "FullKV",
     "KNorm",
     "KVMerger",
+    "KVgrad",
     "KVzip",
     "KeepKV",
     "KeyDiff",

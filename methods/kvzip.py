@@ -23,6 +23,7 @@ evicted. docs/methods.md, "KVzip", lists the choices.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -207,20 +208,10 @@ class KVzip(Probing, CompressionMethod):
             For KVzip+ when the attention's ``o_proj`` could not be found.
         """
         start, stop = probe.span
-        sink, n, hkv = min(self.n_sink, start), keys.shape[2], keys.shape[1]
-        cached = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, start:stop], keys], dim=2).float()
-        context = cached.shape[2] - n  # the sinks and the span; the chunk's own keys follow
-        own = torch.arange(n, device=keys.device)
         plus = self.kvzip_plus_normalization
         weights = self.plus_weights(layer, start, stop, hidden_norm) if plus else None
         score = None
-        for a in range(0, n, 512):
-            q, last = group_queries(query[:, :, a : a + 512], hkv).float(), min(a + 512, n)
-            # keys up to the block's last query: the chunk's later tokens take no part in any softmax
-            logits = torch.einsum("bhgqd,bhkd->bhgqk", q, cached[:, :, : context + last]).mul_(scaling)
-            logits = softcap_logits(logits, layer.spec.softcap)
-            logits[..., context + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
-            span = torch.log_softmax(logits, dim=-1)[..., sink:context]  # [b, hkv, group, block, span]
+        for a, last, span in self.span_log_probs(layer, query, keys, scaling, probe):
             if weights is None:  # the largest probability is exp of the largest log-probability
                 best = span.amax(dim=(2, 3)).exp_()
             else:
@@ -231,6 +222,25 @@ class KVzip(Probing, CompressionMethod):
         scores = layer.store.state["scores"].clone()
         scores[:, :, start:stop] = score
         layer.store.write("scores", scores)
+
+    def span_log_probs(
+        self, layer: CompressedLayer, query: torch.Tensor, keys: torch.Tensor, scaling: float, probe: Probe
+    ) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """The reconstruction attention of :meth:`probe` by blocks of 512 probe queries: ``(a, last,
+        log_probs)``, ``log_probs`` ``[batch, kv_heads, group, last - a, span]`` float32, the log-softmax
+        over the sinks, the span and the chunk's causal part, at the span's pairs."""
+        start, stop = probe.span
+        sink, n, hkv = min(self.n_sink, start), keys.shape[2], keys.shape[1]
+        cached = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, start:stop], keys], dim=2).float()
+        context = cached.shape[2] - n  # the sinks and the span; the chunk's own keys follow
+        own = torch.arange(n, device=keys.device)
+        for a in range(0, n, 512):
+            q, last = group_queries(query[:, :, a : a + 512], hkv).float(), min(a + 512, n)
+            # keys up to the block's last query: the chunk's later tokens take no part in any softmax
+            logits = torch.einsum("bhgqd,bhkd->bhgqk", q, cached[:, :, : context + last]).mul_(scaling)
+            logits = softcap_logits(logits, layer.spec.softcap)
+            logits[..., context + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
+            yield a, last, torch.log_softmax(logits, dim=-1)[..., sink:context]
 
     def plus_weights(
         self, layer: CompressedLayer, start: int, stop: int, hidden_norm: torch.Tensor | None

@@ -5,14 +5,16 @@ A probing method leaves each layer uncompressed in :meth:`CompressionMethod.pref
 no-op). Once the prompt is prefilled, the runner (``runners.generation.model_run.probe_caches``) feeds its
 :meth:`Probing.probe_prompts` against the prefilled cache without changing it (``runners.generation.probe``),
 hands each layer's chunk to :meth:`Probing.probe`, then calls :meth:`Probing.compress` on every layer
-the method rules, all at once (a budget shared across layers needs them together). The cache seam
-knows nothing of this: only the runners do.
+the method rules, all at once (a budget shared across layers needs them together). A method with
+:attr:`Probing.gradient` (KVgrad) has each probe forward run with autograd, and after its backward
+each layer's gradient norms handed to :meth:`Probing.attribute`. The cache seam knows nothing of
+this: only the runners do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -41,6 +43,10 @@ class Probing:
     ``class KVzip(Probing, CompressionMethod)``, whose traits declare ``probes=True``
     (``Traits.probes``: what the runners read)."""
 
+    #: Whether each probe forward needs the gradient of ``Phi = sum_p ||h_p^L||^2`` (the last decoder
+    #: layer's outputs over the probe's tokens) with respect to every layer's attention output (KVgrad).
+    gradient: ClassVar[bool] = False
+
     def attach_tokenizer(self, tokenizer, template_kwargs: dict) -> None:
         """Read what the method needs of the model's tokenizer and chat template (rendered with
         ``template_kwargs``), once per run before the model loads (KVzip's reconstruction prompt).
@@ -64,6 +70,12 @@ class Probing:
         ``hidden_norm`` ``[batch, tokens]`` float32, the L2 norm of each token's input to the layer's
         attention (None where the runner could not hook the attention module); the layer holds the
         uncompressed prompt and is left unchanged by the forward."""
+        raise NotImplementedError
+
+    def attribute(self, layer: CompressedLayer, grad_norm: torch.Tensor) -> None:
+        """With :attr:`gradient`, after a probe forward's backward: ``grad_norm`` ``[batch, tokens]``
+        float32, the L2 norm of ``d Phi / d o_p`` for the layer's attention output ``o_p`` at each probe
+        token (the residual stream after the attention has the same gradient)."""
         raise NotImplementedError
 
     def compress(self, layers: list[CompressedLayer]) -> None:

@@ -185,6 +185,78 @@ def test_kvzip_kvpress_evicts_the_template_head_and_int_ratio_x_pairs(layerwise)
     assert sum(len(head) for layer in want for head in layer) == 3 * 2 * 70 - int(3 * 2 * 70 * 0.65)
 
 
+def reference_kvgrad_scores(model, ids: torch.Tensor) -> torch.Tensor:
+    """KVgrad (kvpress ``KVgradPress``) with transformers' own cache, attention and autograd: each
+    chunk of :func:`reference_scores` fed as embeddings that require a gradient, ``Phi`` the sum of
+    squares of the last decoder layer's outputs, its gradient at each attention module's output (kept
+    by hooks); a pair scores ``max`` over its group's query heads ``h`` and the chunk's tokens ``p`` of
+    ``A_hp ||v W_o^h||_2 ||d Phi / d o_p||_2``. ``[layers, kv_heads, prompt]``, NaN for the head."""
+    cfg, n, head = model.config, ids.shape[1], len(TEMPLATE.head)
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    cache = DynamicCache(config=cfg)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+    seen, outs, last = {}, {}, []
+
+    def attention_hook(m, a, kw, out):
+        seen[m.layer_idx] = (kw["hidden_states"].detach(), kw["position_embeddings"])
+        outs[m.layer_idx] = out[0]
+
+    hooks = [
+        layer.self_attn.register_forward_hook(attention_hook, with_kwargs=True)
+        for layer in model.model.layers
+    ]
+    hooks.append(model.model.layers[-1].register_forward_hook(lambda m, a, out: last.append(out)))
+    scores = torch.full((cfg.num_hidden_layers, hkv, n), float("nan"))
+    for i, a in enumerate(range(head, n, CHUNK)):
+        b = min(a + CHUNK, n)
+        ask = list(TEMPLATE.repeat) if i == 0 else [*TEMPLATE.resume, *ids[0, a - RESUME : a].tolist()]
+        chunk = torch.tensor([[*ask, *TEMPLATE.tail, *ids[0, a:b].tolist()]])
+        embeds = model.model.embed_tokens(chunk).detach().requires_grad_(True)
+        model.model(inputs_embeds=embeds, cache=cache, use_cache=True)
+        m = chunk.shape[1]
+        layers = range(cfg.num_hidden_layers)
+        grads = torch.autograd.grad(last[-1].square().sum(), [outs[layer] for layer in layers])
+        with torch.no_grad():
+            for layer, module in enumerate(model.model.layers):
+                hidden, (cos, sin) = seen[layer]
+                q = module.self_attn.q_proj(hidden).view(1, m, hq, d).transpose(1, 2)
+                q = q * cos[:, None] + rotate_half(q) * sin[:, None]
+                keys, values = cache.layers[layer].keys[0], cache.layers[layer].values[0]
+                for h in range(hq):
+                    g = h // (hq // hkv)
+                    k = torch.cat([keys[g, : min(SINKS, a)], keys[g, a:b], keys[g, n:]])
+                    logits = q[0, h] @ k.T / d**0.5
+                    logits[:, k.shape[0] - m :] += torch.full((m, m), float("-inf")).triu(1)
+                    probs = logits.softmax(-1)[:, min(SINKS, a) : min(SINKS, a) + b - a]
+                    out = values[g, a:b] @ module.self_attn.o_proj.weight[:, h * d : (h + 1) * d].T
+                    best = (probs * out.norm(dim=-1) * grads[layer][0].norm(dim=-1)[:, None]).amax(0)
+                    old = scores[layer, g, a:b]
+                    scores[layer, g, a:b] = torch.where(old.isnan(), best, torch.maximum(old, best))
+        cache.crop(-m)  # the chunk leaves the cache
+    for hook in hooks:
+        hook.remove()
+    return scores
+
+
+def test_kvgrad_keeps_the_best_attention_x_value_x_gradient():
+    """KVgrad: the kept sets of KVzip's selection over :func:`reference_kvgrad_scores`, which are not
+    those of KVzip's own scores; the heads freed."""
+    from methods import KVgrad
+
+    ours, reference = tiny_llama(layers=3), tiny_llama(layers=3)
+    reference.set_attn_implementation("sdpa")
+    ids = prompt_ids()
+    method = KVgrad(n_sink=SINKS, chunk_size=CHUNK, resume_tokens=RESUME, prompt=TEMPLATE)
+    run = ModelRun(ours, method, BUDGET, PROMPT)
+    with torch.inference_mode():
+        run.prefill(ids)
+    kept = kept_positions(run.cache)
+    assert kept == reference_kept(reference_kvgrad_scores(reference, ids), False)
+    assert kept != reference_kept(reference_scores(reference, ids), False)
+    assert run.cache.kv_bytes() == sum(len(h) for layer in kept for h in layer) * 2 * 16 * 4
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 @torch.inference_mode()
 def test_a_probe_forward_is_the_models_own_and_leaves_the_cache(family):

@@ -79,6 +79,19 @@ SETTINGS = {
             "kvzip_plus_normalization": True,
         },
     ),
+    # KVzip's reconstruction with a backward pass per chunk; then each layer's heads, kvpress's selection
+    "kvgrad": (
+        {"prompt": TINY_PROMPT, "chunk_size": 24},
+        {
+            "prompt": TINY_PROMPT,
+            "layerwise": True,
+            "n_sink": 1,
+            "chunk_size": 16,
+            "resume_tokens": 3,
+            "keep_head": False,
+            "count_pairs": True,
+        },
+    ),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")

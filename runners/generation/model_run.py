@@ -13,6 +13,7 @@ import inspect
 import torch
 
 from kernels.switch import RAN, Switch
+from methods.seam.architecture import UnsupportedArchitectureError, attention_modules
 from methods.seam.cache import CompressedCache
 from methods.seam.contract import CompressionMethod
 from methods.seam.storage import StorageKind
@@ -30,6 +31,7 @@ __all__ = [
     "get_decode_backend",
     "model_forward",
     "probe_caches",
+    "probe_gradients",
     "set_decode_backend",
 ]
 
@@ -176,14 +178,68 @@ def probe_caches(model: torch.nn.Module, caches: list[CompressedCache], input_id
         As the method's ``probe_prompts`` (KVzip without its reconstruction prompt).
     """
     seen = caches[0].get_seq_length()
+    gradient = any(getattr(rule, "gradient", False) for each in caches for rule in each.rules)
     with ProbeCache(caches).hooked(model) as cache:
         for probe in caches[0].method.probe_prompts(input_ids):
             cache.probe, ids = probe, probe.ids.to(input_ids.device)
-            positions = torch.arange(seen, seen + ids.shape[1], device=ids.device)
-            model_forward(model, ids, positions.expand_as(ids), cache, logits_to_keep=1)
+            positions = torch.arange(seen, seen + ids.shape[1], device=ids.device).expand_as(ids)
+            if gradient:
+                probe_gradients(model, cache, ids, positions)
+            else:
+                model_forward(model, ids, positions, cache, logits_to_keep=1)
     for each in caches:
         ruled = zip(each.layers, each.rules, strict=True)
         each.method.compress([layer for layer, rule in ruled if rule is each.method])
+
+
+def probe_gradients(
+    model: torch.nn.Module, cache: ProbeCache, ids: torch.Tensor, positions: torch.Tensor
+) -> None:
+    """One probe forward of ``ids`` ``[batch, tokens]`` at ``positions`` with autograd (KVgrad,
+    ``methods.probing.Probing.gradient``), even under inference mode: the token embeddings are the
+    leaves (the parameters need no gradient), ``Phi = sum_p ||h_p^L||^2`` over the last decoder layer's
+    outputs (before the final norm), one backward to every attention module's output, then each
+    cache's gradient rule of each layer gets the norms ``[batch, tokens]`` (``attribute``).
+
+    Raises
+    ------
+    UnsupportedArchitectureError
+        When the decoder's layers or their attention modules cannot be found.
+    """
+    attention = attention_modules(model)
+    if not attention or any(module is None for module in attention):
+        raise UnsupportedArchitectureError("kvgrad needs every decoder layer's self_attn")
+    outputs: dict[int, torch.Tensor] = {}
+    last: list[torch.Tensor] = []
+
+    def keep_output(i: int):
+        return lambda module, args, out: outputs.__setitem__(i, out[0] if isinstance(out, tuple) else out)
+
+    hooks = [module.register_forward_hook(keep_output(i)) for i, module in enumerate(attention)]
+    layers = model.get_decoder().layers
+    hooks.append(
+        layers[-1].register_forward_hook(
+            lambda m, a, out: last.append(out[0] if isinstance(out, tuple) else out)
+        )
+    )
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            embeds = model.get_input_embeddings()(ids.clone()).detach().requires_grad_(True)
+            model(
+                inputs_embeds=embeds, position_ids=positions.clone(), use_cache=True,
+                **cache_arguments(model, cache), logits_to_keep=1,
+            )  # fmt: skip
+            phi = last[-1].float().square().sum()
+            grads = torch.autograd.grad(phi, [outputs[i] for i in range(len(attention))])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for each in cache.caches:
+        for i, rule in enumerate(each.rules):
+            if getattr(rule, "gradient", False):
+                rule.attribute(
+                    each.layers[i], torch.linalg.vector_norm(grads[i].detach(), dim=-1, dtype=torch.float32)
+                )
 
 
 @functools.cache
