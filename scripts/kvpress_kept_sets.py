@@ -34,7 +34,8 @@ import torch
 
 N, VOCAB, LAYERS, KV_HEADS = 200, 256, 2, 2
 #: Cases whose kvpress press masks keys (``masked_key_indices``) instead of gathering the kept rows.
-MASKING = ("dms", "dms_knorm", "adakv_snapkv_avg", "adakv_snapkv_kvpress", "kvzip", "kvzip_kvpress")
+ADAKV = ("adakv_snapkv_avg", "adakv_snapkv_kvpress")
+MASKING = ("dms", "dms_knorm", *ADAKV, "kvzip", "kvzip_kvpress", "kvgrad", "kvgrad_kvpress")
 #: The tiny model's chat template (KVzip reads its head and tail; kvpress from ``name_or_path``).
 TINY_TEMPLATE = (
     "{{ '<sys>be brief</sys>' }}{% for m in messages %}{{ '<u>' + m['content'] + '</u>' }}{% endfor %}"
@@ -104,7 +105,7 @@ def kvpress_cases() -> dict:
         "dms": (kp.DMSPress(press=kp.SnapKVPress(), threshold=0.005, sliding_window_size=100), "sdpa"),
     }
     cases["simlayerkv"] = (kp.SimLayerKVPress(lazy_threshold=0.3, n_recent=64, n_initial=4), "sdpa")
-    for name in MASKING[2:]:  # AdaKV masks (masked_key_indices); both KVBench presets against it
+    for name in ADAKV:  # AdaKV masks (masked_key_indices); both KVBench presets against it
         cases[name] = (kp.AdaKVPress(press=snap()), "sdpa")
     cases["snapkv_avg"] = (snap(), "sdpa")
     cases["tova"] = (kp.TOVAPress(compression_ratio=0.5), "eager")
@@ -117,6 +118,8 @@ def kvpress_cases() -> dict:
     cases["lagkv_kvpress"] = cases["lagkv"]
     cases["kvzip"] = (kp.KVzipPress(compression_ratio=0.5), "sdpa")
     cases["kvzip_kvpress"] = cases["kvzip"]
+    cases["kvgrad"] = (kp.KVgradPress(compression_ratio=0.5), "sdpa")
+    cases["kvgrad_kvpress"] = cases["kvgrad"]
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -162,6 +165,8 @@ def kvbench_cases() -> dict:
     cases["lagkv_kvpress"] = (M["lagkv"](lag_size=LAG["size"], ties="topk"), 0.5)
     cases["kvzip"] = (M["kvzip"](), 0.5)  # documented: the template head kept, heads x B kept per layer
     cases["kvzip_kvpress"] = (M["kvzip"](keep_head=False, count_pairs=True), 0.5)
+    cases["kvgrad"] = (M["kvgrad"](), 0.5)  # KVzip's documented choices
+    cases["kvgrad_kvpress"] = (M["kvgrad"](keep_head=False, count_pairs=True), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
