@@ -88,6 +88,9 @@ def kvpress_cases() -> dict:
     cases["pyramidkv"] = (kp.PyramidKVPress(compression_ratio=0.5), "sdpa")
     cases["pyramidkv_kvpress"] = cases["pyramidkv"]
     cases["chunkkv_kvpress"] = cases["chunkkv"]
+    cases["non_causal_attn"] = (kp.NonCausalAttnPress(compression_ratio=0.5, chunk_size=64), "sdpa")
+    cases["compactor"] = (kp.CompactorPress(compression_ratio=0.5, chunk_size=64), "sdpa")
+    cases["cap"] = (kp.CapPress(compression_ratio=0.5), "sdpa")
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -129,6 +132,10 @@ def kvbench_cases() -> dict:
     cases["pyramidkv"] = (M["pyramidkv"](scorer=snap()), 0.5)  # documented: the budget outside the window
     cases["pyramidkv_kvpress"] = (M["pyramidkv"](scorer=snap(), window_in_budget=True), 0.5)
     cases["chunkkv_kvpress"] = (M["chunkkv"](scorer=snap(), chunk_length=20, whole_chunks=True), 0.5)
+    cases["non_causal_attn"] = (M["non_causal_attn"](chunk_size=64), 0.5)  # a partial last chunk
+    # kvpress's sketch draw (seed None) and blending (its ratio; ours by default 1 - keep / prompt)
+    cases["compactor"] = (M["compactor"](chunk_size=64, blending=0.5, seed=None), 0.5)
+    cases["cap"] = (M["cap"](), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
