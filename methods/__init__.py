@@ -5,7 +5,9 @@
 """
 
 from methods.adakv import AdaKV
+from methods.cap import Cap
 from methods.chunkkv import ChunkKV
+from methods.compactor import Compactor
 from methods.criticalkv import CriticalKV
 from methods.cur import CurDKV
 from methods.dms import DMS
@@ -25,6 +27,7 @@ from methods.lagkv import LagKV
 from methods.layer_ratios import LayerRatios
 from methods.less import LESS
 from methods.leverage_score import LeverageScore
+from methods.non_causal_attn import NonCausalAttn
 from methods.observed_attention import ObservedAttention
 from methods.pyramidkv import PyramidKV
 from methods.random import Random
@@ -45,7 +48,9 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
     cls.name: cls
     for cls in (
         AdaKV,
+        Cap,
         ChunkKV,
+        Compactor,
         DMS,
         DuoAttention,
         CriticalKV,
@@ -64,6 +69,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         LagKV,
         LESS,
         LeverageScore,
+        NonCausalAttn,
         ObservedAttention,
         PyramidKV,
         Random,
@@ -84,7 +90,9 @@ __all__ = [
     "RKV",
     "TOVA",
     "AdaKV",
+    "Cap",
     "ChunkKV",
+    "Compactor",
     "CompressedCache",
     "CompressedLayer",
     "CompressionMethod",
@@ -104,6 +112,7 @@ __all__ = [
     "LayerPlan",
     "LayerRatios",
     "LeverageScore",
+    "NonCausalAttn",
     "ObservedAttention",
     "PyramidKV",
     "Random",

@@ -87,16 +87,33 @@ class LeverageScore(ScoreEvict):
 
     def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """z-scored leverage ``[batch, kv_heads, prompt]`` of every prompt token."""
-        keys = layer.keys.float()
-        b, h, n, d = keys.shape
-        if layer.spec.rotary is not None:  # k_pre = R(-p) k: turn each key back by its position
-            cos, sin = layer.spec.rotary.table(torch.arange(n, device=keys.device), torch.float32)
-            keys = rotate(keys, cos, -sin)
+        return self.leverage(layer, pre_rope_keys(layer))
+
+    def leverage(self, layer: CompressedLayer, keys: torch.Tensor) -> torch.Tensor:
+        """z-scored leverage ``[batch, kv_heads, n]`` float32 of the pre-RoPE keys ``[batch, kv_heads, n,
+        head_dim]`` (a span of the prompt: Compactor scores the tokens between its sinks), centred over
+        the span, sketched by :meth:`sketch` (one draw per call)."""
+        h, d = keys.shape[1], keys.shape[3]
         x = (keys - keys.mean(-2, keepdim=True)) @ self.sketch(layer, h, d, keys.device)
         xt = x.transpose(-2, -1)
         gram = xt @ x
         chol = cholesky_with_jitter(0.5 * (gram + gram.transpose(-2, -1)))
-        leverage = (x * torch.cholesky_solve(xt, chol).transpose(-2, -1)).sum(-1).clamp_min(0)
-        flat = leverage.flatten(1)
-        z = (flat - flat.mean(1, keepdim=True)) / flat.std(1, keepdim=True).clamp_min(1e-6)
-        return z.view(b, h, n)
+        return z_score((x * torch.cholesky_solve(xt, chol).transpose(-2, -1)).sum(-1).clamp_min(0))
+
+
+def pre_rope_keys(layer: CompressedLayer) -> torch.Tensor:
+    """The prompt's keys turned back by their positions, ``R(-p) k``: ``[batch, kv_heads, prompt,
+    head_dim]`` float32 (the layer's keys as they are without RoPE)."""
+    keys = layer.keys.float()
+    if layer.spec.rotary is not None:
+        cos, sin = layer.spec.rotary.table(torch.arange(keys.shape[2], device=keys.device), torch.float32)
+        keys = rotate(keys, cos, -sin)
+    return keys
+
+
+def z_score(scores: torch.Tensor) -> torch.Tensor:
+    """``(s - mean) / max(std, 1e-6)`` of ``[batch, kv_heads, n]`` scores over all heads and tokens of
+    each batch row (kvpress: over the whole batch; the unbiased std, as ``torch.std``)."""
+    flat = scores.flatten(1)
+    z = (flat - flat.mean(1, keepdim=True)) / flat.std(1, keepdim=True).clamp_min(1e-6)
+    return z.view(scores.shape)

@@ -120,6 +120,9 @@ def kvpress_cases() -> dict:
     cases["kvzip_kvpress"] = cases["kvzip"]
     cases["kvgrad"] = (kp.KVgradPress(compression_ratio=0.5), "sdpa")
     cases["kvgrad_kvpress"] = cases["kvgrad"]
+    cases["non_causal_attn"] = (kp.NonCausalAttnPress(compression_ratio=0.5, chunk_size=64), "sdpa")
+    cases["compactor"] = (kp.CompactorPress(compression_ratio=0.5, chunk_size=64), "sdpa")
+    cases["cap"] = (kp.CapPress(compression_ratio=0.5), "sdpa")
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -167,6 +170,10 @@ def kvbench_cases() -> dict:
     cases["kvzip_kvpress"] = (M["kvzip"](keep_head=False, count_pairs=True), 0.5)
     cases["kvgrad"] = (M["kvgrad"](), 0.5)  # KVzip's documented choices
     cases["kvgrad_kvpress"] = (M["kvgrad"](keep_head=False, count_pairs=True), 0.5)
+    cases["non_causal_attn"] = (M["non_causal_attn"](chunk_size=64), 0.5)  # a partial last chunk
+    # kvpress's sketch draw (seed None) and blending (its ratio; ours by default 1 - keep / prompt)
+    cases["compactor"] = (M["compactor"](chunk_size=64, blending=0.5, seed=None), 0.5)
+    cases["cap"] = (M["cap"](), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 

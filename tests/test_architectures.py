@@ -28,7 +28,7 @@ PROMPT, NEW = 40, 24  # PROMPT > WINDOW; decoding runs far past the window
 KINDS = {
     "snapkv", "h2o", "tova", "adakv", "pyramidkv", "zsmerge", "kvmerger", "keepkv", "less", "streamingllm",
     "expected_attention", "key_rerotation", "leverage_score", "kvzip", "kvgrad", "simlayerkv",
-    "duo_attention",
+    "duo_attention", "cap",
 }  # fmt: skip
 PAIRS = [(f, n) for f in FAMILIES for n in sorted(SETTINGS) if f == "llama" or n in KINDS]
 

@@ -56,6 +56,12 @@ SETTINGS = {
     "observed_attention": ({}, {"chunk_size": 7, "decode_budget": True}),
     "chunkkv": ({"scorer": SnapKV(window_size=4)}, {"scorer": KNorm(), "chunk_length": 3}),
     "leverage_score": ({}, {"sketch_dimension": 8, "seed": 1}),
+    "non_causal_attn": ({}, {"chunk_size": 24}),
+    "compactor": (
+        {},
+        {"sink_size_start": 2, "sink_size_end": 1, "chunk_size": 24, "sketch_dimension": 8, "seed": 1},
+    ),
+    "cap": ({}, {"n_sink": 1, "n_future_positions": 16, "tau": 1.0}),
     "cur": ({}, {"num_sinks": 1, "leverage_type": "kv_avg", "local_window_size": 5}),
     # the kept fraction is an outcome: settings that evict (KNorm: ragged heads; TOVA: the same per head)
     "dms": (
