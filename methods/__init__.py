@@ -5,6 +5,7 @@
 """
 
 from methods.adakv import AdaKV
+from methods.block import Block
 from methods.chunkkv import ChunkKV
 from methods.criticalkv import CriticalKV
 from methods.cur import CurDKV
@@ -44,6 +45,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
     cls.name: cls
     for cls in (
         AdaKV,
+        Block,
         ChunkKV,
         DMS,
         DuoAttention,
@@ -82,6 +84,7 @@ __all__ = [
     "RKV",
     "TOVA",
     "AdaKV",
+    "Block",
     "ChunkKV",
     "CompressedCache",
     "CompressedLayer",

@@ -88,6 +88,8 @@ def kvpress_cases() -> dict:
     cases["pyramidkv"] = (kp.PyramidKVPress(compression_ratio=0.5), "sdpa")
     cases["pyramidkv_kvpress"] = cases["pyramidkv"]
     cases["chunkkv_kvpress"] = cases["chunkkv"]
+    cases["block"] = (kp.BlockPress(press=kp.KeyDiffPress(compression_ratio=0.5), block_size=128), "sdpa")
+    cases["block_b32"] = (kp.BlockPress(press=kp.KeyDiffPress(compression_ratio=0.5), block_size=32), "sdpa")
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -129,6 +131,8 @@ def kvbench_cases() -> dict:
     cases["pyramidkv"] = (M["pyramidkv"](scorer=snap()), 0.5)  # documented: the budget outside the window
     cases["pyramidkv_kvpress"] = (M["pyramidkv"](scorer=snap(), window_in_budget=True), 0.5)
     cases["chunkkv_kvpress"] = (M["chunkkv"](scorer=snap(), chunk_length=20, whole_chunks=True), 0.5)
+    cases["block"] = (M["block"](), 0.5)
+    cases["block_b32"] = (M["block"](block_size=32), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 

@@ -55,6 +55,7 @@ SETTINGS = {
     "lagkv": ({"lag_size": 16}, {"n_sink": 2, "lag_size": 8, "cross_scoring": True}),
     "observed_attention": ({}, {"chunk_size": 7, "decode_budget": True}),
     "chunkkv": ({"scorer": SnapKV(window_size=4)}, {"scorer": KNorm(), "chunk_length": 3}),
+    "block": ({"block_size": 8}, {"scorer": SnapKV(window_size=4), "block_size": 5}),
     "leverage_score": ({}, {"sketch_dimension": 8, "seed": 1}),
     "cur": ({}, {"num_sinks": 1, "leverage_type": "kv_avg", "local_window_size": 5}),
     # the kept fraction is an outcome: settings that evict (KNorm: ragged heads; TOVA: the same per head)

@@ -1,0 +1,35 @@
+"""Block, Chunk, EntropyGatedChunkKV and Finch (kvpress's ``BlockPress``, ``ChunkPress``,
+``EntropyGatedChunkKVPress``, ``FinchPress``) against references written here from kvpress's rule, in
+the style of ``tests/test_kvpress_methods.py`` (one layer of tiny random tensors, plain loops)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from methods import METHOD_REGISTRY as M
+from tests.test_kvpress_methods import HKV, kept, prefilled, tensors
+
+
+def keydiff(keys: torch.Tensor) -> torch.Tensor:
+    """``-cos(k_i, mean_j k_j / ||k_j||)`` of one head's keys ``[m, D]``."""
+    anchor = (keys / keys.norm(dim=-1, keepdim=True)).mean(0)
+    return -(keys @ anchor) / (keys.norm(dim=-1) * anchor.norm())
+
+
+@pytest.mark.parametrize(("n", "budget", "block"), [(50, 12, 7), (40, 30, 128)])
+def test_block_rescores_the_kept_tokens_with_each_block(n, budget, block):
+    """kvpress ``BlockPress(KeyDiffPress())``: per head, the first ``budget`` tokens; each block of
+    ``block`` tokens after them joins the survivors and KeyDiff, over those tokens alone (their own
+    anchor), keeps the top ``budget``."""
+    keys, values, query = tensors(n, seed=2)
+    layer = prefilled(M["block"](block_size=block), keys, values, query, budget)
+    want = []
+    for h in range(HKV):
+        survivors = list(range(budget))
+        for start in range(budget, n, min(block, n)):
+            cand = survivors + list(range(start, min(start + block, n)))
+            score = keydiff(keys[0, h, cand])
+            survivors = [cand[i] for i in score.topk(budget).indices.tolist()]
+        want.append(sorted(survivors))
+    assert kept(layer) == want
