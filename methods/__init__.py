@@ -6,6 +6,7 @@
 
 from methods.adakv import AdaKV
 from methods.block import Block
+from methods.chunk import Chunk
 from methods.chunkkv import ChunkKV
 from methods.criticalkv import CriticalKV
 from methods.cur import CurDKV
@@ -46,6 +47,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
     for cls in (
         AdaKV,
         Block,
+        Chunk,
         ChunkKV,
         DMS,
         DuoAttention,
@@ -85,6 +87,7 @@ __all__ = [
     "TOVA",
     "AdaKV",
     "Block",
+    "Chunk",
     "ChunkKV",
     "CompressedCache",
     "CompressedLayer",

@@ -90,6 +90,9 @@ def kvpress_cases() -> dict:
     cases["chunkkv_kvpress"] = cases["chunkkv"]
     cases["block"] = (kp.BlockPress(press=kp.KeyDiffPress(compression_ratio=0.5), block_size=128), "sdpa")
     cases["block_b32"] = (kp.BlockPress(press=kp.KeyDiffPress(compression_ratio=0.5), block_size=32), "sdpa")
+    cases["chunk"] = (kp.ChunkPress(press=kp.KnormPress(compression_ratio=0.5)), "sdpa")
+    cases["chunk_c48"] = (kp.ChunkPress(press=kp.KnormPress(compression_ratio=0.5), chunk_length=48), "sdpa")
+    cases["chunk_keydiff_c48"] = (kp.ChunkPress(press=kp.KeyDiffPress(compression_ratio=0.5), chunk_length=48), "sdpa")
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -133,6 +136,9 @@ def kvbench_cases() -> dict:
     cases["chunkkv_kvpress"] = (M["chunkkv"](scorer=snap(), chunk_length=20, whole_chunks=True), 0.5)
     cases["block"] = (M["block"](), 0.5)
     cases["block_b32"] = (M["block"](block_size=32), 0.5)
+    cases["chunk"] = (M["chunk"](), 0.5)
+    cases["chunk_c48"] = (M["chunk"](chunk_length=48), 0.5)
+    cases["chunk_keydiff_c48"] = (M["chunk"](scorer=M["keydiff"](), chunk_length=48), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 

@@ -33,3 +33,22 @@ def test_block_rescores_the_kept_tokens_with_each_block(n, budget, block):
             survivors = [cand[i] for i in score.topk(budget).indices.tolist()]
         want.append(sorted(survivors))
     assert kept(layer) == want
+
+
+@pytest.mark.parametrize(("n", "share"), [(23, 0.3), (40, 0.5)])
+def test_chunk_compresses_each_chunk_alone_by_the_share(n, share):
+    """kvpress ``ChunkPress(KeyDiffPress())``: chunks of 5 from token 0; per head, KeyDiff over one
+    chunk alone (its own anchor) keeps ``max(1, int(c x share))`` of its ``c`` tokens."""
+    from methods.seam.plan import Slots
+
+    keys, values, query = tensors(n, seed=3)
+    method = M["chunk"](scorer=M["keydiff"](), chunk_length=5)
+    layer = prefilled(method, keys, values, query, Slots(max(1, int(n * share)), share))
+    want = []
+    for h in range(HKV):
+        head = []
+        for s in range(0, n, 5):
+            c = list(range(s, min(s + 5, n)))
+            head += [c[i] for i in keydiff(keys[0, h, c]).topk(max(1, int(len(c) * share))).indices.tolist()]
+        want.append(sorted(head))
+    assert kept(layer) == want
