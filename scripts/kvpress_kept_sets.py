@@ -91,8 +91,8 @@ def kvpress_cases() -> dict:
     cases["block"] = (kp.BlockPress(press=kp.KeyDiffPress(compression_ratio=0.5), block_size=128), "sdpa")
     cases["block_b32"] = (kp.BlockPress(press=kp.KeyDiffPress(compression_ratio=0.5), block_size=32), "sdpa")
     cases["chunk"] = (kp.ChunkPress(press=kp.KnormPress(compression_ratio=0.5)), "sdpa")
-    cases["chunk_c48"] = (kp.ChunkPress(press=kp.KnormPress(compression_ratio=0.5), chunk_length=48), "sdpa")
-    cases["chunk_keydiff_c48"] = (kp.ChunkPress(press=kp.KeyDiffPress(compression_ratio=0.5), chunk_length=48), "sdpa")
+    for name, scorer in (("chunk_c48", kp.KnormPress), ("chunk_keydiff_c48", kp.KeyDiffPress)):
+        cases[name] = (kp.ChunkPress(press=scorer(compression_ratio=0.5), chunk_length=48), "sdpa")
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
