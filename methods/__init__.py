@@ -12,6 +12,7 @@ from methods.criticalkv import CriticalKV
 from methods.cur import CurDKV
 from methods.dms import DMS
 from methods.duo_attention import DuoAttention
+from methods.entropy_gated_chunkkv import EntropyGatedChunkKV
 from methods.evict import ScoreEvict
 from methods.expected_attention import ExpectedAttention
 from methods.fullkv import FullKV
@@ -51,6 +52,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         ChunkKV,
         DMS,
         DuoAttention,
+        EntropyGatedChunkKV,
         CriticalKV,
         CurDKV,
         ExpectedAttention,
@@ -95,6 +97,7 @@ __all__ = [
     "CriticalKV",
     "CurDKV",
     "DuoAttention",
+    "EntropyGatedChunkKV",
     "ExpectedAttention",
     "FullKV",
     "KNorm",

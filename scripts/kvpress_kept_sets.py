@@ -91,6 +91,8 @@ def kvpress_cases() -> dict:
     cases["block"] = (kp.BlockPress(press=kp.KeyDiffPress(compression_ratio=0.5), block_size=128), "sdpa")
     cases["block_b32"] = (kp.BlockPress(press=kp.KeyDiffPress(compression_ratio=0.5), block_size=32), "sdpa")
     cases["chunk"] = (kp.ChunkPress(press=kp.KnormPress(compression_ratio=0.5)), "sdpa")
+    cases["entropy_gated_chunkkv"] = (kp.EntropyGatedChunkKVPress(press=snap()), "sdpa")
+    cases["entropy_gated_chunkkv_knorm"] = (kp.EntropyGatedChunkKVPress(press=kp.KnormPress(0.5)), "sdpa")
     for name, scorer in (("chunk_c48", kp.KnormPress), ("chunk_keydiff_c48", kp.KeyDiffPress)):
         cases[name] = (kp.ChunkPress(press=scorer(compression_ratio=0.5), chunk_length=48), "sdpa")
     return {name: case for name, case in cases.items() if name in selected(cases)}
@@ -137,6 +139,8 @@ def kvbench_cases() -> dict:
     cases["block"] = (M["block"](), 0.5)
     cases["block_b32"] = (M["block"](block_size=32), 0.5)
     cases["chunk"] = (M["chunk"](), 0.5)
+    cases["entropy_gated_chunkkv"] = (M["entropy_gated_chunkkv"](scorer=snap()), 0.5)
+    cases["entropy_gated_chunkkv_knorm"] = (M["entropy_gated_chunkkv"](scorer=M["knorm"]()), 0.5)
     cases["chunk_c48"] = (M["chunk"](chunk_length=48), 0.5)
     cases["chunk_keydiff_c48"] = (M["chunk"](scorer=M["keydiff"](), chunk_length=48), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}

@@ -4,6 +4,8 @@ the style of ``tests/test_kvpress_methods.py`` (one layer of tiny random tensors
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -52,3 +54,41 @@ def test_chunk_compresses_each_chunk_alone_by_the_share(n, share):
             head += [c[i] for i in keydiff(keys[0, h, c]).topk(max(1, int(len(c) * share))).indices.tolist()]
         want.append(sorted(head))
     assert kept(layer) == want
+
+
+def entropy(xs: list[float]) -> float:
+    """Normalised entropy of one chunk's scores, shifted to be non-negative (kvpress's epsilon 1e-8)."""
+    if len(xs) == 1:
+        return 0.0
+    low = min(min(xs), 0.0)
+    ys = [x - low for x in xs]
+    p = [y / (sum(ys) + 1e-8) for y in ys]
+    return min(max(-sum(q * math.log(q + 1e-8) for q in p) / math.log(len(xs)), 0.0), 1.0)
+
+
+@pytest.mark.parametrize(("n", "budget"), [(47, 20), (60, 13)])
+def test_entropy_gated_chunkkv_trims_spiky_high_chunks_and_tops_up(n, budget):
+    """kvpress ``EntropyGatedChunkKVPress`` over KNorm: head-summed ``-||k||``, chunks of 6 from token
+    0; by mean score, best first, while budget lasts: a chunk at or above the (lower) median mean
+    with entropy below the (lower) median entropy keeps its best 2, any other all it can (its best
+    tokens when the budget is short); the rest of the budget goes to the best tokens left."""
+    keys, values, query = tensors(n, seed=4)
+    method = M["entropy_gated_chunkkv"](scorer=M["knorm"](), chunk_length=6, low_entropy_chunk_length=2)
+    layer = prefilled(method, keys, values, query, budget)
+    token = (-keys[0].norm(dim=-1).sum(0)).tolist()
+    chunks = [list(range(s, min(s + 6, n))) for s in range(0, n, 6)]
+    means = [sum(token[j] for j in c) / len(c) for c in chunks]
+    ents = [entropy([token[j] for j in c]) for c in chunks]
+    mid_mean, mid_ent = sorted(means)[(len(chunks) - 1) // 2], sorted(ents)[(len(chunks) - 1) // 2]
+    want, left = set(), budget
+    for i in sorted(range(len(chunks)), key=lambda i: -means[i]):
+        if left <= 0:
+            break
+        k = min(len(chunks[i]), left)
+        if means[i] >= mid_mean and ents[i] < mid_ent:
+            k = min(k, 2)
+        want |= set(sorted(chunks[i], key=lambda j: -token[j])[:k])
+        left -= k
+    want |= set(sorted(set(range(n)) - want, key=lambda j: -token[j])[:left])
+    assert kept(layer) == [sorted(want)] * HKV
+    assert len(want) == budget

@@ -57,6 +57,10 @@ SETTINGS = {
     "chunkkv": ({"scorer": SnapKV(window_size=4)}, {"scorer": KNorm(), "chunk_length": 3}),
     "block": ({"block_size": 8}, {"scorer": SnapKV(window_size=4), "block_size": 5}),
     # a chunk keeps at least one token: chunks of 16 keep floor(16 x 10/64) = 2 each under budget 10
+    "entropy_gated_chunkkv": (
+        {"scorer": SnapKV(window_size=4)},
+        {"scorer": KNorm(), "chunk_length": 3, "low_entropy_chunk_length": 1},
+    ),
     "chunk": ({"chunk_length": 24}, {"scorer": SnapKV(window_size=2), "chunk_length": 16}),
     "leverage_score": ({}, {"sketch_dimension": 8, "seed": 1}),
     "cur": ({}, {"num_sinks": 1, "leverage_type": "kv_avg", "local_window_size": 5}),
