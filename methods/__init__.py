@@ -15,6 +15,7 @@ from methods.duo_attention import DuoAttention
 from methods.entropy_gated_chunkkv import EntropyGatedChunkKV
 from methods.evict import ScoreEvict
 from methods.expected_attention import ExpectedAttention
+from methods.finch import Finch
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
@@ -56,6 +57,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         CriticalKV,
         CurDKV,
         ExpectedAttention,
+        Finch,
         FullKV,
         H2O,
         KeepKV,
@@ -99,6 +101,7 @@ __all__ = [
     "DuoAttention",
     "EntropyGatedChunkKV",
     "ExpectedAttention",
+    "Finch",
     "FullKV",
     "KNorm",
     "KVMerger",

@@ -35,6 +35,8 @@ import torch
 N, VOCAB, LAYERS, KV_HEADS = 200, 256, 2, 2
 #: Cases whose kvpress press masks keys (``masked_key_indices``) instead of gathering the kept rows.
 MASKING = ("dms", "dms_knorm", "adakv_snapkv_avg", "adakv_snapkv_kvpress")
+#: FinchPress's window: the last tokens, after a delimiter its hook removes (an id the prompt lacks)
+FINCH_WINDOW = 24
 
 
 def tiny_llama(attn: str):
@@ -93,6 +95,8 @@ def kvpress_cases() -> dict:
     cases["chunk"] = (kp.ChunkPress(press=kp.KnormPress(compression_ratio=0.5)), "sdpa")
     cases["entropy_gated_chunkkv"] = (kp.EntropyGatedChunkKVPress(press=snap()), "sdpa")
     cases["entropy_gated_chunkkv_knorm"] = (kp.EntropyGatedChunkKVPress(press=kp.KnormPress(0.5)), "sdpa")
+    for name, chunk in (("finch", None), ("finch_c64", 64)):
+        cases[name] = (kp.FinchPress(compression_ratio=0.5, chunk_length=chunk, rerotate_keys=False), "sdpa")
     for name, scorer in (("chunk_c48", kp.KnormPress), ("chunk_keydiff_c48", kp.KeyDiffPress)):
         cases[name] = (kp.ChunkPress(press=scorer(compression_ratio=0.5), chunk_length=48), "sdpa")
     return {name: case for name, case in cases.items() if name in selected(cases)}
@@ -139,6 +143,8 @@ def kvbench_cases() -> dict:
     cases["block"] = (M["block"](), 0.5)
     cases["block_b32"] = (M["block"](block_size=32), 0.5)
     cases["chunk"] = (M["chunk"](), 0.5)
+    cases["finch"] = (M["finch"](window_size=FINCH_WINDOW), 0.5)
+    cases["finch_c64"] = (M["finch"](window_size=FINCH_WINDOW, chunk_length=64), 0.5)
     cases["entropy_gated_chunkkv"] = (M["entropy_gated_chunkkv"](scorer=snap()), 0.5)
     cases["entropy_gated_chunkkv_knorm"] = (M["entropy_gated_chunkkv"](scorer=M["knorm"]()), 0.5)
     cases["chunk_c48"] = (M["chunk"](chunk_length=48), 0.5)
@@ -172,8 +178,13 @@ def kvpress_side(out: Path) -> None:
             with torch.no_grad():
                 model(ids, past_key_values=full)
                 torch.manual_seed(p)  # the global generator's draws (LeverageScore's sketch) as KVBench's
+                fed = ids
+                if name.startswith("finch"):  # the delimiter before the window (removed by the press)
+                    press.delimiter_token_id = next(t for t in range(VOCAB) if t not in set(ids[0].tolist()))
+                    fed = torch.cat([ids[:, : n - FINCH_WINDOW], torch.tensor([[press.delimiter_token_id]]),
+                                     ids[:, n - FINCH_WINDOW :]], dim=1)  # fmt: skip
                 with press(model):
-                    model(ids, past_key_values=cache)
+                    model(fed, past_key_values=cache)
             kept, keys = [], []
             for i in range(layers):
                 masked = getattr(model.model.layers[i].self_attn, "masked_key_indices", None)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from methods import METHOD_REGISTRY as M
-from tests.test_kvpress_methods import HKV, kept, prefilled, tensors
+from tests.test_kvpress_methods import GROUP, HKV, attention, kept, prefilled, tensors
 
 
 def keydiff(keys: torch.Tensor) -> torch.Tensor:
@@ -92,3 +92,28 @@ def test_entropy_gated_chunkkv_trims_spiky_high_chunks_and_tops_up(n, budget):
     want |= set(sorted(set(range(n)) - want, key=lambda j: -token[j])[:left])
     assert kept(layer) == [sorted(want)] * HKV
     assert len(want) == budget
+
+
+@pytest.mark.parametrize(("chunk", "window"), [(None, 6), (16, 6), (None, None)])
+def test_finch_keeps_the_question_and_the_context_it_attends_to(chunk, window):
+    """kvpress ``FinchPress`` (window: the last 6 tokens, the question): question query ``i``'s causal
+    attention on the context times ``n - 6 + i``, averaged over the question and the group's query
+    heads; the question kept with the context's top; with ``chunk_length`` 16, each chunk keeps its
+    ``max(1, int(c / 2))`` best, the question above every context token. ``window_size=None``: the
+    question's length the run gives with the budget (``Slots.question``)."""
+    from methods.seam.plan import Slots
+
+    n, w = 44, 6  # chunks of 16: 8, 8 and 6 (the question) kept
+    keys, values, query = tensors(n, seed=5)
+    budget = Slots(n // 2, 0.5, question=w)
+    layer = prefilled(M["finch"](window_size=window, chunk_length=chunk), keys, values, query, budget)
+    a = attention(keys, query)[:, n - w :, : n - w]  # [q_heads, w, context]
+    score = (a * torch.arange(n - w, n)[None, :, None]).mean(1).view(HKV, GROUP, n - w).mean(1)
+    score = torch.cat([score, torch.full((HKV, w), score.max().item() + 1)], dim=1)
+    spans = [(0, n)] if chunk is None else [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
+    want = [
+        sorted(j for s, e in spans for j in (s + score[h, s:e].topk(max(1, (e - s) // 2)).indices).tolist())
+        for h in range(HKV)
+    ]
+    assert kept(layer) == want
+    assert all(set(range(n - w, n)) <= set(k) for k in want)

@@ -61,6 +61,7 @@ SETTINGS = {
         {"scorer": SnapKV(window_size=4)},
         {"scorer": KNorm(), "chunk_length": 3, "low_entropy_chunk_length": 1},
     ),
+    "finch": ({"window_size": 4}, {"window_size": 2, "chunk_length": 16}),  # no question here: a fixed window
     "chunk": ({"chunk_length": 24}, {"scorer": SnapKV(window_size=2), "chunk_length": 16}),
     "leverage_score": ({}, {"sketch_dimension": 8, "seed": 1}),
     "cur": ({}, {"num_sinks": 1, "leverage_type": "kv_avg", "local_window_size": 5}),
