@@ -6,14 +6,18 @@
 
 from methods.adakv import AdaKV
 from methods.cap import Cap
+from methods.block import Block
+from methods.chunk import Chunk
 from methods.chunkkv import ChunkKV
 from methods.compactor import Compactor
 from methods.criticalkv import CriticalKV
 from methods.cur import CurDKV
 from methods.dms import DMS
 from methods.duo_attention import DuoAttention
+from methods.entropy_gated_chunkkv import EntropyGatedChunkKV
 from methods.evict import ScoreEvict
 from methods.expected_attention import ExpectedAttention
+from methods.finch import Finch
 from methods.fullkv import FullKV
 from methods.h2o import H2O
 from methods.keepkv import KeepKV
@@ -49,13 +53,17 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
     for cls in (
         AdaKV,
         Cap,
+        Block,
+        Chunk,
         ChunkKV,
         Compactor,
         DMS,
         DuoAttention,
+        EntropyGatedChunkKV,
         CriticalKV,
         CurDKV,
         ExpectedAttention,
+        Finch,
         FullKV,
         H2O,
         KeepKV,
@@ -91,6 +99,8 @@ __all__ = [
     "TOVA",
     "AdaKV",
     "Cap",
+    "Block",
+    "Chunk",
     "ChunkKV",
     "Compactor",
     "CompressedCache",
@@ -99,7 +109,9 @@ __all__ = [
     "CriticalKV",
     "CurDKV",
     "DuoAttention",
+    "EntropyGatedChunkKV",
     "ExpectedAttention",
+    "Finch",
     "FullKV",
     "KNorm",
     "KVMerger",

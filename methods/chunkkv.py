@@ -126,9 +126,9 @@ class ChunkKV(ScorerWrapper):
         priority = chunk_priority(scores, plan.first, plan.recent, self.chunk_length)
         return keep_index(priority, plan.first, plan.keep - plan.first - plan.recent, plan.recent)
 
-    def _kvpress_keep(self, layer: CompressedLayer, scores: torch.Tensor) -> torch.Tensor:
-        """:func:`whole_chunks` over the scorer's scores on kvpress's scale (``score_scale``), its
-        protected tokens at the prefix maximum + 1 (kvpress's SnapKV window)."""
+    def kvpress_scores(self, layer: CompressedLayer, scores: torch.Tensor) -> torch.Tensor:
+        """The scorer's ``scores`` ``[batch, kv_heads, prompt]`` float32 on kvpress's scale
+        (``score_scale``), its protected tokens at the prefix maximum + 1 (kvpress's SnapKV window)."""
         n, plan = layer.store.n_slots, layer.plan
         scores = scores.float() * self.scorer.score_scale(layer)
         if plan.first or plan.recent:
@@ -137,7 +137,12 @@ class ChunkKV(ScorerWrapper):
             scores = scores.clone()
             scores[..., : plan.first] = top
             scores[..., n - plan.recent :] = top
-        return whole_chunks(scores, self.chunk_length, budget_share(layer.share, layer.budget, n))
+        return scores
+
+    def _kvpress_keep(self, layer: CompressedLayer, scores: torch.Tensor) -> torch.Tensor:
+        """:func:`whole_chunks` over :meth:`kvpress_scores`."""
+        share = budget_share(layer.share, layer.budget, layer.store.n_slots)
+        return whole_chunks(self.kvpress_scores(layer, scores), self.chunk_length, share)
 
     prefill = ScoreEvict.prefill
     decode_attention = CompressionMethod.decode_attention

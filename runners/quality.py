@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from methods import CompressionMethod
 from methods.seam.architecture import layer_specs
+from methods.seam.plan import Slots
 from methods.seam.sliding import layer_protocol
 from methods.seam.storage import StorageKind
 from methods.seam.uniform import SlotStore
@@ -114,12 +115,14 @@ def check_budgets(
     prompts: list,
     task: Task,
     starts: list[int | None],
+    questions: list[int | None] | None = None,
 ) -> list[int | None]:
     """Each sample's slot budget (``runners.setup.budget.resolve_budget``; a prompt fraction is of
     the tokens the prefill compresses: the whole prompt, or the tokens before the appended chunk
     (``starts``), as kvpress's compression ratio; a context fraction is of
     ``model.max_context``), checked with the method (``CompressionMethod.check_budget``) before any
-    model loads.
+    model loads. ``questions`` (:func:`question_tokens`): a budget then carries its sample's question
+    length (``Slots.question``, FINCH's window).
 
     Raises
     ------
@@ -139,7 +142,25 @@ def check_budgets(
                     f"sample {sample.id}: budget={budget} ({unit}) gives {slots} slots for its "
                     f"{compressed}-token {'prompt' if start is None else 'compressed part'}: {err}"
                 ) from err
+        question = None if questions is None else questions[len(out)]
+        if slots is not None and question is not None:
+            slots = Slots(slots, getattr(slots, "share", slots / compressed), question)
         out.append(slots)
+    return out
+
+
+def question_tokens(tokenizer, task: Task, samples: list, prompts: list, starts: list) -> list[int | None]:
+    """Per sample, the question's tokens at the end of the compressed prompt (``Task.question_start``
+    to ``starts``' end of compression): a query-aware run of a task with a question (kvpress's
+    FinchPress window); None where the question is appended after compression or there is none."""
+    out = []
+    for sample, ids, start in zip(samples, prompts, starts, strict=True):
+        compressed = ids.shape[1] if start is None else start
+        try:
+            first = task.question_start(tokenizer, sample, ids)
+        except KVBenchError:
+            first = compressed
+        out.append(compressed - first if first < compressed else None)
     return out
 
 
@@ -261,7 +282,10 @@ def run_quality(settings: RunSettings) -> dict:
         return done
     check_lengths(settings.model, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
-    budgets = check_budgets(settings, method, run_budget(settings, method), samples, prompts, task, starts)
+    questions = question_tokens(tokenizer, task, samples, prompts, starts)
+    budgets = check_budgets(
+        settings, method, run_budget(settings, method), samples, prompts, task, starts, questions
+    )
     print(f"loading model {settings.model.name}", flush=True)
     model = load_model(settings.model, settings.device)
     eos = eos_token_ids(model, tokenizer)

@@ -44,6 +44,8 @@ TINY_TEMPLATE = (
 #: LagKV's partition: kvpress's 128 on the real prompts, 16 on the tiny model's 200 tokens (under 2 x 128
 #: kvpress scores nothing); set by each side before it builds its cases.
 LAG = {"size": 16}
+#: FinchPress's window: the last tokens, after a delimiter its hook removes (an id the prompt lacks)
+FINCH_WINDOW = 24
 
 
 def tiny_llama(attn: str):
@@ -123,6 +125,15 @@ def kvpress_cases() -> dict:
     cases["non_causal_attn"] = (kp.NonCausalAttnPress(compression_ratio=0.5, chunk_size=64), "sdpa")
     cases["compactor"] = (kp.CompactorPress(compression_ratio=0.5, chunk_size=64), "sdpa")
     cases["cap"] = (kp.CapPress(compression_ratio=0.5), "sdpa")
+    cases["block"] = (kp.BlockPress(press=kp.KeyDiffPress(compression_ratio=0.5), block_size=128), "sdpa")
+    cases["block_b32"] = (kp.BlockPress(press=kp.KeyDiffPress(compression_ratio=0.5), block_size=32), "sdpa")
+    cases["chunk"] = (kp.ChunkPress(press=kp.KnormPress(compression_ratio=0.5)), "sdpa")
+    cases["entropy_gated_chunkkv"] = (kp.EntropyGatedChunkKVPress(press=snap()), "sdpa")
+    cases["entropy_gated_chunkkv_knorm"] = (kp.EntropyGatedChunkKVPress(press=kp.KnormPress(0.5)), "sdpa")
+    for name, chunk in (("finch", None), ("finch_c64", 64)):
+        cases[name] = (kp.FinchPress(compression_ratio=0.5, chunk_length=chunk, rerotate_keys=False), "sdpa")
+    for name, scorer in (("chunk_c48", kp.KnormPress), ("chunk_keydiff_c48", kp.KeyDiffPress)):
+        cases[name] = (kp.ChunkPress(press=scorer(compression_ratio=0.5), chunk_length=48), "sdpa")
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -174,6 +185,15 @@ def kvbench_cases() -> dict:
     # kvpress's sketch draw (seed None) and blending (its ratio; ours by default 1 - keep / prompt)
     cases["compactor"] = (M["compactor"](chunk_size=64, blending=0.5, seed=None), 0.5)
     cases["cap"] = (M["cap"](), 0.5)
+    cases["block"] = (M["block"](), 0.5)
+    cases["block_b32"] = (M["block"](block_size=32), 0.5)
+    cases["chunk"] = (M["chunk"](), 0.5)
+    cases["finch"] = (M["finch"](window_size=FINCH_WINDOW), 0.5)
+    cases["finch_c64"] = (M["finch"](window_size=FINCH_WINDOW, chunk_length=64), 0.5)
+    cases["entropy_gated_chunkkv"] = (M["entropy_gated_chunkkv"](scorer=snap()), 0.5)
+    cases["entropy_gated_chunkkv_knorm"] = (M["entropy_gated_chunkkv"](scorer=M["knorm"]()), 0.5)
+    cases["chunk_c48"] = (M["chunk"](chunk_length=48), 0.5)
+    cases["chunk_keydiff_c48"] = (M["chunk"](scorer=M["keydiff"](), chunk_length=48), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -207,8 +227,13 @@ def kvpress_side(out: Path) -> None:
             with torch.no_grad():
                 model(ids, past_key_values=full)
                 torch.manual_seed(p)  # the global generator's draws (LeverageScore's sketch) as KVBench's
+                fed = ids
+                if name.startswith("finch"):  # the delimiter before the window (removed by the press)
+                    press.delimiter_token_id = next(t for t in range(VOCAB) if t not in set(ids[0].tolist()))
+                    fed = torch.cat([ids[:, : n - FINCH_WINDOW], torch.tensor([[press.delimiter_token_id]]),
+                                     ids[:, n - FINCH_WINDOW :]], dim=1)  # fmt: skip
                 with press(model):
-                    model(ids, past_key_values=cache)
+                    model(fed, past_key_values=cache)
             kept, keys = [], []
             for i in range(layers):
                 masked = getattr(model.model.layers[i].self_attn, "masked_key_indices", None)

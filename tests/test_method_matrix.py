@@ -55,6 +55,14 @@ SETTINGS = {
     "lagkv": ({"lag_size": 16}, {"n_sink": 2, "lag_size": 8, "cross_scoring": True}),
     "observed_attention": ({}, {"chunk_size": 7, "decode_budget": True}),
     "chunkkv": ({"scorer": SnapKV(window_size=4)}, {"scorer": KNorm(), "chunk_length": 3}),
+    "block": ({"block_size": 8}, {"scorer": SnapKV(window_size=4), "block_size": 5}),
+    # a chunk keeps at least one token: chunks of 16 keep floor(16 x 10/64) = 2 each under budget 10
+    "entropy_gated_chunkkv": (
+        {"scorer": SnapKV(window_size=4)},
+        {"scorer": KNorm(), "chunk_length": 3, "low_entropy_chunk_length": 1},
+    ),
+    "finch": ({"window_size": 4}, {"window_size": 2, "chunk_length": 16}),  # no question here: a fixed window
+    "chunk": ({"chunk_length": 24}, {"scorer": SnapKV(window_size=2), "chunk_length": 16}),
     "leverage_score": ({}, {"sketch_dimension": 8, "seed": 1}),
     "non_causal_attn": ({}, {"chunk_size": 24}),
     "compactor": (

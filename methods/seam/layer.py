@@ -59,6 +59,8 @@ class CompressedLayer(CacheLayerMixin):
     share : float | None
         The share of the prompt the budget was floored from (a :class:`~methods.seam.plan.Slots`
         budget), else None; :func:`~methods.seam.plan.budget_share` reads it.
+    question : int | None
+        The question's tokens at the end of the prompt (a ``Slots`` budget's ``question``), else None.
     spec : LayerSpec
         What the model's architecture says of this layer (``methods.seam.architecture``): its index,
         sliding window (None for full attention), logit soft-cap and rotary embedding.
@@ -91,6 +93,7 @@ class CompressedLayer(CacheLayerMixin):
         self._seen_device: torch.Tensor | None = None  # read by ``tokens_seen`` in compiled steps
         self.budget = None if budget is None else int(budget)  # a plain int in compiled steps
         self.share: float | None = getattr(budget, "share", None)  # ``methods.seam.plan.Slots``
+        self.question: int | None = getattr(budget, "question", None)
         self.spec = spec if spec is not None else LayerSpec()
         owner = weakref.ref(self)  # no layer <-> store cycle: the cache is freed by reference counting
         self.store: SlotStorage = storage(fills, lambda needed: owner()._capacity(needed))

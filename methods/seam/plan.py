@@ -52,17 +52,22 @@ class Slots(int):
     ----------
     share : float
         The fraction of the prompt's tokens the budget was floored from, in (0, 1].
+    question : int | None
+        The question's tokens at the end of the compressed prompt (a query-aware run of a task with
+        a question: ``runners.quality.check_budgets``), else None; FINCH's window
+        (``CompressedLayer.question``).
     """
 
     share: float
+    question: int | None
 
-    def __new__(cls, slots: int, share: float) -> Slots:
+    def __new__(cls, slots: int, share: float, question: int | None = None) -> Slots:
         out = super().__new__(cls, slots)
-        out.share = share
+        out.share, out.question = share, question
         return out
 
-    def __getnewargs__(self) -> tuple[int, float]:
-        return int(self), self.share
+    def __getnewargs__(self) -> tuple[int, float, int | None]:
+        return int(self), self.share, self.question
 
 
 def budget_share(share: float | None, budget: int, prompt: int) -> float:

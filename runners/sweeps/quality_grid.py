@@ -40,6 +40,7 @@ from runners.quality import (
     close_record,
     prediction_row,
     question_starts,
+    question_tokens,
     stop_token_ids,
 )
 from runners.results.sharded import whole_run_id
@@ -122,9 +123,10 @@ def run_quality_grid(job: RunSettings) -> dict:
     cfg.model = model  # resolved by the settings' build (model=hf: max_context); a failure record reads it
     check_lengths(model, task, samples, prompts)
     starts = question_starts(tokenizer, task, samples, prompts)
+    questions = question_tokens(tokenizer, task, samples, prompts, starts)
     for s in settings:
         s.budgets = check_budgets(
-            s.run, s.method, run_budget(s.run, s.method), samples, prompts, task, starts
+            s.run, s.method, run_budget(s.run, s.method), samples, prompts, task, starts, questions
         )
     print(f"{len(settings)} setting(s) to run, {len(finished)} already finished", flush=True)
     note_job_runs([s.rid for s in settings] + [r["run_id"] for r in finished])
