@@ -5,6 +5,7 @@
 """
 
 from methods.adakv import AdaKV
+from methods.cam import CAM
 from methods.chunkkv import ChunkKV
 from methods.criticalkv import CriticalKV
 from methods.cur import CurDKV
@@ -24,6 +25,7 @@ from methods.lagkv import LagKV
 from methods.layer_ratios import LayerRatios
 from methods.less import LESS
 from methods.leverage_score import LeverageScore
+from methods.merging import Merging
 from methods.observed_attention import ObservedAttention
 from methods.pyramidkv import PyramidKV
 from methods.random import Random
@@ -44,6 +46,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
     cls.name: cls
     for cls in (
         AdaKV,
+        CAM,
         ChunkKV,
         DMS,
         DuoAttention,
@@ -62,6 +65,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         LagKV,
         LESS,
         LeverageScore,
+        Merging,
         ObservedAttention,
         PyramidKV,
         Random,
@@ -75,6 +79,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
 }
 
 __all__ = [
+    "CAM",
     "DMS",
     "H2O",
     "LESS",
@@ -101,6 +106,7 @@ __all__ = [
     "LayerPlan",
     "LayerRatios",
     "LeverageScore",
+    "Merging",
     "ObservedAttention",
     "PyramidKV",
     "Random",
