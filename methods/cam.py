@@ -14,8 +14,9 @@ kvpress's question pass) and each decoded token's. Per layer:
    the steps since the last compression; ties: the later token first).
 4. **Merge** (:func:`cam_merge`): a merging token ``i``'s window is the next ``merge_budget`` kept
    tokens after it (fewer at the end: ``c_i``); ``p_i = clamp(A_i / mean_window(A), 0, 1)`` (0/0: 0,
-   x/0: 1), per head; ``m_i ~ Bernoulli(p_i)`` (``seed``: a generator seeded by the seed, the layer
-   and the tokens seen, so a run is reproducible; ``seed=null``: torch's global one, kvpress's); every
+   x/0: 1), per head; ``m_i ~ Bernoulli(p_i)`` (``seed``: ``u < p_i`` with ``u`` a counter-based draw
+   of the seed, layer, tokens seen, head and token, :func:`keyed_uniform`: reproducible, the same for
+   a row batched or alone, no generator state; ``seed=null``: torch's global generator, kvpress's); every
    window token's value gains ``m_i v_i / c_i``. The evicted slots are then freed.
 
 With ``compression_interval`` 1 (the paper's per-step CaM; this preset) the layer holds the budget
@@ -42,6 +43,21 @@ from methods.seam.plan import LayerPlan
 from methods.seam.slots import gather_slots
 from methods.wrap import ScorerWrapper
 
+MODULUS = 2**31 - 1  # MINSTD (Park-Miller): products stay below 2**62 in int64
+
+
+def keyed_uniform(*keys: torch.Tensor | int, rounds: int = 3) -> torch.Tensor:
+    """Draws in ``(0, 1)`` float64, one per element of the broadcast ``keys`` (integers >= 0): each key
+    folded into a MINSTD state (``x <- (48271 x + key + 1) mod (2^31 - 1)``, then ``rounds`` plain
+    steps). Counter-based: the same keys give the same draw on any device, in any batch, compiled or
+    not."""
+    x = torch.zeros((), dtype=torch.long)
+    for key in keys:
+        x = (x * 48271 + key + 1) % MODULUS
+        for _ in range(rounds):
+            x = x * 48271 % MODULUS
+    return x.double() / MODULUS
+
 
 def cam_selection(scores: torch.Tensor, target: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """kvpress ``CAMPress``'s selection from ``scores`` ``[batch, kv_heads, slots]`` (slots in
@@ -67,7 +83,7 @@ def cam_merge(
     kept: torch.Tensor,
     merging: torch.Tensor,
     merge_budget: int,
-    generator: torch.Generator | None = None,
+    draws: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CaM's merge (module docstring, step 4) of the slots ``merging`` into the windows of ``kept``.
 
@@ -81,9 +97,9 @@ def cam_merge(
         ``[batch, k]`` and ``[batch, m]`` int64 slots, ascending (:func:`cam_selection`).
     merge_budget : int
         Kept tokens in a window.
-    generator : torch.Generator | None
-        Draws the Bernoulli merge mask ``[batch, kv_heads, m]`` (``torch.bernoulli``); None: torch's
-        global generator (kvpress).
+    draws : torch.Tensor | None
+        ``[batch, kv_heads, m]`` uniform draws: a merge where ``draw < p``; None: ``torch.bernoulli`` of
+        the probabilities, torch's global generator (kvpress).
 
     Returns
     -------
@@ -103,7 +119,7 @@ def cam_merge(
     mean = (window_attn * valid[:, None]).sum(-1) / count.clamp(min=1)[:, None]
     prob = attn.gather(2, merging[:, None].expand(b, h, m)) / mean
     prob = torch.nan_to_num(prob, nan=0.0, posinf=1.0).clamp(0, 1)
-    mask = torch.bernoulli(prob, generator=generator)
+    mask = torch.bernoulli(prob) if draws is None else (draws < prob).to(prob.dtype)
     share = torch.where(count[:, None] > 0, mask / count[:, None], 0.0)  # [batch, kv_heads, m]
     own = gather_slots(values, merging[:, None].expand(b, h, m)).float()
     add = (own * share[..., None])[:, :, :, None] * valid[:, None, :, :, None]  # [b, h, m, budget, d]
@@ -128,8 +144,8 @@ class CAM(ScorerWrapper):
     merge_budget : int
         Kept tokens each merging value is spread over (kvpress: 32).
     seed : int | None
-        Seeds the merge draws of each compression with the layer and the tokens seen; None: torch's
-        global generator, unseeded unless the caller seeds it (kvpress; ``scripts/kvpress_cam_tokens.py``).
+        Keys the merge draws (:func:`keyed_uniform`); None: torch's global generator, unseeded unless
+        the caller seeds it (kvpress; ``scripts/kvpress_cam_tokens.py``).
 
     Raises
     ------
@@ -152,6 +168,8 @@ class CAM(ScorerWrapper):
                 f"compression_interval and merge_budget must be >= 1, got "
                 f"{self.compression_interval}, {self.merge_budget}"
             )
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"seed must be >= 0 or null, got {self.seed}")
         if self.scorer.traits.decode_input == "logits":
             raise ValueError(f"cam hands its scorer probabilities; {self.scorer.label} reads logits")
 
@@ -188,25 +206,34 @@ class CAM(ScorerWrapper):
         if scores is not None:
             layer.store.write("scores", scores.float())
         layer.store.write("attn", layer.store.state["attn"] + probs)
-        layer.scalars["cam_steps"] += 1
+        if self.compression_interval > 1:  # interval 1: a compression is due whenever over the budget
+            layer.scalars["cam_steps"] += 1
         self.compress(layer)
 
     def compress(self, layer: CompressedLayer) -> None:
         """Merge and evict down to ``plan.keep`` once ``compression_interval`` steps have passed and
-        the layer holds more (:func:`cam_selection`, :func:`cam_merge`)."""
-        target, steps = layer.plan.keep, layer.scalars["cam_steps"]
-        if target is None or steps < self.compression_interval or layer.store.n_slots <= target:
+        the layer holds more (:func:`cam_selection`, :func:`cam_merge`). With interval 1 one token
+        merges (a step since the last compression; the prompt's step is one); host integers are then
+        the slot count alone, constant once the layer is full (compiled steps)."""
+        store, target = layer.store, layer.plan.keep
+        if target is None or store.n_slots <= target:
             return
-        store = layer.store
-        kept, merging = cam_selection(store.state["scores"], target, steps)
-        gen = None
+        merges = 1
+        if self.compression_interval > 1:
+            merges = layer.scalars["cam_steps"]
+            if merges < self.compression_interval:
+                return
+            layer.scalars["cam_steps"] = 0
+        kept, merging = cam_selection(store.state["scores"], target, merges)
+        draws = None
         if self.seed is not None:
-            salt = (self.seed * 100_003 + layer.spec.layer_idx) * 1_000_003 + layer.get_seq_length()
-            gen = torch.Generator(device=store.values.device).manual_seed(salt)
-        values = cam_merge(store.values, store.state["attn"], kept, merging, self.merge_budget, gen)
+            h = store.positions.shape[1]
+            token = store.positions[:, :1].gather(2, merging[:, None]).clamp(min=0)  # [batch, 1, m]
+            head = torch.arange(h, device=token.device)[:, None]
+            draws = keyed_uniform(self.seed, layer.spec.layer_idx, layer.tokens_seen(), head, token)
+        values = cam_merge(store.values, store.state["attn"], kept, merging, self.merge_budget, draws)
         index = kept[:, None].expand(*store.positions.shape[:2], target).contiguous()
         store.keep(index)
         store.write("values", gather_slots(values, index))
-        layer.scalars["cam_steps"] = 0
 
     decode_attention = CompressionMethod.decode_attention
