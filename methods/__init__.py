@@ -5,8 +5,9 @@
 """
 
 from methods.adakv import AdaKV
-from methods.cap import Cap
 from methods.block import Block
+from methods.cam import CAM
+from methods.cap import Cap
 from methods.chunk import Chunk
 from methods.chunkkv import ChunkKV
 from methods.compactor import Compactor
@@ -31,6 +32,7 @@ from methods.lagkv import LagKV
 from methods.layer_ratios import LayerRatios
 from methods.less import LESS
 from methods.leverage_score import LeverageScore
+from methods.merging import Merging
 from methods.non_causal_attn import NonCausalAttn
 from methods.observed_attention import ObservedAttention
 from methods.pyramidkv import PyramidKV
@@ -55,6 +57,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         Cap,
         Block,
         Chunk,
+        CAM,
         ChunkKV,
         Compactor,
         DMS,
@@ -78,6 +81,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         LESS,
         LeverageScore,
         NonCausalAttn,
+        Merging,
         ObservedAttention,
         PyramidKV,
         Random,
@@ -91,6 +95,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
 }
 
 __all__ = [
+    "CAM",
     "DMS",
     "H2O",
     "LESS",
@@ -98,8 +103,8 @@ __all__ = [
     "RKV",
     "TOVA",
     "AdaKV",
-    "Cap",
     "Block",
+    "Cap",
     "Chunk",
     "ChunkKV",
     "Compactor",
@@ -124,6 +129,7 @@ __all__ = [
     "LayerPlan",
     "LayerRatios",
     "LeverageScore",
+    "Merging",
     "NonCausalAttn",
     "ObservedAttention",
     "PyramidKV",

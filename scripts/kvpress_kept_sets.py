@@ -46,6 +46,9 @@ TINY_TEMPLATE = (
 LAG = {"size": 16}
 #: FinchPress's window: the last tokens, after a delimiter its hook removes (an id the prompt lacks)
 FINCH_WINDOW = 24
+#: Cases whose kvpress press merges values (``MergingPress``): kept rows found by their keys alone, and
+#: their values compared as well.
+MERGING = ("merging", "merging_snapkv")
 
 
 def tiny_llama(attn: str):
@@ -134,6 +137,9 @@ def kvpress_cases() -> dict:
         cases[name] = (kp.FinchPress(compression_ratio=0.5, chunk_length=chunk, rerotate_keys=False), "sdpa")
     for name, scorer in (("chunk_c48", kp.KnormPress), ("chunk_keydiff_c48", kp.KeyDiffPress)):
         cases[name] = (kp.ChunkPress(press=scorer(compression_ratio=0.5), chunk_length=48), "sdpa")
+    cases["merging"] = (kp.MergingPress(press=kp.KnormPress(compression_ratio=0.5)), "sdpa")
+    gated = kp.MergingPress(press=snap(), similarity_threshold=0.2, merge_fraction=0.75)
+    cases["merging_snapkv"] = (gated, "sdpa")
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -194,6 +200,9 @@ def kvbench_cases() -> dict:
     cases["entropy_gated_chunkkv_knorm"] = (M["entropy_gated_chunkkv"](scorer=M["knorm"]()), 0.5)
     cases["chunk_c48"] = (M["chunk"](chunk_length=48), 0.5)
     cases["chunk_keydiff_c48"] = (M["chunk"](scorer=M["keydiff"](), chunk_length=48), 0.5)
+    cases["merging"] = (M["merging"](), 0.5)
+    gated = M["merging"](scorer=snap(), similarity_threshold=0.2, merge_fraction=0.75)
+    cases["merging_snapkv"] = (gated, 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -219,8 +228,9 @@ def kvpress_side(out: Path) -> None:
         torch.save(prompts, out / "prompts.pt")  # distinct tokens: every value row is distinct
     layers, kv_heads = models["sdpa"].config.num_hidden_layers, models["sdpa"].config.num_key_value_heads
     result: dict[str, list] = {}
+    merged: dict[str, list] = {}  # MERGING: kept values [kv_heads, k, head_dim] per prompt and layer
     for name, (press, attn) in kvpress_cases().items():
-        model, result[name] = models[attn], []
+        model, result[name], merged[name] = models[attn], [], []
         for p, ids in enumerate(prompts):
             n = ids.shape[1]
             full, cache = DynamicCache(), DynamicCache()
@@ -235,6 +245,7 @@ def kvpress_side(out: Path) -> None:
                 with press(model):
                     model(fed, past_key_values=cache)
             kept, keys = [], []
+            merged[name].append([])
             for i in range(layers):
                 masked = getattr(model.model.layers[i].self_attn, "masked_key_indices", None)
                 if name in MASKING:
@@ -243,15 +254,25 @@ def kvpress_side(out: Path) -> None:
                     kept.append([sorted(set(range(n)) - d) for d in dropped])
                     continue
                 rows, every = cache.layers[i].values[0], full.layers[i].values[0]
-                if name != "key_rerotation":  # rotated keys tell repeated tokens apart (layer 0's values not)
+                if name in MERGING:  # merged values: the keys alone find the rows
+                    rows, every = cache.layers[i].keys[0], full.layers[i].keys[0]
+                elif (
+                    name != "key_rerotation"
+                ):  # rotated keys tell repeated tokens apart (layer 0's values not)
                     rows = torch.cat([cache.layers[i].keys[0], rows], dim=-1)
                     every = torch.cat([full.layers[i].keys[0], every], dim=-1)
                 exact = "donot_use_mm_for_euclid_dist"
                 dist = [torch.cdist(rows[h], every[h], compute_mode=exact) for h in range(kv_heads)]
                 kept.append([sorted(d.argmin(-1).tolist()) for d in dist])
+                if name in MERGING:  # the kept values in position order
+                    order = [d.argmin(-1).argsort() for d in dist]
+                    merged[name][-1].append(
+                        torch.stack([cache.layers[i].values[0, h, o] for h, o in enumerate(order)])
+                    )
                 keys.append(cache.layers[i].keys[0].tolist())
             result[name].append({"kept": kept, "keys": keys})
     (out / "kvpress.json").write_text(json.dumps(result))
+    torch.save({name: v for name, v in merged.items() if name in MERGING}, out / "merged_values.pt")
 
 
 def real_model():
@@ -298,10 +319,12 @@ def kvbench_side(out: Path, real: bool = False) -> None:
         model.load_state_dict(torch.load(out / "weights.pt"))
     kv_heads = model.config.num_key_value_heads
     prompts, theirs = torch.load(out / "prompts.pt"), json.loads((out / "kvpress.json").read_text())
+    merged = torch.load(out / "merged_values.pt")
     for name, (method, share) in kvbench_cases().items():
         if hasattr(method, "attach_tokenizer"):  # KVzip's reconstruction prompt (kvpress: no thinking)
             method.attach_tokenizer(tokenizer, {"enable_thinking": False})
         jaccard, key_diff, held = [], 0.0, []
+        jaccard, key_diff, held, value_diff = [], 0.0, [], 0.0
         for p, ids in enumerate(prompts):
             seen: list = []
             n = ids.shape[1]
@@ -314,6 +337,10 @@ def kvbench_side(out: Path, real: bool = False) -> None:
                     ours, ref = {q for q in pos.tolist() if 0 <= q < n}, set(theirs[name][p]["kept"][i][h])
                     jaccard.append(len(ours & ref) / len(ours | ref))
                     held.append(len(ours) / n)
+                    if name in MERGING and ours == ref:  # the merged values, in position order
+                        slots = [s for s in pos.argsort().tolist() if 0 <= pos[s] < n]
+                        diff = (layer.values[0, h, slots].float() - merged[name][p][i][h].float()).abs().max()
+                        value_diff = max(value_diff, float(diff))
                     if name == "key_rerotation" and ours == ref:  # kvpress: 0 .. k-1; KVBench: n-k .. n-1
                         k, slots = len(ref), [s for s in pos.argsort().tolist() if 0 <= pos[s] < n]
                         kv = torch.tensor(theirs[name][p]["keys"][i][h])
@@ -324,6 +351,7 @@ def kvbench_side(out: Path, real: bool = False) -> None:
             continue
         same = sum(j == 1.0 for j in jaccard)
         extra = f"; re-rotated keys: max |diff| {key_diff:.1e}" if name == "key_rerotation" else ""
+        extra += f"; merged values: max |diff| {value_diff:.1e}" if name in MERGING else ""
         print(
             f"{name:20s} identical {same}/{len(jaccard)}  Jaccard mean {sum(jaccard) / len(jaccard):.3f} "
             f"min {min(jaccard):.3f}  kept {sum(held) / len(held):.2f}{extra}"

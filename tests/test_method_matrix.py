@@ -71,6 +71,8 @@ SETTINGS = {
     ),
     "cap": ({}, {"n_sink": 1, "n_future_positions": 16, "tau": 1.0}),
     "cur": ({}, {"num_sinks": 1, "leverage_type": "kv_avg", "local_window_size": 5}),
+    "merging": ({}, {"scorer": SnapKV(window_size=4), "similarity_threshold": 0.2, "merge_fraction": 0.5}),
+    "cam": ({}, {"scorer": TOVA(), "merge_budget": 2}),
     # the kept fraction is an outcome: settings that evict (KNorm: ragged heads; TOVA: the same per head)
     "dms": (
         {"scorer": KNorm(), "threshold": -11.7, "sliding_window_size": 16},
