@@ -38,7 +38,7 @@ from tasks.xsum import XSum  # noqa: E402
 
 def first_difference(a: str, b: str) -> int:
     """Index of the first character where ``a`` and ``b`` differ (the shorter length if one is a prefix)."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def reference(model, ids: torch.Tensor, new: int, bits: int, residual: int) -> list[int]:
@@ -98,8 +98,9 @@ def main() -> None:
             same += a == b
             if a != b:
                 notes.append(f"{sid}@{first_difference(a, b)}")
-        label = f"quant={name} vs QuantizedCache(quanto, nbits={bits}, q_group_size=64, residual_length={residual})"
-        print(f"{label}: {same} of {len(prompts)} texts identical" + (f" (first difference: {', '.join(notes)})" if notes else ""), flush=True)  # fmt: skip
+        label = f"quant={name} vs QuantizedCache(quanto, nbits={bits}, residual_length={residual})"
+        where = f" (first different character: {', '.join(notes)})" if notes else ""
+        print(f"{label}: {same} of {len(prompts)} texts identical{where}", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from tests.architectures import tiny_family
 from tests.conftest import set_attn
 
 pytest.importorskip("optimum.quanto", reason="optimum-quanto (the dev extra) is not installed")
-from transformers.cache_utils import QuantoQuantizedLayer  # noqa: E402
+from transformers.cache_utils import QuantoQuantizedLayer
 
 H, D = 2, 64
 #: Tokens per update: the prompt, then decode steps and chunks (several flushes at every R tested).
@@ -27,7 +27,8 @@ UPDATES = [20, 1, 1, 2, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1]
 def kv(n: int, seed: int, d: int = D) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys (channels of different ranges, as real keys have) and values ``[1, H, n, d]``."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(1, H, n, d, generator=g) * torch.linspace(0.5, 4.0, d), torch.randn(1, H, n, d, generator=g)
+    keys = torch.randn(1, H, n, d, generator=g) * torch.linspace(0.5, 4.0, d)
+    return keys, torch.randn(1, H, n, d, generator=g)
 
 
 @pytest.mark.parametrize("bits", [4, 2])
@@ -112,10 +113,11 @@ def test_options_refused(bits):
 def llama64():
     """A tiny random Llama with head_dim 64 (one quanto group per token and head), no EOS (full length)."""
     sizes = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}
-    return tiny_family("llama", **sizes, eos_token_id=None, max_position_embeddings=1024)
+    return tiny_family("llama", **sizes, num_hidden_layers=2, eos_token_id=None)
 
 
-NEW = 300  # R = 128 flushes at the 128th and 256th new token
+#: New tokens by residual length: R = 128 flushes at the 128th and the 256th, R = 1 at every one.
+NEW = {1: 40, 128: 260}
 
 
 @pytest.mark.parametrize("bits", [4, 2])
@@ -124,7 +126,7 @@ def test_fullkv_generates_the_tokens_of_transformers_quantized_cache(llama64, bi
     ids = torch.randint(3, llama64.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(bits))
     kind = {"bits": bits, "group": 64, "residual": residual}
     ours = greedy_generate(
-        llama64, ids, FullKV(), None, NEW, set(), storage=lambda f, c: QuantoStore(f, c, **kind)
+        llama64, ids, FullKV(), None, NEW[residual], set(), storage=lambda f, c: QuantoStore(f, c, **kind)
     ).tokens
     set_attn(llama64, "sdpa")
     try:
@@ -132,7 +134,7 @@ def test_fullkv_generates_the_tokens_of_transformers_quantized_cache(llama64, bi
         out = llama64.generate(
             ids,
             attention_mask=torch.ones_like(ids),  # no token taken for padding
-            max_new_tokens=NEW,
+            max_new_tokens=NEW[residual],
             do_sample=False,
             cache_implementation="quantized",
             cache_config=config,
@@ -140,5 +142,4 @@ def test_fullkv_generates_the_tokens_of_transformers_quantized_cache(llama64, bi
     finally:
         set_attn(llama64, "kvbench")
     assert ours == out[0, ids.shape[1] :].tolist()
-    assert len(ours) == NEW
-    assert len(set(ours)) > 10  # not a constant stream
+    assert len(ours) == NEW[residual] and len(set(ours)) > 3  # not a constant stream

@@ -266,7 +266,9 @@ class QuantoRaggedStore(RaggedStore):
         table.view(s * r, d)[segment[res] * r + ref[res]] = x[res].to(table.dtype)
 
 
-def grown(keys: torch.Tensor, values: torch.Tensor, rows: int, dim: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def grown(
+    keys: torch.Tensor, values: torch.Tensor, rows: int, dim: int = 2
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual tables ``keys``/``values`` with at least ``rows`` rows along ``dim`` (zeros added)."""
     more = rows - keys.shape[dim]
     if more <= 0:
