@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from methods import METHOD_REGISTRY
 from methods.quant import QUANT_REGISTRY, storage_kind
 from methods.quant.kivi import KiviStore
+from methods.quant.quanto import ROW
 from methods.seam.ragged import RaggedStore
 from methods.seam.uniform import SlotStore
 from runners.generation.greedy import greedy_generate
@@ -59,6 +60,18 @@ def kivi_bytes(store) -> int:
     return total
 
 
+def quanto_bytes(store) -> int:
+    """quanto kinds' bytes counted head by head: codes of a quantized slot, two full-precision rows of a
+    residual one, the int32 row of every slot."""
+    rows, lengths = store.view(ROW), store.head_slots()
+    total = 0
+    for b, h in lengths.nonzero().tolist():
+        ref = rows[b, h, : lengths[b, h]]
+        res = int((ref >= 0).sum())
+        total += (len(ref) - res) * slot_bytes(store) + res * 2 * HEAD_DIM * FP32 + len(ref) * 4
+    return total
+
+
 CASES = [
     pytest.param(kind, name, kwargs, budget, id=f"{kind}-{name}-{level}")
     for kind in KINDS
@@ -79,7 +92,7 @@ def test_budget_and_bytes_at_every_step(tiny_model, kind, name, kwargs, budget):
             store = layer.store
             kinds.add(type(store))
             assert "keys" not in store.buffers and "values" not in store.buffers  # codes
-            assert all(f.startswith(("keys.", "values.")) for f in store.kv_fields)
+            assert all(f.startswith(("keys.", "values.")) or f == ROW for f in store.kv_fields)
             allowed = PROMPT + len(steps) - 1
             if method.traits.budget_applies:
                 allowed = layer.budget + (0 if method.traits.holds_in_decode else len(steps) - 1)
@@ -87,6 +100,8 @@ def test_budget_and_bytes_at_every_step(tiny_model, kind, name, kwargs, budget):
             held = int(store.head_slots().sum())
             if "keys.ref" in store.buffers:  # KIVI, the stateful codec
                 assert store.kv_bytes() == kivi_bytes(store)
+            elif ROW in store.buffers:  # quanto: full-precision residual rows, an int32 row per slot
+                assert store.kv_bytes() == quanto_bytes(store)
             else:
                 assert store.kv_bytes() == held * slot_bytes(store)
             assert store.token_bytes() == KV_HEADS * 2 * HEAD_DIM * FP32  # FullKV's bytes per token

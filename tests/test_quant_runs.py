@@ -40,6 +40,8 @@ def test_every_quant_config_sets_its_kind(quant):
         assert store.codec == PerTokenCodec(int(quant[-1]), 64)
     elif "kivi" in quant:
         assert store.bits == int(quant[-1])
+    elif quant.startswith("quanto"):  # transformers' QuantizedCache defaults: groups of 64, R = 128
+        assert (store.codec, store.residual) == (PerTokenCodec(int(quant[-1]), 64), 128)
 
 
 def test_quant_none_keeps_the_ids_and_a_quantized_run_is_another_setting():

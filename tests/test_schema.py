@@ -29,6 +29,8 @@ REFUSED = [
     (["quant=int8", "quant.group=abc"], "quant.group must be a positive integer, got 'abc'"),
     (["quant=kivi2", "quant.residual=-32"], "quant.residual must be an integer >= 0, got -32"),
     (["quant=int4", "quant.bits=3"], "quant.bits must be one of [2, 4, 8], got 3"),
+    (["quant=quanto_int4", "quant.group=128"], "quant.group=128 is wider than the model's head_dim 64"),
+    (["quant=quanto_int4", "quant.bits=8"], "quanto's QuantizedCache takes (2, 4) bits, got 8"),
     (["method=dms", "method.threshold=abc"], "method.threshold must be a number, got 'abc'"),
     (["method=dms", "method.threshold=nan"], "method.threshold must be a number (finite), got nan"),
     (["method=dms", "method.threshold=inf"], "method.threshold must be a number (finite), got inf"),

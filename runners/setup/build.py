@@ -127,7 +127,8 @@ def build_method(settings: RunSettings) -> CompressionMethod:
     check_target(settings.method, "method", facts)  # the ranges that name the model's context or head_dim
     for note in clamp_notes(settings.method, facts):
         print(f"note: {note}", flush=True)
-    check_quant_group(settings.quant_params.get("group"), facts["head_dim"])
+    quanto = settings.quant.name.startswith("quanto")
+    check_quant_group(settings.quant_params.get("group"), facts["head_dim"], per_token=quanto)
     try:
         method.check_model(text)
     except ValueError as err:

@@ -131,15 +131,20 @@ RUNNER_OPTIONS: dict[str, type] = {
 }
 
 
-def check_quant_group(group: int | None, head_dim: int | None) -> None:
+def check_quant_group(group: int | None, head_dim: int | None, per_token: bool = False) -> None:
     """A quantization group holds ``group`` consecutive channels of a head (all of them when the head
-    is narrower): it must divide ``head_dim``.
+    is narrower): it must divide ``head_dim``; ``per_token`` (the quanto kinds, whose wider groups
+    would span tokens): it must not be wider.
 
     Raises
     ------
     KVBenchError
-        For a group that leaves a remainder of the model's ``head_dim``.
+        For a group that leaves a remainder of the model's ``head_dim``, or a wider one ``per_token``.
     """
+    if per_token and group and head_dim and group > head_dim:
+        raise KVBenchError(
+            f"quant.group={group} is wider than the model's head_dim {head_dim} (quanto groups per token)"
+        )
     if group and head_dim and head_dim % min(group, head_dim):
         raise KVBenchError(
             f"quant.group={group} does not divide the model's head_dim {head_dim} (a group holds consecutive "
