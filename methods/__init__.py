@@ -18,6 +18,7 @@ from methods.keepkv import KeepKV
 from methods.key_rerotation import KeyRerotation
 from methods.keydiff import KeyDiff
 from methods.knorm import KNorm
+from methods.kvcompose import KVCompose
 from methods.kvmerger import KVMerger
 from methods.kvzip import KVzip
 from methods.lagkv import LagKV
@@ -56,6 +57,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         KeyDiff,
         KeyRerotation,
         KNorm,
+        KVCompose,
         KVMerger,
         KVzip,
         LayerRatios,
@@ -92,6 +94,7 @@ __all__ = [
     "ExpectedAttention",
     "FullKV",
     "KNorm",
+    "KVCompose",
     "KVMerger",
     "KVzip",
     "KeepKV",

@@ -3,11 +3,13 @@
 kvpress pins its own transformers, so the script runs itself a second time under kvpress's interpreter
 (``--kvpress-python``, a venv with ``pip install kvpress``): that side saves the weights, the prompts
 and, per press, the positions each (layer, KV head) keeps after the prefill (kvpress gathers the kept
-rows, found again by their keys and values, by values alone for KeyRerotation; ``DMSPress`` and
-``AdaKVPress`` mask, their ``masked_key_indices`` are read). KVBench's side prefills the same weights
-and prompts with the matching method and prints, per method, how many (prompt, layer, head) sets are
-identical and their Jaccard index; for ``key_rerotation`` also the largest difference between
-kvpress's re-rotated keys (turned forward to KVBench's positions) and ours.
+rows, found again by their keys and values, by values alone for KeyRerotation; ``DMSPress``,
+``AdaKVPress`` and unstructured ``KVComposePress`` mask, their ``masked_key_indices`` are read).
+KVBench's side prefills the same weights and prompts with the matching method and prints, per method,
+how many (prompt, layer, head) sets are identical and their Jaccard index; for ``key_rerotation`` also
+the largest difference between kvpress's re-rotated keys (turned forward to KVBench's positions) and
+ours, for ``kvcompose`` between kvpress's stored composite tokens (keys and values, per head in
+position order) and ours.
 
 ``--real``: the embedded SmolLM2-135M-Instruct instead (its weights exported once as safetensors for
 kvpress's side) on real prompts, every layer and KV head: two XSum articles (the first, and the longest
@@ -34,7 +36,7 @@ import torch
 
 N, VOCAB, LAYERS, KV_HEADS = 200, 256, 2, 2
 #: Cases whose kvpress press masks keys (``masked_key_indices``) instead of gathering the kept rows.
-MASKING = ("dms", "dms_knorm", "adakv_snapkv_avg", "adakv_snapkv_kvpress")
+MASKING = ("dms", "dms_knorm", "adakv_snapkv_avg", "adakv_snapkv_kvpress", "kvcompose_unstructured")
 
 
 def tiny_llama(attn: str):
@@ -79,7 +81,7 @@ def kvpress_cases() -> dict:
         "dms": (kp.DMSPress(press=kp.SnapKVPress(), threshold=0.005, sliding_window_size=100), "sdpa"),
     }
     cases["simlayerkv"] = (kp.SimLayerKVPress(lazy_threshold=0.3, n_recent=64, n_initial=4), "sdpa")
-    for name in MASKING[2:]:  # AdaKV masks (masked_key_indices); both KVBench presets against it
+    for name in MASKING[2:4]:  # AdaKV masks (masked_key_indices); both KVBench presets against it
         cases[name] = (kp.AdaKVPress(press=snap()), "sdpa")
     cases["snapkv_avg"] = (snap(), "sdpa")
     cases["tova"] = (kp.TOVAPress(compression_ratio=0.5), "eager")
@@ -88,6 +90,8 @@ def kvpress_cases() -> dict:
     cases["pyramidkv"] = (kp.PyramidKVPress(compression_ratio=0.5), "sdpa")
     cases["pyramidkv_kvpress"] = cases["pyramidkv"]
     cases["chunkkv_kvpress"] = cases["chunkkv"]
+    cases["kvcompose"] = (kp.KVComposePress(compression_ratio=0.5), "eager")  # its own second forward
+    cases["kvcompose_unstructured"] = (kp.KVComposePress(compression_ratio=0.5, structured=False), "eager")
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -129,6 +133,8 @@ def kvbench_cases() -> dict:
     cases["pyramidkv"] = (M["pyramidkv"](scorer=snap()), 0.5)  # documented: the budget outside the window
     cases["pyramidkv_kvpress"] = (M["pyramidkv"](scorer=snap(), window_in_budget=True), 0.5)
     cases["chunkkv_kvpress"] = (M["chunkkv"](scorer=snap(), chunk_length=20, whole_chunks=True), 0.5)
+    cases["kvcompose"] = (M["kvcompose"](), 0.5)
+    cases["kvcompose_unstructured"] = (M["kvcompose"](structured=False), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -160,7 +166,7 @@ def kvpress_side(out: Path) -> None:
                 torch.manual_seed(p)  # the global generator's draws (LeverageScore's sketch) as KVBench's
                 with press(model):
                     model(ids, past_key_values=cache)
-            kept, keys = [], []
+            kept, keys, values = [], [], []
             for i in range(layers):
                 masked = getattr(model.model.layers[i].self_attn, "masked_key_indices", None)
                 if name in MASKING:
@@ -176,7 +182,9 @@ def kvpress_side(out: Path) -> None:
                 dist = [torch.cdist(rows[h], every[h], compute_mode=exact) for h in range(kv_heads)]
                 kept.append([sorted(d.argmin(-1).tolist()) for d in dist])
                 keys.append(cache.layers[i].keys[0].tolist())
-            result[name].append({"kept": kept, "keys": keys})
+                if name == "kvcompose":  # the composite tokens' rows, compared with KVBench's stored ones
+                    values.append(cache.layers[i].values[0].tolist())
+            result[name].append({"kept": kept, "keys": keys, "values": values})
     (out / "kvpress.json").write_text(json.dumps(result))
 
 
@@ -243,10 +251,18 @@ def kvbench_side(out: Path, real: bool = False) -> None:
                         cos, sin = model.model.rotary_emb(kv[None], torch.full((1, k), n - k))
                         turned = kv * cos[0] + rotate_half(kv) * sin[0]
                         key_diff = max(key_diff, float((turned - layer.keys[0, h, slots]).abs().max()))
+                    if name == "kvcompose" and ours == ref:  # kvpress's rows in position order, as ours
+                        slots = [s for s in pos.argsort().tolist() if 0 <= pos[s] < n]
+                        kv = [torch.tensor(theirs[name][p][f][i][h]) for f in ("keys", "values")]
+                        rows = [layer.keys[0, h, slots], layer.values[0, h, slots]]
+                        key_diff = max(
+                            key_diff, *(float((a - b).abs().max()) for a, b in zip(kv, rows, strict=True))
+                        )
         if not jaccard:
             continue
         same = sum(j == 1.0 for j in jaccard)
         extra = f"; re-rotated keys: max |diff| {key_diff:.1e}" if name == "key_rerotation" else ""
+        extra = f"; stored keys, values: max |diff| {key_diff:.1e}" if name == "kvcompose" else extra
         print(
             f"{name:20s} identical {same}/{len(jaccard)}  Jaccard mean {sum(jaccard) / len(jaccard):.3f} "
             f"min {min(jaccard):.3f}  kept {sum(held) / len(held):.2f}{extra}"
