@@ -19,6 +19,7 @@ counts, packed ragged (kvpress masks; here the memory is freed).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import ClassVar
 
 import torch
@@ -126,8 +127,11 @@ class KVCompose(Probing, CompressionMethod):
 
     name: ClassVar[str] = "kvcompose"
     TRAITS: ClassVar[Traits] = replace(
-        NO_DECODE_RULE, prompt_only=True, ragged_heads=True, probes=True, state_fill={"scores": 0.0}
+        NO_DECODE_RULE, prompt_only=True, probes=True, state_fill={"scores": 0.0}
     )
+
+    #: the budget is shared over the layers (KVzip's ``layerwise=false``): a layer may hold more than it
+    layerwise: ClassVar[bool] = False
 
     structured: bool = True
     agg_task: str = "max"
@@ -147,6 +151,11 @@ class KVCompose(Probing, CompressionMethod):
                 f"need keep_token_lower_bound >= 0 and block >= 1, got {self.keep_token_lower_bound}, "
                 f"{self.block}"
             )
+
+    @cached_property
+    def traits(self) -> Traits:
+        """:attr:`TRAITS`; heads of their own counts (ragged) when not ``structured``."""
+        return self.with_decode_budget(replace(self.TRAITS, ragged_heads=not self.structured))
 
     def probe_prompts(self, input_ids: torch.Tensor) -> list[Probe]:
         """The prompt ``[batch, prompt]`` itself, read once more after it."""

@@ -79,6 +79,11 @@ SETTINGS = {
             "kvzip_plus_normalization": True,
         },
     ),
+    # counts shared across layers: composites (one count per layer), then ragged heads with other options
+    "kvcompose": (
+        {},
+        {"structured": False, "agg_task": "mean", "agg_group": "max", "keep_token_lower_bound": 2},
+    ),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")
