@@ -130,7 +130,8 @@ class KVCompose(Probing, CompressionMethod):
         NO_DECODE_RULE, prompt_only=True, probes=True, state_fill={"scores": 0.0}
     )
 
-    #: the budget is shared over the layers (KVzip's ``layerwise=false``): a layer may hold more than it
+    #: the layers share one budget (as KVzip's ``layerwise=false``): a layer may hold more than the run's
+    #: budget, the model as a whole does not (up to the one token a layer keeps at least)
     layerwise: ClassVar[bool] = False
 
     structured: bool = True
@@ -187,11 +188,12 @@ class KVCompose(Probing, CompressionMethod):
             logits[..., n + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
             probs = logits.softmax(dim=-1)[..., :n]  # [b, hkv, group, block, prompt]
             part = probs.amax(3) if self.agg_task == "max" else probs.sum(3)
-            best = (
-                part
-                if best is None
-                else (torch.maximum(best, part) if self.agg_task == "max" else best + part)
-            )
+            if best is None:
+                best = part
+            elif self.agg_task == "max":
+                best = torch.maximum(best, part)
+            else:
+                best = best + part
         if self.agg_task == "mean":
             best = best / m
         scores = aggregate(best, self.agg_group, dim=2)  # [b, hkv, prompt]
