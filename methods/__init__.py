@@ -25,6 +25,7 @@ from methods.keepkv import KeepKV
 from methods.key_rerotation import KeyRerotation
 from methods.keydiff import KeyDiff
 from methods.knorm import KNorm
+from methods.kvcompose import KVCompose
 from methods.kvgrad import KVgrad
 from methods.kvmerger import KVMerger
 from methods.kvzip import KVzip
@@ -73,6 +74,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         KeyDiff,
         KeyRerotation,
         KNorm,
+        KVCompose,
         KVMerger,
         KVgrad,
         KVzip,
@@ -119,6 +121,7 @@ __all__ = [
     "Finch",
     "FullKV",
     "KNorm",
+    "KVCompose",
     "KVMerger",
     "KVgrad",
     "KVzip",

@@ -3,11 +3,13 @@
 kvpress pins its own transformers, so the script runs itself a second time under kvpress's interpreter
 (``--kvpress-python``, a venv with ``pip install kvpress``): that side saves the weights, the prompts
 and, per press, the positions each (layer, KV head) keeps after the prefill (kvpress gathers the kept
-rows, found again by their keys and values, by values alone for KeyRerotation; ``DMSPress`` and
-``AdaKVPress`` mask, their ``masked_key_indices`` are read). KVBench's side prefills the same weights
-and prompts with the matching method and prints, per method, how many (prompt, layer, head) sets are
-identical and their Jaccard index; for ``key_rerotation`` also the largest difference between
-kvpress's re-rotated keys (turned forward to KVBench's positions) and ours.
+rows, found again by their keys and values, by values alone for KeyRerotation; ``DMSPress``,
+``AdaKVPress`` and unstructured ``KVComposePress`` mask, their ``masked_key_indices`` are read).
+KVBench's side prefills the same weights and prompts with the matching method and prints, per method,
+how many (prompt, layer, head) sets are identical and their Jaccard index; for ``key_rerotation`` also
+the largest difference between kvpress's re-rotated keys (turned forward to KVBench's positions) and
+ours, for ``kvcompose`` between kvpress's stored composite tokens (keys and values, per head in
+position order) and ours.
 
 ``--real``: the embedded SmolLM2-135M-Instruct instead (its weights exported once as safetensors for
 kvpress's side) on real prompts, every layer and KV head: two XSum articles (the first, and the longest
@@ -35,7 +37,16 @@ import torch
 N, VOCAB, LAYERS, KV_HEADS = 200, 256, 2, 2
 #: Cases whose kvpress press masks keys (``masked_key_indices``) instead of gathering the kept rows.
 ADAKV = ("adakv_snapkv_avg", "adakv_snapkv_kvpress")
-MASKING = ("dms", "dms_knorm", *ADAKV, "kvzip", "kvzip_kvpress", "kvgrad", "kvgrad_kvpress")
+MASKING = (
+    "dms",
+    "dms_knorm",
+    *ADAKV,
+    "kvzip",
+    "kvzip_kvpress",
+    "kvgrad",
+    "kvgrad_kvpress",
+    "kvcompose_unstructured",
+)
 #: The tiny model's chat template (KVzip reads its head and tail; kvpress from ``name_or_path``).
 TINY_TEMPLATE = (
     "{{ '<sys>be brief</sys>' }}{% for m in messages %}{{ '<u>' + m['content'] + '</u>' }}{% endfor %}"
@@ -140,6 +151,8 @@ def kvpress_cases() -> dict:
     cases["merging"] = (kp.MergingPress(press=kp.KnormPress(compression_ratio=0.5)), "sdpa")
     gated = kp.MergingPress(press=snap(), similarity_threshold=0.2, merge_fraction=0.75)
     cases["merging_snapkv"] = (gated, "sdpa")
+    cases["kvcompose"] = (kp.KVComposePress(compression_ratio=0.5), "eager")  # its own second forward
+    cases["kvcompose_unstructured"] = (kp.KVComposePress(compression_ratio=0.5, structured=False), "eager")
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -203,6 +216,8 @@ def kvbench_cases() -> dict:
     cases["merging"] = (M["merging"](), 0.5)
     gated = M["merging"](scorer=snap(), similarity_threshold=0.2, merge_fraction=0.75)
     cases["merging_snapkv"] = (gated, 0.5)
+    cases["kvcompose"] = (M["kvcompose"](), 0.5)
+    cases["kvcompose_unstructured"] = (M["kvcompose"](structured=False), 0.5)
     return {name: case for name, case in cases.items() if name in selected(cases)}
 
 
@@ -244,7 +259,7 @@ def kvpress_side(out: Path) -> None:
                                      ids[:, n - FINCH_WINDOW :]], dim=1)  # fmt: skip
                 with press(model):
                     model(fed, past_key_values=cache)
-            kept, keys = [], []
+            kept, keys, values = [], [], []
             merged[name].append([])
             for i in range(layers):
                 masked = getattr(model.model.layers[i].self_attn, "masked_key_indices", None)
@@ -270,7 +285,9 @@ def kvpress_side(out: Path) -> None:
                         torch.stack([cache.layers[i].values[0, h, o] for h, o in enumerate(order)])
                     )
                 keys.append(cache.layers[i].keys[0].tolist())
-            result[name].append({"kept": kept, "keys": keys})
+                if name == "kvcompose":  # the composite tokens' rows, compared with KVBench's stored ones
+                    values.append(cache.layers[i].values[0].tolist())
+            result[name].append({"kept": kept, "keys": keys, "values": values})
     (out / "kvpress.json").write_text(json.dumps(result))
     torch.save({name: v for name, v in merged.items() if name in MERGING}, out / "merged_values.pt")
 
@@ -347,11 +364,19 @@ def kvbench_side(out: Path, real: bool = False) -> None:
                         cos, sin = model.model.rotary_emb(kv[None], torch.full((1, k), n - k))
                         turned = kv * cos[0] + rotate_half(kv) * sin[0]
                         key_diff = max(key_diff, float((turned - layer.keys[0, h, slots]).abs().max()))
+                    if name == "kvcompose" and ours == ref:  # kvpress's rows in position order, as ours
+                        slots = [s for s in pos.argsort().tolist() if 0 <= pos[s] < n]
+                        kv = [torch.tensor(theirs[name][p][f][i][h]) for f in ("keys", "values")]
+                        rows = [layer.keys[0, h, slots], layer.values[0, h, slots]]
+                        key_diff = max(
+                            key_diff, *(float((a - b).abs().max()) for a, b in zip(kv, rows, strict=True))
+                        )
         if not jaccard:
             continue
         same = sum(j == 1.0 for j in jaccard)
         extra = f"; re-rotated keys: max |diff| {key_diff:.1e}" if name == "key_rerotation" else ""
         extra += f"; merged values: max |diff| {value_diff:.1e}" if name in MERGING else ""
+        extra = f"; stored keys, values: max |diff| {key_diff:.1e}" if name == "kvcompose" else extra
         print(
             f"{name:20s} identical {same}/{len(jaccard)}  Jaccard mean {sum(jaccard) / len(jaccard):.3f} "
             f"min {min(jaccard):.3f}  kept {sum(held) / len(held):.2f}{extra}"

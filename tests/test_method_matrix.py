@@ -108,6 +108,11 @@ SETTINGS = {
             "count_pairs": True,
         },
     ),
+    # counts shared across layers: composites (one count per layer), then ragged heads with other options
+    "kvcompose": (
+        {},
+        {"structured": False, "agg_task": "mean", "agg_group": "max", "keep_token_lower_bound": 2},
+    ),
 }
 CASES = [
     pytest.param(name, kwargs, budget, id=f"{name}-{level}")
