@@ -37,6 +37,7 @@ from methods.seam.uniform import SlotStore
 from methods.simlayerkv import SimLayerKV
 from methods.snapkv import SnapKV
 from methods.streamingllm import StreamingLLM
+from methods.think import ThinK
 from methods.tova import TOVA
 from methods.zsmerge import ZSMerge
 
@@ -69,6 +70,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         SimLayerKV,
         SnapKV,
         StreamingLLM,
+        ThinK,
         TOVA,
         ZSMerge,
     )
@@ -109,5 +111,6 @@ __all__ = [
     "SlotStore",
     "SnapKV",
     "StreamingLLM",
+    "ThinK",
     "ZSMerge",
 ]
