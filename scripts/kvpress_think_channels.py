@@ -25,9 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kvpress_kept_sets as kept_sets  # noqa: E402  (the models and prompts of the kept-set check)
-
-CASES = ("think", "think_snapkv")
+import kvpress_kept_sets as kept_sets  # the models and prompts of the kept-set check
 
 
 def kvpress_side(out: Path) -> None:
