@@ -42,7 +42,8 @@ def decode_attention(
     ``a = softmax(cap(q k^T * scaling) + log_weight)`` in float32, ``o = a V``, where ``cap`` is
     the identity or Gemma-2's logit soft-capping ``c * tanh(x / c)``. The fused Triton kernel
     computes it instead where :func:`uses_triton` says so and the kernel passed its proof for these
-    inputs (results equal within dtype tolerance; soft-capped logits always take the PyTorch path).
+    inputs (results equal within dtype tolerance; soft-capped logits, and keys narrower than values,
+    ThinK's, always take the PyTorch path).
     A one-token call is noted in ``kernels.switch.RAN`` under ``uniform``.
 
     Parameters
@@ -83,7 +84,7 @@ def decode_attention(
     kernels.proof.KernelProofError
         With ``kernels=triton``, if the kernel failed its proof.
     """
-    if not spec and softcap is None and uses_triton(query):
+    if not spec and softcap is None and uses_triton(query) and values.shape[-1] == query.shape[-1]:
         _, hq, _, d = query.shape
         options = {"logits": return_logits, "fused": scores is not None, "bias": log_weight is not None}
         if triton_proven("uniform", query.device, query.dtype, d, hq // keys.shape[1], **options):

@@ -41,7 +41,8 @@ def ragged_decode_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One decode step of attention over packed ragged segments; the Triton kernel
     (``kernels.triton_ragged``) computes it instead where the backend asks for it and the kernel passed
-    its proof for these inputs (``kernels.proof``), except with a soft-cap. Noted in
+    its proof for these inputs (``kernels.proof``), except with a soft-cap or keys narrower than values
+    (ThinK's). Noted in
     ``kernels.switch.RAN`` under ``ragged``.
 
     Parameters
@@ -82,7 +83,7 @@ def ragged_decode_attention(
     kernels.proof.KernelProofError
         With ``kernels=triton``, if the kernel failed its proof.
     """
-    if not spec and softcap is None and triton_wanted(query.device):
+    if not spec and softcap is None and triton_wanted(query.device) and values.shape[-1] == query.shape[-1]:
         _, group, d = query.shape
         options = {"probs": return_probs, "bias": log_weight is not None}
         if triton_proven("ragged", query.device, query.dtype, d, group, **options):

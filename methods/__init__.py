@@ -48,6 +48,7 @@ from methods.seam.uniform import SlotStore
 from methods.simlayerkv import SimLayerKV
 from methods.snapkv import SnapKV
 from methods.streamingllm import StreamingLLM
+from methods.think import ThinK
 from methods.tova import TOVA
 from methods.zsmerge import ZSMerge
 
@@ -91,6 +92,7 @@ METHOD_REGISTRY: dict[str, type[CompressionMethod]] = {
         SimLayerKV,
         SnapKV,
         StreamingLLM,
+        ThinK,
         TOVA,
         ZSMerge,
     )
@@ -142,5 +144,6 @@ __all__ = [
     "SlotStore",
     "SnapKV",
     "StreamingLLM",
+    "ThinK",
     "ZSMerge",
 ]

@@ -75,7 +75,8 @@ def test_timings_positive_and_kv_bytes_match_slots(tiny_model, name):
         aux = 2 * (2 * 2 * 4 * 16 * 4)
     if name == "expected_attention":  # query statistics per query head (mean + scatter triangle), R_bar
         aux = 2 * (2 * 6 * (16 + 16 * 17 // 2) * 4 + 2 * 16 * 4)
-    assert run.kv_bytes == sum(run.held_slots) * BYTES_PER_SLOT // 2 + aux  # every head of the batch, exact
+    per_slot = BYTES_PER_SLOT // 2 * (3 if name == "think" else 4) // 4  # ThinK: keys on half their channels
+    assert run.kv_bytes == sum(run.held_slots) * per_slot + aux  # every head of the batch, exact
     assert run.fullkv_bytes == 2 * 2 * (PROMPT + STEPS) * BYTES_PER_SLOT  # batch x layers x tokens
     assert run.allocated_bytes >= run.kv_bytes
     if method.traits.compresses and method.traits.holds_in_decode:

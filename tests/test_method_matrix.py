@@ -83,6 +83,11 @@ SETTINGS = {
         {"lazy_threshold": 0.0, "n_recent": 6, "n_initial": 1, "n_last": 2},
     ),
     "key_rerotation": ({"scorer": TOVA(recent=2)}, {"scorer": AdaKV(scorer=SnapKV(window_size=4))}),
+    # key channels pruned over a sequence method: uniform heads, then ragged ones (AdaKV)
+    "think": (
+        {"press": SnapKV(window_size=4), "window_size": 8},
+        {"press": AdaKV(scorer=TOVA()), "key_channel_compression_ratio": 0.75, "window_size": 4},
+    ),
     # the budget shared by every layer and head; then each layer's heads, three reconstruction chunks, KVzip+
     "kvzip": (
         {"prompt": TINY_PROMPT},
@@ -147,8 +152,11 @@ def test_budget_and_memory_at_every_step(tiny_model, name, kwargs, budget):
             assert held[-1] <= allowed[-1] or pooled
         assert sum(held) <= sum(allowed)
         state = sum(t.nbytes for layer in cache.layers for t in layer.aux.values())  # LESS's H, z
-        held = sum(int(layer.store.head_slots().sum()) for layer in cache.layers)  # over every head
-        assert cache.kv_bytes() == held * BYTES_PER_SLOT // 2 + state
+        held = sum(  # over every head, at the held widths (ThinK's keys: their kept channels)
+            int(layer.store.head_slots().sum()) * (layer.keys.shape[-1] + layer.values.shape[-1]) * 4
+            for layer in cache.layers
+        )
+        assert cache.kv_bytes() == held + state
 
     res = greedy_generate(
         tiny_model, prompt(0), method, budget if method.traits.compresses else None, NEW, set(), check
@@ -194,6 +202,8 @@ def test_covering_budget_gives_fullkv_output(tiny_model, fullkv_tokens, name, kw
     method = METHOD_REGISTRY[name](**kwargs)
     if not method.traits.budget_applies:
         pytest.skip("the budget does not drive it (DuoAttention: tests/test_allocators.py, sparsity 0)")
+    if getattr(method, "key_channel_compression_ratio", 0):
+        pytest.skip("ThinK prunes key channels at any token budget (tests/test_think.py)")
     covering = PROMPT + NEW if method.traits.holds_in_decode else PROMPT
     ratios = kwargs.get("ratios")
     if ratios:  # every layer's share must cover the prompt

@@ -22,6 +22,7 @@ from methods.seam.traits import Traits
 
 if TYPE_CHECKING:
     from methods.seam.layer import CompressedLayer
+    from methods.seam.storage import SlotStorage
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,16 @@ class CompressionMethod:
             raise ValueError(f"decode_budget must be true or false, got {self.decode_budget!r}")
         if self.decode_budget and self.traits.compresses and not self.traits.decode_rule:
             raise ValueError(f"{self.label} has no decode-time rule: decode_budget=true is not available")
+
+    def check_storage(self, store: SlotStorage) -> None:
+        """Check that the run's storage kind (``quant=``; ``store``: an empty store of it) can hold
+        what the method writes, before the model loads. Default: any.
+
+        Raises
+        ------
+        ValueError
+            With the method's reason (ThinK: a store that cannot hold keys of fewer channels).
+        """
 
     def prepare_graph_step(self, layer: CompressedLayer, k: int) -> None:
         """Before a compiled decode step of ``k`` tokens, eagerly: create the ``layer.aux`` state the

@@ -259,10 +259,13 @@ class RaggedStore(SlotStorage):
 
     def write(self, name: str, value: torch.Tensor) -> None:
         """Set ``keys`` or ``values`` of the held slots to ``value`` ``[batch, kv_heads, n_slots,
-        head_dim]`` (padded as the views; padding is not read), in place (key re-rotation)."""
+        head_dim]`` (padded as the views; padding is not read), in place (key re-rotation); a field
+        whose trailing shape changes (ThinK's kept channels) gets a new buffer."""
         valid = self.valid()
         rows = value.reshape(-1, value.shape[-1])[(self.segment * self.n_slots + self.local)[valid]]
         for field, t in self.codec.encode(name, rows).items():
+            if self.buffers[field].shape[1:] != t.shape[1:]:  # a codec of another width (ThinK)
+                self.buffers[field] = t.new_zeros((len(valid), *t.shape[1:]))
             self.buffers[field][valid] = t.to(self.buffers[field].dtype)
 
     def keep(self, index: torch.Tensor) -> None:

@@ -299,9 +299,12 @@ class SlotStore(MergingStorage):
 
     def _put(self, name: str, slot: torch.Tensor | None, value: torch.Tensor) -> None:
         """Encode and write ``value`` ``[batch, kv_heads, k, head_dim]`` as keys or values held as
-        codes at ``slot`` ``[batch, kv_heads, k]`` (None: every valid slot, ``k = n``)."""
+        codes at ``slot`` ``[batch, kv_heads, k]`` (None: every valid slot, ``k = n``; a code field
+        whose trailing shape changes then gets a new buffer, as in :meth:`write`)."""
         for field, t in self.codec.encode(name, value.to(self.dtype)).items():
             buf = self.buffers[field]
+            if slot is None and buf.shape[3:] != t.shape[3:]:  # a codec of another width (ThinK)
+                buf = self.buffers[field] = t.new_zeros((*buf.shape[:3], *t.shape[3:]))
             if slot is None:
                 buf.narrow(2, 0, self.n).copy_(t)
             else:

@@ -18,8 +18,8 @@ def storage_of(settings: RunSettings, method: CompressionMethod) -> StorageKind:
     ------
     KVBenchError
         For an unknown name, parameters its kind refuses, a merging method (``Traits.merges``) over a
-        kind whose store does not merge, or quantized storage with ``backend=compiled`` (not proven:
-        KIVI's residual bookkeeping is host-side).
+        kind whose store does not merge, a kind the method refuses (``check_storage``), or quantized
+        storage with ``backend=compiled`` (not proven: KIVI's residual bookkeeping is host-side).
     """
     name, params = settings.quant.name, dict(settings.quant_params)
     if name != "none" and settings.backend != "eager":
@@ -32,6 +32,11 @@ def storage_of(settings: RunSettings, method: CompressionMethod) -> StorageKind:
         kind = storage_kind(name, params)
     except (ValueError, TypeError) as err:
         raise KVBenchError(f"quant={name}: {err}") from err
-    if method.traits.merges and not isinstance(kind({}, lambda needed: needed), MergingStorage):
+    store = kind({}, lambda needed: needed)
+    if method.traits.merges and not isinstance(store, MergingStorage):
         raise KVBenchError(f"{method.label} merges slots, which quant={name} storage does not offer")
+    try:
+        method.check_storage(store)
+    except ValueError as err:
+        raise KVBenchError(f"{method.label} with quant={name}: {err}") from err
     return kind
