@@ -126,8 +126,13 @@ def masked_sdpa(
     itself, each KV head's query heads as its rows: traced, ``F.scaled_dot_product_attention`` with a
     mask lowers to the math path, which Inductor fuses with the rotary embedding and the append into
     one loop nest that ran at half the flash kernel's speed (Llama-2-7B shape, batch 8, 1K context).
-    Everything else is ``F.scaled_dot_product_attention``."""
-    if valid is None or query.device.type != "cpu" or query.shape[2] != 1:
+    Everything else (keys narrower than values too: ThinK's) is ``F.scaled_dot_product_attention``."""
+    if (
+        valid is None
+        or query.device.type != "cpu"
+        or query.shape[2] != 1
+        or values.shape[-1] != query.shape[-1]
+    ):
         return F.scaled_dot_product_attention(query, keys, values, valid, scale=scaling, enable_gqa=True)
     b, hq, _, d = query.shape
     hkv = keys.shape[1]

@@ -133,8 +133,8 @@ def refusal(inner: CompressionMethod) -> str | None:
         return "it compresses after the prefill"
     if inner.name == "less":
         return "its kernels take whole keys"
-    if getattr(inner, "rerotate", False):
-        return "it re-rotates held keys (rerotate=false composes)"
+    if getattr(inner, "rerotate", None) is True:  # StreamingLLM's field (KeyRerotation's turns before)
+        return "it re-rotates held keys while decoding (rerotate=false composes)"
     if inner.name == "expected_attention":
         return "its query statistics are whole-width"
     return None

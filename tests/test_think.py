@@ -169,9 +169,10 @@ def test_bad_options_are_refused(kwargs):
 
 
 def test_rerotating_streamingllm_is_refused_and_labels_name_the_inner_method():
-    from methods import StreamingLLM
+    from methods import KeyRerotation, StreamingLLM
 
     with pytest.raises(ValueError, match="re-rotates"):
         ThinK(press=StreamingLLM())
     assert ThinK(press=StreamingLLM(rerotate=False)).label == "think_streamingllm"
+    assert ThinK(press=KeyRerotation(scorer=TOVA())).label == "think_key_rerotation_tova"  # turns at prefill
     assert ThinK().label == "think" and ThinK(press=SnapKV()).label == "think_snapkv"
