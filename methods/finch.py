@@ -28,7 +28,7 @@ import torch
 from methods.checks import option
 from methods.evict import ScoreEvict
 from methods.scoring import window_attention
-from methods.seam.contract import Traits
+from methods.seam.contract import CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import budget_share
 
@@ -88,7 +88,7 @@ class Finch(ScoreEvict):
 
     def plan(self, layer: CompressedLayer):
         """The budget with the question protected (all of it the budget can hold)."""
-        plan = super(ScoreEvict, self).plan(layer)
+        plan = CompressionMethod.plan(self, layer)
         if plan.keep is None or layer.store.n_slots <= plan.keep:
             return plan
         return replace(plan, recent=min(self.window(layer), plan.keep))

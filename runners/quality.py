@@ -144,7 +144,7 @@ def check_budgets(
                 ) from err
         question = None if questions is None else questions[len(out)]
         if slots is not None and question is not None:
-            slots = Slots(slots, getattr(slots, "share", slots / compressed), question)
+            slots = Slots(slots, getattr(slots, "share", None), question)  # an absolute budget: no share
         out.append(slots)
     return out
 

@@ -117,3 +117,27 @@ def test_finch_keeps_the_question_and_the_context_it_attends_to(chunk, window):
     ]
     assert kept(layer) == want
     assert all(set(range(n - w, n)) <= set(k) for k in want)
+
+
+def test_query_aware_budgets_carry_the_question_length_finch_reads(data_dir, tokenizer):
+    """kvpress runs FinchPress query-aware only (its window: the question at the end of what it
+    compresses). A query-aware run's budgets carry each prompt's question length (from
+    ``Task.question_start`` to the end of compression); a query-agnostic run's, where the question is
+    appended after compression, carry none."""
+    from types import SimpleNamespace
+
+    from runners.quality import check_budgets, question_starts, question_tokens
+    from tasks.longbench import LongBench
+
+    settings = SimpleNamespace(model=SimpleNamespace(max_context=8192), budget_unit="prompt")
+    for aware in (True, False):
+        task = LongBench(data_dir=str(data_dir), subsets="local", limit=1, query_aware=aware)
+        samples = task.load()
+        prompts = [task.encode(tokenizer, s) for s in samples]
+        starts = question_starts(tokenizer, task, samples, prompts)
+        questions = question_tokens(tokenizer, task, samples, prompts, starts)
+        budgets = check_budgets(settings, M["finch"](), 0.5, samples, prompts, task, starts, questions)
+        for s, p, b in zip(samples, prompts, budgets, strict=True):
+            want = p.shape[1] - task.question_start(tokenizer, s, p) if aware else None
+            assert b.question == want and b.share == 0.5
+            assert want is None or 0 < want < p.shape[1] // 4  # the question, not the context

@@ -50,23 +50,24 @@ class Slots(int):
 
     Attributes
     ----------
-    share : float
-        The fraction of the prompt's tokens the budget was floored from, in (0, 1].
+    share : float | None
+        The fraction of the prompt's tokens the budget was floored from, in (0, 1]; None for an
+        absolute budget that carries a ``question``.
     question : int | None
         The question's tokens at the end of the compressed prompt (a query-aware run of a task with
         a question: ``runners.quality.check_budgets``), else None; FINCH's window
         (``CompressedLayer.question``).
     """
 
-    share: float
+    share: float | None
     question: int | None
 
-    def __new__(cls, slots: int, share: float, question: int | None = None) -> Slots:
+    def __new__(cls, slots: int, share: float | None, question: int | None = None) -> Slots:
         out = super().__new__(cls, slots)
         out.share, out.question = share, question
         return out
 
-    def __getnewargs__(self) -> tuple[int, float, int | None]:
+    def __getnewargs__(self) -> tuple[int, float | None, int | None]:
         return int(self), self.share, self.question
 
 
