@@ -98,7 +98,8 @@ def kvbench_side(out: Path, model, tokenizer, args: argparse.Namespace) -> None:
         torch.manual_seed(p + 1000)  # a control: other Bernoulli draws than kvpress's
         other += greedy_generate(model, ids, method, ref["target"], args.new, eos).tokens == ref["tokens"]
         where = "identical" if first is None else f"first differing token {first}"
-        print(f"prompt {p}: {ids.shape[1]} tokens, target {ref['target']}, {len(ours)} new: {where}")
+        head = f"prompt {p}: {ids.shape[1]} tokens, target {ref['target']}, {len(ours)} new"
+        print(f"{head}: {where}", flush=True)
         if first is not None:
             print(f"  kvpress: {ref['text']!r}\n  kvbench: {text!r}")
     setting = f"interval {args.interval}, merge_budget {args.merge_budget}, share {args.share}"
