@@ -103,6 +103,10 @@ BUDGET_IGNORED: dict[str, object] = {
     "methods.fullkv.FullKV": lambda config: True,
     "methods.kvmerger.KVMerger": lambda config: not config.get("exact_budget", False),
     "methods.simlayerkv.SimLayerKV": lambda config: True,
+    # ThinK prunes channels; its tokens are its inner method's (``press``, default FullKV)
+    "methods.think.ThinK": lambda config: budget_ignored(
+        config.get("press") or {"_target_": "methods.fullkv.FullKV"}
+    ),
 }
 
 

@@ -58,6 +58,18 @@ METHODS: dict[str, MethodStyle] = {
     "leverage_score": MethodStyle("LeverageScore", "#8ca252"),
     "cur": MethodStyle("CurDKV", "#bd9e39"),
     "simlayerkv": MethodStyle("SimLayerKV", "#17becf"),
+    "non_causal_attn": MethodStyle("NonCausalAttn", "#9467bd"),
+    "compactor": MethodStyle("Compactor", "#e6550d"),
+    "cap": MethodStyle("CAPKV", "#e377c2"),
+    "block": MethodStyle("Block-KeyDiff", "#7f7f7f"),
+    "chunk": MethodStyle("Chunk-KNorm", "#fd8d3c"),
+    "entropy_gated_chunkkv": MethodStyle("EntropyGatedChunkKV", "#74c476"),
+    "finch": MethodStyle("FINCH", "#ff9896"),
+    "merging": MethodStyle("Merging-KNorm", "#98df8a"),
+    "cam": MethodStyle("CaM", "#ffbb78"),
+    "kvcompose": MethodStyle("KVCompose", "#aec7e8"),
+    "kvgrad": MethodStyle("KVgrad", "#c5b0d5"),
+    "think": MethodStyle("ThinK", "#de9ed6"),
 }
 _SPARE = ("#bcbd22", "#9edae5", "#c49c94", "#dbdb8d", "#ad494a")
 #: Line styles of a method's presets, in the order they are met (the method's own defaults first).

@@ -33,6 +33,7 @@ KWARGS = {
     "criticalkv": {"scorer": SnapKV(decode_budget=True)},
     "kvmerger": {"exact_budget": True},
     "kvzip": {"prompt": TINY_PROMPT, "chunk_size": 128},  # a few reconstruction chunks
+    "kvgrad": {"prompt": TINY_PROMPT, "chunk_size": 128},  # KVzip's, with a backward per chunk
     "layer_ratios": {"scorer": METHOD_REGISTRY["snapkv"](window_size=8), "ratios": [2, 1]},
     "lagkv": {"lag_size": 32},  # a partition completes during decoding (its scoring path is compiled)
     "less": {"checkpoint": "random"},

@@ -139,8 +139,9 @@ def article_fullkv(embedded, data_dir):
 
 
 #: methods the budget does not drive (DuoAttention's pattern, DMS's threshold, SimLayerKV's lazy layers
-#: decide): tests/test_allocators.py, tests/test_kvpress_methods.py and the architecture matrix
-NO_BUDGET = {"fullkv", "duo_attention", "dms", "simlayerkv"}
+#: decide; ThinK alone prunes key channels, no token): tests/test_allocators.py,
+#: tests/test_kvpress_methods.py, tests/test_think.py and the architecture matrix
+NO_BUDGET = {"fullkv", "duo_attention", "dms", "simlayerkv", "think"}
 
 
 @pytest.mark.integration
