@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from methods.checks import option
+from methods.checks import check_bounds, option
 from methods.evict import ScoreEvict
 from methods.scoring import group_queries
 from methods.seam.contract import Traits
@@ -59,14 +59,7 @@ class Cap(ScoreEvict):
     epsilon: float = option(1e-6, low=0)
 
     def __post_init__(self) -> None:
-        if self.tau < 0:
-            raise ValueError(f"tau must be >= 0, got {self.tau}")
-        if self.n_future_positions < 1:
-            raise ValueError(f"n_future_positions must be >= 1, got {self.n_future_positions}")
-        if self.n_sink < 0:
-            raise ValueError(f"n_sink must be >= 0, got {self.n_sink}")
-        if self.epsilon < 0:
-            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+        check_bounds(self)
 
     def protected(self, bound: int) -> tuple[int, int]:
         """The ``n_sink`` first tokens, under ``bound``."""

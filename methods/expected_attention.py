@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import torch
 
+from methods.checks import check_bounds, option
 from methods.evict import ScoreEvict
 from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
@@ -80,22 +81,15 @@ class ExpectedAttention(ScoreEvict):
     name: ClassVar[str] = "expected_attention"
     TRAITS: ClassVar[Traits] = replace(ScoreEvict.TRAITS, decode_input="none")
 
-    n_future_positions: int = 512
-    n_sink: int = 4
+    n_future_positions: int = option(512, low=1)
+    n_sink: int = option(4, low=0)
     use_covariance: bool = True
     use_vnorm: bool = True
-    epsilon: float = 0.0
-    recent: int = 0
+    epsilon: float = option(0.0, low=0)
+    recent: int = option(0, low=0)
 
     def __post_init__(self) -> None:
-        if self.n_future_positions < 1:
-            raise ValueError(f"n_future_positions must be >= 1, got {self.n_future_positions}")
-        if self.n_sink < 0:
-            raise ValueError(f"n_sink must be >= 0, got {self.n_sink}")
-        if self.epsilon < 0:
-            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
-        if self.recent < 0:
-            raise ValueError(f"recent must be >= 0, got {self.recent}")
+        check_bounds(self)
 
     def protected(self, bound: int) -> tuple[int, int]:
         """The ``n_sink`` sinks (at most ``bound - 1``, so the newest token has a slot) and the

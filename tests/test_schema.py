@@ -53,6 +53,10 @@ REFUSED = [
     (["method=kvzip", "method.layerwise=maybe"], "method.layerwise must be true or false, got 'maybe'"),
     (["method=kvzip_plus", "method.kvzip_plus_normalization=maybe"], "normalization must be true or false"),
     (["method=kvzip", "method.n_sink=100000"], "method.n_sink must be an integer in [1, 8192 (the model's"),
+    (
+        ["method=expected_attention", "method.recent=-1"],
+        "method.recent must be an integer >= 0, got -1",
+    ),
     (["method=cur", "method.num_sinks=100000"], "method.num_sinks must be an integer in [0, 8192 (the mod"),
     (
         ["method=simlayerkv", "method.n_recent=1e9"],
