@@ -23,12 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kvpress_driver as driver  # the embedded model's export and the re-run under kvpress
 
 QUESTION = "Summarize the article above in one sentence."
 
@@ -107,38 +109,30 @@ def kvbench_side(out: Path, model, tokenizer, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kvpress-python", help="python of a venv with kvpress installed")
+    parser = driver.parser(__doc__, real=False)
     parser.add_argument("--n", type=int, default=5, help="XSum articles (the first n)")
     parser.add_argument("--new", type=int, default=48, help="new tokens at most")
     parser.add_argument("--interval", type=int, default=1, help="compression_interval")
     parser.add_argument("--merge-budget", type=int, default=32, help="merge_budget")
     parser.add_argument("--share", type=float, default=0.5, help="target_size as a share of the prompt")
-    parser.add_argument("--kvpress-side", type=Path, help=argparse.SUPPRESS)  # the re-run under kvpress
     args = parser.parse_args()
     if args.kvpress_side is not None:
         kvpress_side(args.kvpress_side, args)
         return
     if not args.kvpress_python:
         parser.error("--kvpress-python is required")
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from scripts.kvpress_kept_sets import real_model
-
-    model, tokenizer = real_model()
+    sys.path.insert(0, str(driver.REPO))
+    model, tokenizer = driver.real_model()
     data = Path(os.environ.get("KVBENCH_DATA_DIR", "data"))
     rows = [json.loads(line)["document"] for line in (data / "xsum" / "test.jsonl").open()][: args.n]
     with tempfile.TemporaryDirectory() as tmp:
-        model.config.attn_implementation = "sdpa"
-        model.save_pretrained(Path(tmp) / "model")
-        tokenizer.save_pretrained(Path(tmp) / "model")
+        driver.export_model(model, tokenizer, Path(tmp) / "model")
         (Path(tmp) / "articles.json").write_text(json.dumps(rows))
-        flags = [
-            f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in ("n", "new", "interval")
-        ]
+        flags = [f"--{k}={getattr(args, k)}" for k in ("n", "new", "interval")]
         flags += [f"--merge-budget={args.merge_budget}", f"--share={args.share}"]
-        subprocess.run([args.kvpress_python, __file__, "--kvpress-side", tmp, *flags], check=True)
+        driver.rerun(args, __file__, tmp, *flags)
         del model
-        model, _ = real_model()  # KVBench's loader again (the export changed the attention)
+        model, _ = driver.real_model()  # KVBench's loader again (the export changed the attention)
         kvbench_side(Path(tmp), model, tokenizer, args)
 
 
