@@ -174,10 +174,15 @@ def rerun(args: argparse.Namespace, script: str, folder: str, *flags: str) -> No
 
 
 def main(
-    doc: str, script: str, kvpress_side: Callable[[Path], None], kvbench_side: Callable[[Path, bool], None]
+    doc: str,
+    script: str,
+    kvpress_side: Callable[[Path], None],
+    kvbench_side: Callable[[Path, bool], None],
+    check: Callable[[], object] | None = None,
 ) -> None:
-    """A script's command line: under kvpress's interpreter ``kvpress_side(folder)``; else (the real model
-    and prompts exported first, with ``--real``) the re-run, then ``kvbench_side(folder, real)``."""
+    """A script's command line: under kvpress's interpreter ``kvpress_side(folder)``; else ``check()``
+    (bad input refused before any work), then (the real model and prompts exported first, with
+    ``--real``) the re-run, then ``kvbench_side(folder, real)``."""
     cli = parser(doc)
     args = cli.parse_args()
     if args.kvpress_side is not None:
@@ -186,6 +191,8 @@ def main(
     if not args.kvpress_python:
         cli.error("--kvpress-python is required")
     sys.path.insert(0, str(REPO))
+    if check is not None:
+        check()
     with tempfile.TemporaryDirectory() as tmp:
         if args.real:  # KVBench's loader reads the GGUF; kvpress's side reads these weights
             model, tokenizer = real_model()

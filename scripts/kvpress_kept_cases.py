@@ -98,9 +98,18 @@ def kvpress_cases() -> dict:
 
 
 def selected(cases: dict) -> list[str]:
-    """The cases named by ``KVPRESS_CASES`` (comma-separated; both sides read it), else all."""
-    names = os.environ.get("KVPRESS_CASES", "")
-    return [n for n in names.split(",") if n] or list(cases)
+    """The cases named by ``KVPRESS_CASES`` (comma-separated; both sides read it), else all.
+
+    Raises
+    ------
+    SystemExit
+        ``error: unknown case(s) ...`` (the known ones listed) for a name that is not a case.
+    """
+    names = [n for n in os.environ.get("KVPRESS_CASES", "").split(",") if n]
+    unknown = [n for n in names if n not in cases]
+    if unknown:
+        raise SystemExit(f"error: unknown KVPRESS_CASES {', '.join(unknown)} (cases: {', '.join(cases)})")
+    return names or list(cases)
 
 
 def kvbench_cases() -> dict:

@@ -31,8 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kvpress_driver as driver
+from kvpress_kept_cases import kvbench_cases
 from kvpress_kept_ours import kvbench_side
 from kvpress_kept_theirs import kvpress_side
 
 if __name__ == "__main__":
-    driver.main(__doc__, __file__, kvpress_side, kvbench_side)
+    driver.main(__doc__, __file__, kvpress_side, kvbench_side, check=kvbench_cases)

@@ -3,13 +3,14 @@
 # run one call per core, each with its own list of shards.
 #   bash scripts/leaderboard.sh ratios 0,2,4  # 30 per task: 0.5 / 0.25 / 0.75, the decode-time rule at 0.5
 #   bash scripts/leaderboard.sh quant 1,3     # 10 per task: FullKV / SnapKV / TOVA x storage kinds, KVzip
+#   bash scripts/leaderboard.sh presses 0,2   # 30 per task: kvpress's other training-free presses at 0.5
 # The store is the usual one ($KVBENCH_RESULTS_DIR, else results/); a finished setting is skipped. The
 # page's own records are leaderboard/ruler4k/*.tar.xz (leaderboard/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="bash scripts/leaderboard.sh ratios|quant SHARDS (comma-separated, each of 0-25 once)"
+usage="bash scripts/leaderboard.sh ratios|quant|presses SHARDS (comma-separated, each of 0-25 once)"
 [ $# -eq 2 ] || { echo "error: 2 arguments expected, got $#; usage: $usage" >&2; exit 2; }
-case "$1" in ratios|quant) ;; *) echo "error: unknown grid '$1' (ratios, quant)" >&2; exit 2 ;; esac
+case "$1" in ratios|quant|presses) ;; *) echo "error: unknown grid '$1' (ratios, quant, presses)" >&2; exit 2 ;; esac
 # Every shard checked before run.py starts: a bad one writes nothing (no run, record or log directory).
 [[ "$2" =~ ^(0|[1-9][0-9]?)(,(0|[1-9][0-9]?))*$ ]] ||
   { echo "error: shards '$2' are not a comma-separated list of 0-25; usage: $usage" >&2; exit 2; }
@@ -30,4 +31,8 @@ case "$1" in
     exec python run.py -m "${common[@]}" task.limit=10 'runner.methods=[fullkv,snapkv,tova]' \
       'runner.compression_ratios=[0.5]' 'runner.quants=[none,int8,int4,kivi2]' \
       'runner.extra_grids=[{methods:[kvzip,kvzip_layerwise],compression_ratios:[0.5]}]' ;;
+  presses)  # ThinK alone prunes half of each head's key channels at any token budget (no ratio)
+    exec python run.py -m "${common[@]}" task.limit=30 runner.batch_size=15 \
+      'runner.methods=[think,non_causal_attn,compactor,cap,block,chunk,entropy_gated_chunkkv,finch,merging,cam,kvcompose,kvgrad,think_snapkv]' \
+      'runner.compression_ratios=[0.5]' ;;
 esac
