@@ -57,6 +57,7 @@ class EMAEstimator:
         layer.scalars["ema_terms"] = const(float(window))
         layer.scalars["ema_one"] = const(1.0)  # the step's increment of ``ema_terms``
         layer.scalars["ema_correction"] = const(0.0)
+        layer.scalars["ema_correction_f32"] = const(0.0, torch.float32)  # what float32 operands read
         self._correct(layer)
 
     def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
@@ -69,17 +70,19 @@ class EMAEstimator:
     @staticmethod
     def _correct(layer: CompressedLayer) -> None:
         """Store ``-ln(1 - alpha^n)`` for the current ``n`` (once per step, read by every merge), in
-        place (a compiled step's inputs keep their storage)."""
+        place (a compiled step's inputs keep their storage), and its float32 rounding (a float64 0-d
+        operand of float32 tensors is rounded to float32 first: the same sums, without the cast per op)."""
         scalars = layer.scalars
-        torch.neg(
+        correction = torch.neg(
             torch.log1p(torch.pow(scalars["ema_alpha"], scalars["ema_terms"]).neg_()),
             out=scalars["ema_correction"],
         )
+        scalars["ema_correction_f32"].copy_(correction)
 
-    def correction(self, layer: CompressedLayer) -> torch.Tensor:
+    def correction(self, layer: CompressedLayer, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms; 0 for
-        ``alpha = 0``), a float64 0-d tensor."""
-        return layer.scalars["ema_correction"]
+        ``alpha = 0``), a 0-d tensor: float64, or for ``dtype`` float32 its float32 rounding."""
+        return layer.scalars["ema_correction_f32" if dtype == torch.float32 else "ema_correction"]
 
     def select(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""
@@ -88,13 +91,13 @@ class EMAEstimator:
     def merge_score(self, layer: CompressedLayer, slots: torch.Tensor | None = None) -> torch.Tensor:
         """``ln s_hat`` (ZIP-merging's scores) of every slot ``[batch, kv_heads, slots]``, or of the
         slots ``slots`` ``[batch, kv_heads, k]`` only."""
-        state = layer.store.view(self.state)
-        return (state if slots is None else state.gather(2, slots)) + self.correction(layer)
+        state = layer.store.view(self.state)  # float32
+        return (state if slots is None else state.gather(2, slots)) + self.correction(layer, state.dtype)
 
     def merged(self, layer: CompressedLayer, log_score: torch.Tensor, plan: MergeGroups) -> torch.Tensor:
         """The state of merged slots ``[batch, kv_heads, groups]`` from the merge's ``ln s_hat``
         ``log_score`` (the groups ``plan`` are not needed)."""
-        state = log_score - self.correction(layer)
+        state = log_score - self.correction(layer, log_score.dtype)
         return state if state.dtype == torch.float32 else state.float()
 
 
