@@ -45,51 +45,60 @@ class EMAEstimator:
         )
         layer.store.write(self.state, torch.logsumexp(log_s + log_coef[:, None], dim=-2))
 
-        # per-sample constants as float64 0-d device tensors: a decode step does no Python float
-        # arithmetic on them, so a compiled step is reused across samples and steps
-        def const(x: float) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.float64, device=log_s.device)
+        # per-sample constants as 0-d device tensors: a decode step does no Python float arithmetic on
+        # them, so a compiled step is reused across samples and steps; float64 for the bias
+        # correction, float32 for the terms of the float32 update (rounded to float32 either way)
+        def const(x: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+            return torch.tensor(x, dtype=dtype, device=log_s.device)
 
         layer.scalars["ema_alpha"] = const(alpha)
-        layer.scalars["ema_log_alpha"] = const(math.log(alpha) if alpha > 0 else NEG_INF)
-        layer.scalars["ema_log_1m_alpha"] = const(math.log(1 - alpha))
+        layer.scalars["ema_log_alpha"] = const(math.log(alpha) if alpha > 0 else NEG_INF, torch.float32)
+        layer.scalars["ema_log_1m_alpha"] = const(math.log(1 - alpha), torch.float32)
         layer.scalars["ema_terms"] = const(float(window))
+        layer.scalars["ema_one"] = const(1.0)  # the step's increment of ``ema_terms``
         layer.scalars["ema_correction"] = const(0.0)
+        layer.scalars["ema_correction_f32"] = const(0.0, torch.float32)  # what float32 operands read
         self._correct(layer)
 
     def update(self, layer: CompressedLayer, log_s: torch.Tensor) -> None:
         """``S <- alpha S + (1 - alpha) s`` with this step's ``ln s`` ``[batch, kv_heads, slots]``."""
-        old = layer.store.state[self.state] + layer.scalars["ema_log_alpha"]
+        old = layer.store.view(self.state) + layer.scalars["ema_log_alpha"]
         layer.store.write(self.state, torch.logaddexp(old, layer.scalars["ema_log_1m_alpha"] + log_s))
-        layer.scalars["ema_terms"] += 1
+        layer.scalars["ema_terms"] += layer.scalars["ema_one"]
         self._correct(layer)
 
     @staticmethod
     def _correct(layer: CompressedLayer) -> None:
         """Store ``-ln(1 - alpha^n)`` for the current ``n`` (once per step, read by every merge), in
-        place (a compiled step's inputs keep their storage)."""
+        place (a compiled step's inputs keep their storage), and its float32 rounding (a float64 0-d
+        operand of float32 tensors is rounded to float32 first: the same sums, without the cast per op)."""
         scalars = layer.scalars
-        scalars["ema_correction"].copy_(-torch.log1p(-torch.pow(scalars["ema_alpha"], scalars["ema_terms"])))
+        correction = torch.neg(
+            torch.log1p(torch.pow(scalars["ema_alpha"], scalars["ema_terms"]).neg_()),
+            out=scalars["ema_correction"],
+        )
+        scalars["ema_correction_f32"].copy_(correction)
 
-    def correction(self, layer: CompressedLayer) -> torch.Tensor:
+    def correction(self, layer: CompressedLayer, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """``-ln(1 - alpha^n)``: Eq. 8's bias correction in the log domain (``n`` EMA terms; 0 for
-        ``alpha = 0``), a float64 0-d tensor."""
-        return layer.scalars["ema_correction"]
+        ``alpha = 0``), a 0-d tensor: float64, or for ``dtype`` float32 its float32 rounding."""
+        return layer.scalars["ema_correction_f32" if dtype == torch.float32 else "ema_correction"]
 
     def select(self, layer: CompressedLayer) -> torch.Tensor:
         """``ln(p * s_hat)`` up to a per-layer constant (ranking only): ``[batch, kv_heads, slots]``."""
-        return layer.store.log_weight + layer.store.state[self.state]
+        return layer.store.log_weight + layer.store.view(self.state)
 
     def merge_score(self, layer: CompressedLayer, slots: torch.Tensor | None = None) -> torch.Tensor:
         """``ln s_hat`` (ZIP-merging's scores) of every slot ``[batch, kv_heads, slots]``, or of the
         slots ``slots`` ``[batch, kv_heads, k]`` only."""
-        state = layer.store.state[self.state]
-        return (state if slots is None else state.gather(2, slots)) + self.correction(layer)
+        state = layer.store.view(self.state)  # float32
+        return (state if slots is None else state.gather(2, slots)) + self.correction(layer, state.dtype)
 
     def merged(self, layer: CompressedLayer, log_score: torch.Tensor, plan: MergeGroups) -> torch.Tensor:
         """The state of merged slots ``[batch, kv_heads, groups]`` from the merge's ``ln s_hat``
         ``log_score`` (the groups ``plan`` are not needed)."""
-        return (log_score - self.correction(layer)).float()
+        state = log_score - self.correction(layer, log_score.dtype)
+        return state if state.dtype == torch.float32 else state.float()
 
 
 @dataclass

@@ -43,7 +43,7 @@ from methods.scoring import complement, window_logits
 from methods.seam.contract import Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
-from methods.seam.uniform import gather_slots
+from methods.seam.slots import slot_index
 
 NEG_INF = float("-inf")
 #: ``estimator`` name -> its score-estimator object (``methods.keepkv.estimators``).
@@ -175,12 +175,24 @@ class KeepKV(ScoreEvict):
         length = layer.store.n_slots
         window = max(1, min(layer.plan.recent, length))
         b, h = layer.keys.shape[:2]
+        device = layer.keys.device
         for name in (
             *self.traits.counters,
             "dropped_votes",
         ):  # per head, on the device: no sum, no sync per step
-            layer.scalars[name] = torch.zeros((b, h, 1), device=layer.keys.device)
+            layer.scalars[name] = torch.zeros((b, h, 1), device=device)
         logits = window_logits(query, layer.keys, window, scaling, layer.spec.softcap)  # [b, h, g, w, L]
+        # a decode step's constants as float32 0-d device tensors: an op with a Python number wraps it
+        # into a tensor each time (microseconds per op on a CPU); the step's operands are float32, which
+        # the number is rounded to either way
+        for name, value in (
+            ("log_group", math.log(logits.shape[2])),
+            ("merge_threshold", self.threshold),
+            ("zip_guard", self.guard),
+            ("zip_max_factor", self.max_factor),
+        ):
+            layer.scalars[name] = torch.tensor(value, dtype=torch.float32, device=device)
+        layer.scalars["pair_victim"] = torch.tensor([False, True], device=device)  # a pair's second member
         log_s = torch.logsumexp(logits, dim=2) - math.log(logits.shape[2])  # group mean of exp(logit)
         self.scores.init(layer, log_s)
         keep = self.prefill_keep(layer, query, scaling)
@@ -189,7 +201,7 @@ class KeepKV(ScoreEvict):
 
     def decode_step(self, layer: CompressedLayer, probs: torch.Tensor | None) -> None:
         """Update score estimates with this step's logits ``[b, h, group, slots]``; evict/merge one."""
-        self.scores.update(layer, small_logsumexp(probs, dim=2) - math.log(probs.shape[2]))
+        self.scores.update(layer, small_logsumexp(probs, dim=2) - layer.scalars["log_group"])
         victim = self.decode_victim(layer, None)
         if victim is not None:
             self.merge_evicted(layer, victim.unsqueeze(-1))
@@ -216,8 +228,9 @@ class KeepKV(ScoreEvict):
         if in_place and k != 1:
             raise ValueError(f"an in-place merge evicts one slot per head, got {k}")
         retained = None if in_place else complement(evicted, n)
-        best, partner = cosine_partners(layer, evicted, retained)
-        merge = best > self.threshold
+        keys, values = layer.keys, layer.values  # read once (keys held as codes: decoded once)
+        best, partner = cosine_partners(layer, evicted, retained, keys)
+        merge = best > layer.scalars["merge_threshold"]  # float32 cosines
         log_weight = layer.store.log_weight
         not_merged = ~merge
         if in_place:  # members: the partner, then the victim (its votes dropped unless merged); one group
@@ -225,8 +238,7 @@ class KeepKV(ScoreEvict):
             target, groups = members, 1  # one group: merge_groups reads no target
             pair_votes = log_weight.gather(2, members)
             evicted_votes = pair_votes[..., 1:]
-            dropped_vote = evicted_votes.masked_fill(not_merged, NEG_INF)
-            log_votes = torch.cat([pair_votes[..., :1], dropped_vote], dim=-1)
+            log_votes = pair_votes.masked_fill(not_merged & layer.scalars["pair_victim"], NEG_INF)
         else:  # members: every slot; group of a retained slot = itself, of an evicted one = its partner
             members = torch.arange(n, device=evicted.device).expand(b, h, n)
             target = members.scatter(2, evicted, partner)
@@ -236,16 +248,17 @@ class KeepKV(ScoreEvict):
             )
             log_votes = log_weight.masked_fill(dropped, NEG_INF)
             evicted_votes = log_weight.gather(2, evicted)
+        index = slot_index(keys, members)  # keys' and values' gather index, one when they match
         out = merge_groups(
-            gather_slots(layer.keys, members),
-            gather_slots(layer.values, members),
+            keys.gather(2, index),
+            values.gather(2, index if values.shape == keys.shape else slot_index(values, members)),
             log_votes,
             self.scores.merge_score(layer, members),
             target,
             groups,
             zip_keys=self.merge == "zip",
-            guard=self.guard,
-            max_factor=self.max_factor,
+            guard=layer.scalars["zip_guard"] if in_place else self.guard,  # float32 0-d: float32 only
+            max_factor=layer.scalars["zip_max_factor"] if in_place else self.max_factor,
             merged=merge if in_place else None,
             dtype=torch.float32 if in_place else torch.float64,  # a pair: float32 suffices
         )

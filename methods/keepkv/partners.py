@@ -12,7 +12,10 @@ NEG_INF = float("-inf")
 
 
 def cosine_partners(
-    layer: CompressedLayer, evicted: torch.Tensor, retained: torch.Tensor | None = None
+    layer: CompressedLayer,
+    evicted: torch.Tensor,
+    retained: torch.Tensor | None = None,
+    keys: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Algorithm 1 line 5: each evicted slot's retained slot of highest key cosine.
 
@@ -29,18 +32,23 @@ def cosine_partners(
         ``[batch, kv_heads, slots - k]`` the candidate partners (the complement of
         ``evicted``): the cosines are computed against these only (a prefill's ``k x (slots -
         k)`` products). None: every slot but the evicted ones (a decode step's one row).
+    keys : torch.Tensor | None
+        ``layer.keys`` when the caller has read them already (keys held as codes are decoded once
+        per step); None: read here.
 
     Returns
     -------
     tuple[torch.Tensor, torch.Tensor]
         The best cosine ``[batch, kv_heads, k]`` and the partner slot ``[batch, kv_heads, k]``.
     """
-    keys = layer.keys.float()
-    norm = keys.norm(dim=-1).clamp(min=1e-12)
+    keys = layer.keys if keys is None else keys
+    keys = keys if keys.dtype == torch.float32 else keys.float()
+    norm = torch.linalg.vector_norm(keys, dim=-1).clamp_(min=1e-12)  # one op: Tensor.norm dispatches to it
     b, h, k = evicted.shape
     if retained is None:
-        raw = (gather_slots(keys, evicted) @ keys.mT) / norm[:, :, None]
-        raw.scatter_(3, evicted.unsqueeze(2).expand(b, h, k, k), NEG_INF)  # partners are retained
+        raw = (gather_slots(keys, evicted) @ keys.mT).div_(norm.unsqueeze(2))
+        own = evicted.unsqueeze(2)  # [b, h, 1, k]
+        raw.scatter_(3, own if k == 1 else own.expand(b, h, k, k), NEG_INF)  # partners are retained
         best, partner = raw.max(dim=-1)
     else:
         raw = (gather_slots(keys, evicted) @ gather_slots(keys, retained).mT).div_(
@@ -48,4 +56,4 @@ def cosine_partners(
         )
         best, column = raw.max(dim=-1)
         partner = retained.gather(2, column)
-    return best / gather_slots(norm, evicted), partner
+    return best.div_(norm.gather(2, evicted)), partner

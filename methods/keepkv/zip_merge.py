@@ -124,8 +124,8 @@ def merge_groups(
     target: torch.Tensor,
     groups: int,
     zip_keys: bool = True,
-    guard: float = 1e-3,
-    max_factor: float = 4.0,
+    guard: float | torch.Tensor = 1e-3,
+    max_factor: float | torch.Tensor = 4.0,
     merged: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> GroupMerge:
@@ -146,9 +146,10 @@ def merge_groups(
         Number of merged slots.
     zip_keys : bool
         True: Eq. 7 key scaling; False: convex weighted average of the keys (official code).
-    guard, max_factor : float
+    guard, max_factor : float | torch.Tensor
         ZIP falls back to the convex key when ``|sum_i lam_i ln s_i| < guard`` or the factor is
-        outside ``(0, max_factor]`` (docs/methods.md, "KeepKV").
+        outside ``(0, max_factor]`` (docs/methods.md, "KeepKV"); numbers, or 0-d tensors holding
+        them (no scalar wrapping per op).
     merged : torch.Tensor | None
         ``[batch, kv_heads, groups]`` bool: which groups have more than one member, when the caller
         knows (a decode step's pair: whether the victim merges); None: counted from ``log_votes``.
@@ -160,22 +161,31 @@ def merge_groups(
     -------
     GroupMerge
     """
-    log_votes, log_score = log_votes.to(dtype), log_score.to(dtype)
+    keys, values, log_votes, log_score = (
+        t if t.dtype == dtype else t.to(dtype) for t in (keys, values, log_votes, log_score)
+    )
     log_w = log_votes + log_score
     log_total = group_logsumexp(log_w, target, groups)  # ln W
     log_p = group_logsumexp(log_votes, target, groups)  # ln P
     lam = torch.exp(log_w - spread(log_total, target, groups))  # 0 for excluded members
-    k_bar = group_sum(lam.unsqueeze(-1) * keys.to(dtype), target, groups)
-    v_bar = group_sum(lam.unsqueeze(-1) * values.to(dtype), target, groups)
+    weight = lam.unsqueeze(-1)
+    k_bar = group_sum(weight * keys, target, groups)
+    v_bar = group_sum(weight * values, target, groups)
     if merged is None:
         merged = group_sum(torch.isfinite(log_votes).to(dtype), target, groups) > 1
     log_s_r = log_total - log_p
-    fallback = torch.zeros_like(merged)
-    if zip_keys:  # sum_i lam_i ln s_i, excluded members (lam = 0, ln s maybe -inf: NaN) adding 0
-        inf = float("inf")
-        denom = group_sum(torch.nan_to_num(lam * log_score, nan=0.0, posinf=inf, neginf=-inf), target, groups)
-        factor = log_s_r / denom
-        ok = (denom.abs() >= guard) & (factor > 0) & (factor <= max_factor)  # NaN fails both bounds
-        k_bar = torch.where((merged & ok).unsqueeze(-1), k_bar * factor.unsqueeze(-1), k_bar)
-        fallback = merged & ~ok
-    return GroupMerge(k_bar, v_bar, log_p, log_s_r, merged, fallback)
+    if not zip_keys:
+        return GroupMerge(k_bar, v_bar, log_p, log_s_r, merged, torch.zeros_like(merged))
+    # sum_i lam_i ln s_i, excluded members (lam = 0, ln s maybe -inf: NaN) adding 0
+    terms = lam * log_score
+    if groups == 1:
+        denom = terms.nansum(dim=2, keepdim=True)
+    else:
+        denom = group_sum(
+            torch.nan_to_num(terms, nan=0.0, posinf=float("inf"), neginf=float("-inf")), target, groups
+        )
+    factor = log_s_r / denom
+    ok = (denom.abs() >= guard) & (factor > 0.0) & (factor <= max_factor)  # NaN fails both bounds
+    scaled = merged & ok
+    k_bar = torch.where(scaled.unsqueeze(-1), k_bar * factor.unsqueeze(-1), k_bar)
+    return GroupMerge(k_bar, v_bar, log_p, log_s_r, merged, merged ^ scaled)  # fallback: merged & ~ok

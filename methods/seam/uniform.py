@@ -269,10 +269,11 @@ class SlotStore(MergingStorage):
         """
         if active is not None:
             raise ValueError("a uniform store drops one slot in every head (make it ragged first)")
-        last = self.n - 1
-        index = slot.unsqueeze(-1)
+        last, index = self.n - 1, {(): slot.unsqueeze(-1)}  # per trailing shape: the gather index
         for buf in self.buffers.values():
-            buf.scatter_(2, slot_index(buf, index), buf.narrow(2, last, 1).clone())  # the victim may be last
+            at = index.get(buf.shape[3:])
+            at = index.setdefault(buf.shape[3:], slot_index(buf, index[()])) if at is None else at
+            buf.scatter_(2, at, buf.narrow(2, last, 1))  # a victim that is last is written onto itself
         self.n = last
 
     def swap(self, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -287,15 +288,18 @@ class SlotStore(MergingStorage):
         """Write ``fields`` at ``slot`` ``[batch, kv_heads, k]`` int64: each a tensor
         ``[batch, kv_heads, k, *extra]`` (cast to the field's dtype; keys and values held as codes:
         encoded) or a scalar."""
+        index = {(): slot}  # per trailing shape: the scatter index
         for name, value in fields.items():
             if name not in self.buffers:
                 self._put(name, slot, value)
                 continue
             buf = self.buffers[name]
+            at = index.get(buf.shape[3:])
+            at = index.setdefault(buf.shape[3:], slot_index(buf, slot)) if at is None else at
             if isinstance(value, torch.Tensor):
-                buf.scatter_(2, slot_index(buf, slot), value.to(buf.dtype))
+                buf.scatter_(2, at, value if value.dtype == buf.dtype else value.to(buf.dtype))
             else:
-                buf.scatter_(2, slot_index(buf, slot), torch.full_like(gather_slots(buf, slot), value))
+                buf.scatter_(2, at, torch.full_like(gather_slots(buf, slot), value))
 
     def _put(self, name: str, slot: torch.Tensor | None, value: torch.Tensor) -> None:
         """Encode and write ``value`` ``[batch, kv_heads, k, head_dim]`` as keys or values held as
