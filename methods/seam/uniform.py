@@ -273,7 +273,8 @@ class SlotStore(MergingStorage):
         for buf in self.buffers.values():
             at = index.get(buf.shape[3:])
             at = index.setdefault(buf.shape[3:], slot_index(buf, index[()])) if at is None else at
-            buf.scatter_(2, at, buf.narrow(2, last, 1))  # a victim that is last is written onto itself
+            buf.scatter_(2, at, buf.narrow(2, last, 1).clone())  # scatter_ refuses an overlapping src in
+            # older torch and other backends (at::assert_no_overlap); the victim may be last
         self.n = last
 
     def swap(self, a: torch.Tensor, b: torch.Tensor) -> None:
