@@ -15,8 +15,9 @@ themselves, so a budget below them keeps the newest (kvpress's short-prompt rule
 ``ties="topk"`` (the ``lagkv_kvpress`` preset) selects the prompt's tokens as kvpress's ``ScorerPress``
 does instead: ``torch.topk`` over kvpress's score vector (sinks and unscored tokens 1, scored ones
 ``rank / L`` in the keys' dtype; a short prompt ``(position - n_sink) / (n - n_sink)``), whose tie
-order is the device's ``topk`` (on the CPU an introselect: neither the older nor the newer first), so
-on the same device and dtype the kept sets are kvpress's.
+order is the device's ``topk`` (on the CPU an introselect: neither the older nor the newer first), and
+ranks exact score ties inside a partition by kvpress's unstable ``argsort`` (else the older ranks
+lower), so on the same device and dtype the kept sets are kvpress's.
 
 Decode: partitions stay aligned to positions (as the official code's recursive compression); the
 step that completes a partition scores the one before it with the tokens of both still held, and
@@ -62,8 +63,9 @@ class LagKV(ScoreEvict):
     ties : str
         The prefill selection's tie order: ``"newer"`` (rank ties between partitions keep the newer
         partition; sinks and unscored tokens kept first, the oldest of them evicted first) or
-        ``"topk"`` (kvpress ``LagKVPress``: ``torch.topk`` over kvpress's score vector, module
-        docstring). Decoding is the same for both.
+        ``"topk"`` (kvpress ``LagKVPress``: ``torch.topk`` over kvpress's score vector, exact ties
+        inside a partition ranked by the unstable ``argsort``; module docstring). Decoding is the same
+        for both.
 
     Raises
     ------
@@ -119,7 +121,7 @@ class LagKV(ScoreEvict):
             x = x[:, :, span].reshape(b, h, parts, lag, d)
             low, high = x[:, :, 1:].amin(dim=3, keepdim=True), x[:, :, 1:].amax(dim=3, keepdim=True)
             score = score + torch.softmax(lag_std(x[:, :, :-1], low, high), dim=-1) / 2
-        rank = score.argsort(dim=-1, stable=True).argsort(dim=-1)
+        rank = score.argsort(dim=-1, stable=self.ties == "newer").argsort(dim=-1)  # exact ties: see ties
         part = torch.arange(parts - 1, device=out.device).view(1, 1, -1, 1).expand_as(rank)
         scored = self.partition_scores(score, rank, part).reshape(b, h, -1)
         out[:, :, self.n_sink : self.n_sink + (parts - 1) * lag] = scored

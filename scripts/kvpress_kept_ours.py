@@ -6,6 +6,10 @@ Prints per case the identical sets over the total, their Jaccard index (mean, mi
 for ``key_rerotation`` also the largest difference between kvpress's re-rotated keys (turned forward to
 KVBench's positions) and ours, for ``kvcompose`` between kvpress's stored composite tokens (keys and
 values, per head in position order) and ours, for MERGING between the merged values.
+
+Debug (``KVPRESS_SCORES``, ``kvpress_kept_theirs.py``): per differing head, the tokens each side alone
+keeps and, per side, the scores (ours / kvpress's) of its last kept and first dropped token (``score``
+order; ours: ``prefill_scores``, or ``kvpress_scores`` where the method has it).
 """
 
 from __future__ import annotations
@@ -28,6 +32,32 @@ def rerotated_key_diff(model, kv: torch.Tensor, ours: torch.Tensor, n: int) -> f
     return float((turned - ours).abs().max())
 
 
+def record_scores(method, sink: dict) -> None:
+    """Make the method's score (``kvpress_scores`` where it has it, else ``prefill_scores``) also store
+    its ``[kv_heads, n]`` result in ``sink[layer_idx]`` (debug)."""
+    fn = "kvpress_scores" if hasattr(method, "kvpress_scores") else "prefill_scores"
+    score = getattr(type(method), fn).__get__(method)
+
+    def recorded(layer, *args):
+        out = score(layer, *args)
+        sink[layer.spec.layer_idx] = out[0].float().clone()
+        return out
+
+    object.__setattr__(method, fn, recorded)
+
+
+def explain(where: str, ours: set, ref: set, mine: torch.Tensor, kv: torch.Tensor) -> None:
+    """Print a differing head's tokens and, per side, the scores (ours / kvpress's) at its cut (debug)."""
+    print(f"  {where}: only ours {sorted(ours - ref)}, only kvpress {sorted(ref - ours)}")
+    for side, s, kept in (("ours", mine, ours), ("kvpress", kv, ref)):
+        last = min(kept, key=lambda t: (float(s[t]), t))
+        first = max(set(range(len(s))) - kept, key=lambda t: (float(s[t]), -t))
+        for label, t in (("last kept", last), ("first dropped", first)):
+            print(f"    {side} {label} {t}: {float(mine[t])!r} / {float(kv[t])!r}")
+    gap = float((mine - kv).abs().max())
+    print(f"    |score| max {float(kv.abs().max()):.3g}; max |ours - kvpress| {gap:.2e}")
+
+
 def kvbench_side(out: Path, real: bool = False) -> None:
     """Run KVBench's methods on kvpress's weights and prompts; print the agreement per method."""
     import methods  # noqa: F401  (registers the "kvbench" attention implementation)
@@ -37,7 +67,11 @@ def kvbench_side(out: Path, real: bool = False) -> None:
     model, tokenizer, prompts, theirs = kvbench_inputs(out, real)
     kv_heads = model.config.num_key_value_heads
     merged = torch.load(out / "merged_values.pt")
+    scores = torch.load(out / "scores.pt")
     for name, (method, share) in kvbench_cases().items():
+        mine: dict = {}
+        if name in scores:
+            record_scores(method, mine)
         if hasattr(method, "attach_tokenizer"):  # KVzip's reconstruction prompt (kvpress: no thinking)
             method.attach_tokenizer(tokenizer, {"enable_thinking": False})
         jaccard, key_diff, held, value_diff = [], 0.0, [], 0.0
@@ -51,6 +85,9 @@ def kvbench_side(out: Path, real: bool = False) -> None:
                     ours, ref = {q for q in pos.tolist() if 0 <= q < n}, set(theirs[name][p]["kept"][i][h])
                     jaccard.append(jaccard_index(ours, ref))
                     held.append(len(ours) / n)
+                    if ours != ref and name in scores:
+                        kv = scores[name][p][i][h]
+                        explain(f"prompt {p} layer {i} head {h}", ours, ref, mine[i][h], kv)
                     if ours != ref:
                         continue
                     slots = [s for s in pos.argsort().tolist() if 0 <= pos[s] < n]  # in position order

@@ -8,11 +8,16 @@ are merged). ``DMSPress``, ``AdaKVPress``, KVzip, KVgrad and unstructured ``KVCo
 positions, ``keys`` ``[layer][head][k][head_dim]`` rows; ``values`` too for ``kvcompose``) and
 ``merged_values.pt`` (MERGING's kept values ``[kv_heads, k, head_dim]`` per prompt and layer, in
 position order).
+
+Debug: ``KVPRESS_SCORES=<cases>`` (comma-separated) also saves those ScorerPress cases' ``score`` per
+prompt and layer (``scores.pt``: ``[kv_heads, n]`` float32); KVBench's side then prints, per differing
+head, the differing tokens and both sides' scores at the cut.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -27,6 +32,18 @@ def finch_prompt(press, ids: torch.Tensor) -> torch.Tensor:
     press.delimiter_token_id = next(t for t in range(VOCAB) if t not in set(ids[0].tolist()))
     delimiter = torch.tensor([[press.delimiter_token_id]])
     return torch.cat([ids[:, : n - FINCH_WINDOW], delimiter, ids[:, n - FINCH_WINDOW :]], dim=1)
+
+
+def record_scores(press, sink: dict) -> None:
+    """Make ``press.score`` also store its ``[kv_heads, n]`` result in ``sink[layer_idx]`` (debug)."""
+    score = type(press).score
+
+    def recorded(module, *args, **kwargs):
+        out = score(press, module, *args, **kwargs)
+        sink[module.layer_idx] = out[0].float().clone()
+        return out
+
+    object.__setattr__(press, "score", recorded)
 
 
 def kept_rows(name: str, cache, full, i: int, kv_heads: int) -> tuple[list[list[int]], list]:
@@ -58,9 +75,13 @@ def kvpress_side(out: Path) -> None:
     layers, kv_heads = models["sdpa"].config.num_hidden_layers, models["sdpa"].config.num_key_value_heads
     result: dict[str, list] = {}
     merged: dict[str, list] = {}  # MERGING: kept values [kv_heads, k, head_dim] per prompt and layer
+    debug, scores = os.environ.get("KVPRESS_SCORES", "").split(","), {}
     for name, (press, attn) in kvpress_cases().items():
         model, result[name], merged[name] = models[attn], [], []
         for p, ids in enumerate(prompts):
+            if name in debug:
+                scores.setdefault(name, []).append({})
+                record_scores(press, scores[name][-1])
             n = ids.shape[1]
             full, cache = DynamicCache(), DynamicCache()
             with torch.no_grad():
@@ -90,3 +111,4 @@ def kvpress_side(out: Path) -> None:
             result[name].append({"kept": kept, "keys": keys, "values": values})
     (out / "kvpress.json").write_text(json.dumps(result))
     torch.save({name: v for name, v in merged.items() if name in MERGING}, out / "merged_values.pt")
+    torch.save(scores, out / "scores.pt")

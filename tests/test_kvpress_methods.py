@@ -115,8 +115,9 @@ def test_chunkkv_kvpress_keeps_whole_chunks_by_the_shares_count(n, share):
 def lagkv_kvpress_kept(keys: torch.Tensor, values: torch.Tensor, n_sink: int, lag: int, budget: int):
     """kvpress ``LagKVPress`` + ``ScorerPress.compress``, re-stated per head with loops: partition ``m``
     min-max normalised by ``m + 1``'s per-channel range, ``(softmax(std K) + softmax(std V)) / 2``
-    ranked inside its partition, score ``rank / lag``; sinks and the unscored tail 1; kept:
-    ``torch.topk`` of that vector (its tie order is kvpress's)."""
+    ranked inside its partition by ``torch.argsort`` (unstable: kvpress's order of exact ties), score
+    ``rank / lag``; sinks and the unscored tail 1; kept: ``torch.topk`` of that vector (its tie order
+    is kvpress's)."""
     n, out = keys.shape[2], []
     parts = (n - n_sink) // lag
     for h in range(HKV):
@@ -129,7 +130,7 @@ def lagkv_kvpress_kept(keys: torch.Tensor, values: torch.Tensor, n_sink: int, la
                 low, high = ref.min(0).values, ref.max(0).values
                 std = torch.stack([((t - low) / (high - low)).std() for t in part])
                 total = total + torch.softmax(std, 0) / 2
-            for rank, i in enumerate(sorted(range(lag), key=lambda i: total[i].item())):
+            for rank, i in enumerate(total.argsort().tolist()):
                 vector[n_sink + m * lag + i] = rank / lag
         out.append(sorted(torch.tensor(vector).topk(budget).indices.tolist()))
     return out
@@ -144,6 +145,18 @@ def test_lagkv_kvpress_breaks_ties_as_kvpress_topk(budget):
     want = lagkv_kvpress_kept(keys, values, 4, 8, budget)
     assert kept(prefilled(LagKV(lag_size=8, ties="topk"), keys, values, query, budget)) == want
     assert kept(prefilled(LagKV(lag_size=8), keys, values, query, budget)) != want
+
+
+def test_lagkv_kvpress_ranks_exact_ties_as_kvpress_argsort():
+    """``ties="topk"``: two tokens of one partition with the same key and value rows (bit-identical
+    scores) ranked in the order of kvpress's unstable ``argsort`` (a partition of 32: on the CPU not the
+    older first), at every budget; the stable order (the default) differs at some."""
+    keys, values, query = tensors(105)  # 4 sinks, 3 partitions of 32, 5 more: 2 partitions scored
+    keys[:, :, 20], values[:, :, 20] = keys[:, :, 5], values[:, :, 5]  # argsort: 20 first (each head)
+    budgets = range(41, 106)  # sinks + tail 41 .. all
+    want = [lagkv_kvpress_kept(keys, values, 4, 32, b) for b in budgets]
+    assert [kept(prefilled(LagKV(lag_size=32, ties="topk"), keys, values, query, b)) for b in budgets] == want
+    assert [kept(prefilled(LagKV(lag_size=32), keys, values, query, b)) for b in budgets] != want
 
 
 def test_pyramidkv_kvpress_budgets_share_the_whole_budget():
