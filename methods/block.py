@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from methods.checks import option
+from methods.checks import check_bounds, option
 from methods.evict import ScoreEvict
 from methods.keydiff import KeyDiff
 from methods.seam.contract import CompressionMethod
@@ -69,8 +69,7 @@ class Block(ScorerWrapper):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        check_bounds(self)
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The budget, nothing protected over the whole prompt (the scorer protects per block)."""

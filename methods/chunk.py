@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from methods.checks import option
+from methods.checks import check_bounds, option
 from methods.evict import ScoreEvict
 from methods.knorm import KNorm
 from methods.seam.contract import CompressionMethod
@@ -62,8 +62,7 @@ class Chunk(ScorerWrapper):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_length < 1:
-            raise ValueError(f"chunk_length must be >= 1, got {self.chunk_length}")
+        check_bounds(self)
 
     def plan(self, layer: CompressedLayer) -> LayerPlan:
         """The budget, nothing protected over the whole prompt (the scorer protects per chunk)."""

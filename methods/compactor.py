@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from methods.checks import option
+from methods.checks import check_bounds, option
 from methods.evict import ScoreEvict
 from methods.leverage_score import LeverageScore, pre_rope_keys
 from methods.non_causal_attn import non_causal_scores
@@ -65,13 +65,7 @@ class Compactor(ScoreEvict):
     seed: int | None = 0
 
     def __post_init__(self) -> None:
-        for field in ("sink_size_start", "sink_size_end"):
-            if getattr(self, field) < 0:
-                raise ValueError(f"{field} must be >= 0, got {getattr(self, field)}")
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
-        if self.sketch_dimension < 1:
-            raise ValueError(f"sketch_dimension must be >= 1, got {self.sketch_dimension}")
+        check_bounds(self)
         if self.blending is not None and self.blending < 0:
             raise ValueError(f"blending must be >= 0 or null, got {self.blending}")
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from methods.checks import option
+from methods.checks import check_bounds, option
 from methods.evict import ScoreEvict
 from methods.leverage_score import z_score
 from methods.scoring import group_queries, pool_scores
@@ -104,8 +104,7 @@ class NonCausalAttn(ScoreEvict):
     chunk_size: int = option(256, low=1)
 
     def __post_init__(self) -> None:
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        check_bounds(self)
 
     def prefill_scores(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """:func:`non_causal_scores` ``[batch, kv_heads, prompt]`` of every prompt token."""
