@@ -14,6 +14,15 @@ def slot_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return index.view(*index.shape, *([1] * len(extra))).expand(*index.shape, *extra)
 
 
+def memo_slot_index(memo: dict, t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """:func:`slot_index` of ``index`` over ``t``, built once per trailing shape of ``t`` in ``memo``
+    (one expanded index for a store's buffers of one shape)."""
+    key = t.shape[3:]
+    if key not in memo:
+        memo[key] = slot_index(t, index)
+    return memo[key]
+
+
 def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``t[b, h, index[b, h, j], ...]`` for a slot tensor ``[batch, kv_heads, slots, *extra]``."""
     return t.gather(2, slot_index(t, index))

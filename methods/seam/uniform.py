@@ -33,7 +33,7 @@ import torch
 from kernels import decode_attention
 from kernels.decode_attention import masked_sdpa
 from methods.seam.ragged import RaggedStore
-from methods.seam.slots import gather_slots, slot_index
+from methods.seam.slots import gather_slots, memo_slot_index, slot_index
 from methods.seam.storage import KV, PLAIN, Codec, MergingStorage
 
 if TYPE_CHECKING:
@@ -269,10 +269,9 @@ class SlotStore(MergingStorage):
         """
         if active is not None:
             raise ValueError("a uniform store drops one slot in every head (make it ragged first)")
-        last, index = self.n - 1, {(): slot.unsqueeze(-1)}  # per trailing shape: the gather index
+        last, victim, memo = self.n - 1, slot.unsqueeze(-1), {}
         for buf in self.buffers.values():
-            at = index.get(buf.shape[3:])
-            at = index.setdefault(buf.shape[3:], slot_index(buf, index[()])) if at is None else at
+            at = memo_slot_index(memo, buf, victim)
             buf.scatter_(2, at, buf.narrow(2, last, 1).clone())  # scatter_ refuses an overlapping src in
             # older torch and other backends (at::assert_no_overlap); the victim may be last
         self.n = last
@@ -289,14 +288,13 @@ class SlotStore(MergingStorage):
         """Write ``fields`` at ``slot`` ``[batch, kv_heads, k]`` int64: each a tensor
         ``[batch, kv_heads, k, *extra]`` (cast to the field's dtype; keys and values held as codes:
         encoded) or a scalar."""
-        index = {(): slot}  # per trailing shape: the scatter index
+        memo: dict = {}
         for name, value in fields.items():
             if name not in self.buffers:
                 self._put(name, slot, value)
                 continue
             buf = self.buffers[name]
-            at = index.get(buf.shape[3:])
-            at = index.setdefault(buf.shape[3:], slot_index(buf, slot)) if at is None else at
+            at = memo_slot_index(memo, buf, slot)
             if isinstance(value, torch.Tensor):
                 buf.scatter_(2, at, value if value.dtype == buf.dtype else value.to(buf.dtype))
             else:
