@@ -111,7 +111,7 @@ class AdaKV(ScorerWrapper):
     def prefill(self, layer: CompressedLayer, query: torch.Tensor, scaling: float) -> None:
         """Score the prompt; keep the top ``heads x B`` across heads (:func:`adakv_keep`) in ragged heads."""
         plan = layer.plan
-        if plan.keep is None or layer.store.n_slots <= plan.keep:
+        if plan.fits(layer.store.n_slots):
             return
         scores = self.scorer.prefill_scores(layer, query, scaling)
         if scores is None:  # the scorer ranks by position: every head keeps the same tokens

@@ -12,7 +12,7 @@ budget; once, at prefill; decoding appends.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -22,9 +22,8 @@ from methods.evict import ScoreEvict
 from methods.keydiff import KeyDiff
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
-from methods.seam.plan import LayerPlan
 from methods.subset import subset_keep
-from methods.wrap import ScorerWrapper
+from methods.wrap import SubsetWrapper
 
 
 def block_keep(
@@ -43,7 +42,7 @@ def block_keep(
 
 
 @dataclass
-class Block(ScorerWrapper):
+class Block(SubsetWrapper):
     """Block-wise compression over a scorer (kvpress's ``block_keydiff``: KeyDiff, blocks of 128).
 
     Parameters
@@ -60,8 +59,6 @@ class Block(ScorerWrapper):
     """
 
     name: ClassVar[str] = "block"
-    #: once, at prefill (kvpress); decoding appends
-    OVERRIDES: ClassVar[dict] = {"prompt_only": True, "decode_rule": False, "decode_input": "none"}
     PAPER_SCORER: ClassVar[str] = "keydiff"
 
     scorer: ScoreEvict = field(default_factory=KeyDiff)
@@ -71,17 +68,13 @@ class Block(ScorerWrapper):
         super().__post_init__()
         check_bounds(self)
 
-    def plan(self, layer: CompressedLayer) -> LayerPlan:
-        """The budget, nothing protected over the whole prompt (the scorer protects per block)."""
-        return replace(CompressionMethod.plan(self, layer), bound=None)
-
     def prefill_keep(
         self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> torch.Tensor | None:
         """:func:`block_keep` with the scorer's selection on each subset (:func:`subset_keep`); None
         when the prompt fits."""
         keep, n = layer.plan.keep, layer.store.n_slots
-        if keep is None or n <= keep:
+        if layer.plan.fits(n):
             return None
         b, h = layer.store.positions.shape[:2]
 

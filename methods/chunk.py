@@ -12,7 +12,7 @@ the budget but for the one-token floor of a chunk). Once, at prefill (kvpress); 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -22,9 +22,9 @@ from methods.evict import ScoreEvict
 from methods.knorm import KNorm
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
-from methods.seam.plan import LayerPlan, budget_share
+from methods.seam.plan import budget_share
 from methods.subset import subset_keep
-from methods.wrap import ScorerWrapper
+from methods.wrap import SubsetWrapper
 
 
 def chunk_counts(prompt: int, chunk_length: int, share: float) -> list[tuple[int, int, int]]:
@@ -35,7 +35,7 @@ def chunk_counts(prompt: int, chunk_length: int, share: float) -> list[tuple[int
 
 
 @dataclass
-class Chunk(ScorerWrapper):
+class Chunk(SubsetWrapper):
     """Per-chunk compression over a scorer (kvpress names no scorer: KNorm here, a scorer whose chunk
     scores need nothing outside the chunk).
 
@@ -53,8 +53,6 @@ class Chunk(ScorerWrapper):
     """
 
     name: ClassVar[str] = "chunk"
-    #: once, at prefill (kvpress); decoding appends
-    OVERRIDES: ClassVar[dict] = {"prompt_only": True, "decode_rule": False, "decode_input": "none"}
     PAPER_SCORER: ClassVar[str] = "knorm"
 
     scorer: ScoreEvict = field(default_factory=KNorm)
@@ -64,17 +62,13 @@ class Chunk(ScorerWrapper):
         super().__post_init__()
         check_bounds(self)
 
-    def plan(self, layer: CompressedLayer) -> LayerPlan:
-        """The budget, nothing protected over the whole prompt (the scorer protects per chunk)."""
-        return replace(CompressionMethod.plan(self, layer), bound=None)
-
     def prefill_keep(
         self, layer: CompressedLayer, query: torch.Tensor, scaling: float
     ) -> torch.Tensor | None:
         """Each chunk's tokens kept by the scorer on that chunk alone (:func:`chunk_counts`,
         :func:`subset_keep`), ascending; None when the prompt fits the budget."""
-        keep, n = layer.plan.keep, layer.store.n_slots
-        if keep is None or n <= keep:
+        n = layer.store.n_slots
+        if layer.plan.fits(n):
             return None
         b, h = layer.store.positions.shape[:2]
         share, dev = budget_share(layer.share, layer.budget, n), layer.keys.device

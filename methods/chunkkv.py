@@ -114,7 +114,7 @@ class ChunkKV(ScorerWrapper):
         """The protected tokens and the chunks' top ``keep - protected`` tokens (:func:`chunk_priority`);
         a scorer that ranks by position selects as it does alone."""
         plan = layer.plan
-        if plan.keep is None or layer.store.n_slots <= plan.keep:
+        if plan.fits(layer.store.n_slots):
             return None
         scores = self.scorer.prefill_scores(layer, query, scaling)
         if scores is None:

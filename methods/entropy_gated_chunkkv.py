@@ -113,7 +113,7 @@ class EntropyGatedChunkKV(ChunkKV):
         (kvpress: batch row 0's for every row); a scorer that ranks by position selects as it does
         alone; None when the prompt fits."""
         plan = layer.plan
-        if plan.keep is None or layer.store.n_slots <= plan.keep:
+        if plan.fits(layer.store.n_slots):
             return None
         scores = self.scorer.prefill_scores(layer, query, scaling)
         if scores is None:

@@ -89,7 +89,7 @@ class ScoreEvict(CompressionMethod):
         if scores is not None:
             layer.store.write("scores", scores)
         plan = layer.plan
-        if plan.keep is None or layer.store.n_slots <= plan.keep:
+        if plan.fits(layer.store.n_slots):
             return None
         return keep_index(self.ranking(layer), plan.first, plan.keep - plan.first - plan.recent, plan.recent)
 

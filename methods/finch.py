@@ -89,7 +89,7 @@ class Finch(ScoreEvict):
     def plan(self, layer: CompressedLayer):
         """The budget with the question protected (all of it the budget can hold)."""
         plan = CompressionMethod.plan(self, layer)
-        if plan.keep is None or layer.store.n_slots <= plan.keep:
+        if plan.fits(layer.store.n_slots):
             return plan
         return replace(plan, recent=min(self.window(layer), plan.keep))
 
@@ -98,8 +98,8 @@ class Finch(ScoreEvict):
     ) -> torch.Tensor | None:
         """:func:`finch_scores` on the context, the question above them all (kvpress: the context's
         maximum + 1); None when the prompt fits."""
-        n, keep = layer.store.n_slots, layer.plan.keep
-        if keep is None or n <= keep:
+        n = layer.store.n_slots
+        if layer.plan.fits(n):
             return None
         w = self.window(layer)
         probs = window_attention(query, layer.keys, w, scaling, layer.spec.softcap)
@@ -117,8 +117,8 @@ class Finch(ScoreEvict):
         ``chunk_length`` each chunk's best ``max(1, int(c x share))`` by the same scores."""
         if self.chunk_length is None:
             return super().prefill_keep(layer, query, scaling)
-        n, keep = layer.store.n_slots, layer.plan.keep
-        if keep is None or n <= keep:
+        n = layer.store.n_slots
+        if layer.plan.fits(n):
             return None
         scores = self.prefill_scores(layer, query, scaling)
         share = budget_share(layer.share, layer.budget, n)

@@ -155,7 +155,7 @@ class LagKV(ScoreEvict):
             return super().prefill_keep(layer, query, scaling)
         layer.store.write("scores", self.prefill_scores(layer, query, scaling))
         plan: LayerPlan = layer.plan
-        if plan.keep is None or layer.store.n_slots <= plan.keep:
+        if plan.fits(layer.store.n_slots):
             return None
         return self.kvpress_scores(layer).topk(plan.keep, dim=-1).indices.sort(dim=-1).values
 

@@ -76,8 +76,8 @@ class SnapKV(ScoreEvict):
     ) -> torch.Tensor | None:
         """Votes of the observation window, pooled over the prefix (SnapKV Sec. 4); None when the
         prompt fits the budget (nothing to select)."""
-        length, keep, w = layer.store.n_slots, layer.plan.keep, layer.plan.recent
-        if keep is None or length <= keep:
+        length, w = layer.store.n_slots, layer.plan.recent
+        if layer.plan.fits(length):
             return None
         votes = window_attention(query, layer.keys, w, scaling, layer.spec.softcap).sum(dim=2)
         prefix = pool_scores(votes[..., : length - w], self.kernel_size, self.pooling)

@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 
 from methods.evict import ScoreEvict
-from methods.seam.contract import AssetRequest, Traits
+from methods.seam.contract import AssetRequest, CompressionMethod, Traits
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import LayerPlan
 
@@ -133,6 +133,20 @@ class LayerBudgets(ScorerWrapper):
         if layer.budget is not None and self.traits.compresses:
             layer.budget = self.layer_budget(layer, layer.budget)
         return self.scorer.plan(layer)
+
+
+@dataclass
+class SubsetWrapper(ScorerWrapper):
+    """A wrapper that runs its scorer on subsets of the prompt (kvpress's ``BlockPress``,
+    ``ChunkPress``: ``methods.subset``), once at prefill; decoding appends. Nothing is protected over
+    the whole prompt: the scorer protects its tokens within each subset."""
+
+    name: ClassVar[str] = "subset"
+    OVERRIDES: ClassVar[dict] = {"prompt_only": True, "decode_rule": False, "decode_input": "none"}
+
+    def plan(self, layer: CompressedLayer) -> LayerPlan:
+        """The budget, nothing protected, no bound on decoding."""
+        return replace(CompressionMethod.plan(self, layer), bound=None)
 
 
 def spread_evenly(values: list[float]) -> list[int]:

@@ -146,7 +146,7 @@ class ZSMerge(CompressionMethod):
         scores = pool_scores(scores, self.pool_kernel)
         layer.store.write("scores", scores)
         layer.scalars["residual"] = 0
-        if layer.plan.keep is None or length <= layer.plan.keep:
+        if layer.plan.fits(length):
             return
         b_p, b_c, b_r = layer.plan.split
         kept = keep_index(scores, 0, b_c, b_p)

@@ -39,6 +39,11 @@ class LayerPlan:
     recent: int = 0
     split: tuple[int, ...] = ()
 
+    def fits(self, slots: int) -> bool:
+        """Whether a prompt of ``slots`` tokens per KV head needs no compression at prefill: nothing
+        to keep (``keep`` None) or no more than ``keep`` slots."""
+        return self.keep is None or slots <= self.keep
+
 
 class Slots(int):
     """A slot budget floored from a share of the prompt (``runners.setup.budget.resolve_budget``): an
