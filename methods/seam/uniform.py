@@ -1,5 +1,6 @@
 """The uniform layout of one decoder layer's slots: fixed-capacity buffers for every per-slot tensor
-(``methods.seam.buffers``) and a handful of operations, the only code that writes them (docs/design.md, "The slot store").
+(``methods.seam.buffers``) and a handful of operations, the only code that writes them (docs/design.md,
+"The slot store").
 
 Every per-slot tensor (``keys``, ``values``, ``log_weight``, ``positions`` and the method's
 state, e.g. scores or fusion counts) lives in one buffer ``[batch, kv_heads, capacity, *extra]``
