@@ -60,13 +60,20 @@ def wait_for(predicate, timeout: float = 300) -> None:
     assert predicate(), "timed out"
 
 
+def _foreground_signals() -> None:
+    """In the child before exec: SIGINT as a foreground run has it (a suite started in the background
+    of a non-interactive shell ignores SIGINT, and a child inherits that: Ctrl-C would not reach it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt(tmp_path: Path, data_dir: Path, overrides: list[str], sig: signal.Signals) -> None:
     """Run ``run.py`` with ``overrides``, send ``sig`` 4 s after generation has begun (the model loaded,
     the records open), and check that it ends with exit code 130 and a last line ``interrupted``."""
     cmd = [sys.executable, "run.py", *overrides]
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=_foreground_signals,
+    )  # fmt: skip
     for line in proc.stdout:
         if line.startswith("generating "):
             break
