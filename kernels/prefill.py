@@ -75,8 +75,8 @@ def prefill_attention(
         if window is not None:
             allowed &= k_pos > q_pos - window
         q = group_queries(query[:, :, start:stop], hkv).float()
-        logits = torch.einsum("bhgqd,bhkd->bhgqk", q, key[:, :, lo:stop].float()) * scaling
-        logits = softcap_logits(logits, softcap).masked_fill(~allowed, float("-inf"))
+        logits = torch.einsum("bhgqd,bhkd->bhgqk", q, key[:, :, lo:stop].float()).mul_(scaling)
+        logits = softcap_logits(logits, softcap).masked_fill_(~allowed, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         rows = torch.einsum("bhgqk,bhkd->bhgqd", probs, value[:, :, lo:stop].float())
         out[:, :, start:stop] = rows.reshape(b, hq, stop - start, -1).to(query.dtype)
