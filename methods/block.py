@@ -20,7 +20,6 @@ import torch
 from methods.checks import check_bounds, option
 from methods.evict import ScoreEvict
 from methods.keydiff import KeyDiff
-from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.subset import subset_keep
 from methods.wrap import SubsetWrapper
@@ -82,6 +81,3 @@ class Block(SubsetWrapper):
             return subset_keep(self.scorer, layer, query, scaling, candidates, k)
 
         return block_keep(select, n, keep, self.block_size, b, h, layer.keys.device)
-
-    prefill = ScoreEvict.prefill
-    decode_attention = CompressionMethod.decode_attention

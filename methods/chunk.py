@@ -20,7 +20,6 @@ import torch
 from methods.checks import check_bounds, option
 from methods.evict import ScoreEvict
 from methods.knorm import KNorm
-from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import budget_share
 from methods.subset import subset_keep
@@ -77,6 +76,3 @@ class Chunk(SubsetWrapper):
             chunk = torch.arange(start, end, device=dev).expand(b, h, -1)
             parts.append(subset_keep(self.scorer, layer, query, scaling, chunk, k))
         return torch.cat(parts, dim=-1)
-
-    prefill = ScoreEvict.prefill
-    decode_attention = CompressionMethod.decode_attention

@@ -183,8 +183,8 @@ class KVCompose(Probing, CompressionMethod):
         for a in range(0, m, self.block):
             last = min(a + self.block, m)
             q = group_queries(query[:, :, a:last], hkv).float()
-            logits = torch.einsum("bhgqd,bhkd->bhgqk", q, every[:, :, : n + last]).mul_(scaling)  # no new
-            # tensor: a fresh block of logits costs ~10x the multiply in page faults on a CPU
+            # scaled in place: a fresh block of logits costs ~10x the multiply in page faults on a CPU
+            logits = torch.einsum("bhgqd,bhkd->bhgqk", q, every[:, :, : n + last]).mul_(scaling)
             logits = softcap_logits(logits, layer.spec.softcap)
             logits[..., n + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
             probs = logits.softmax(dim=-1)[..., :n]  # [b, hkv, group, block, prompt]

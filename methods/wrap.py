@@ -148,6 +148,10 @@ class SubsetWrapper(ScorerWrapper):
         """The budget, nothing protected, no bound on decoding."""
         return replace(CompressionMethod.plan(self, layer), bound=None)
 
+    # its own selection at prefill (``prefill_keep``), not the scorer's; decoding attends as any method
+    prefill = ScoreEvict.prefill
+    decode_attention = CompressionMethod.decode_attention
+
 
 def spread_evenly(values: list[float]) -> list[int]:
     """Integers whose running sums are the rounded running sums of ``values`` (each within 1 of its
