@@ -176,18 +176,23 @@ class KVCompose(Probing, CompressionMethod):
         the cached prompt and the re-read's causal part, reduced over the queries (``agg_task``) and the
         group (``agg_group``), times ``||v||`` (``add_v_norm``), plus the heads' mean; written to the
         ``scores`` field ``[batch, kv_heads, prompt]`` float32."""
-        hkv, n, m = keys.shape[1], layer.store.n_slots, keys.shape[2]
-        every = torch.cat([layer.keys, keys], dim=2).float()
+        b, hkv, m = keys.shape[:3]
+        n = layer.store.n_slots
+        every = torch.cat([layer.keys, keys], dim=2).float().flatten(0, 1).transpose(-1, -2)  # [b*hkv,d,keys]
         own = torch.arange(m, device=keys.device)
+        # one block of logits, reused: a fresh one costs several times its product and softmax in page
+        # faults on a CPU, so each is written in place (the same values as fresh tensors)
+        buffer = every.new_empty(b * query.shape[1] * min(self.block, m) * (n + m))
         best = None
         for a in range(0, m, self.block):
             last = min(a + self.block, m)
             q = group_queries(query[:, :, a:last], hkv).float()
-            # scaled in place: a fresh block of logits costs ~10x the multiply in page faults on a CPU
-            logits = torch.einsum("bhgqd,bhkd->bhgqk", q, every[:, :, : n + last]).mul_(scaling)
-            logits = softcap_logits(logits, layer.spec.softcap)
+            shape = torch.Size((*q.shape[:-1], n + last))
+            flat = buffer[: shape.numel()].view(b * hkv, -1, n + last)  # a group's queries: one product
+            logits = torch.bmm(q.flatten(0, 1).flatten(1, 2), every[..., : n + last], out=flat).view(shape)
+            logits = softcap_logits(logits.mul_(scaling), layer.spec.softcap)
             logits[..., n + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
-            probs = logits.softmax(dim=-1)[..., :n]  # [b, hkv, group, block, prompt]
+            probs = torch.softmax(logits, dim=-1, out=logits)[..., :n]  # [b, hkv, group, block, prompt]
             part = probs.amax(3) if self.agg_task == "max" else probs.sum(3)
             if best is None:
                 best = part
