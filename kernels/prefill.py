@@ -21,6 +21,52 @@ def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query.view(b, kv_heads, hq // kv_heads, q, d)
 
 
+def grouped_logits(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    scaling: float,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Scaled, soft-capped (:func:`softcap_logits`) logits ``q k^T * scaling`` of grouped queries.
+
+    One batched product per KV head with its group's queries as rows (a product broadcast over the
+    group copies the keys once per query head), scaled and soft-capped in place (out of place where
+    autograd records it). On a CPU a fresh block of logits costs about its product again in page
+    faults: a loop over query blocks passes one ``out`` buffer for all of them.
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        ``[batch, kv_heads, group, q, head_dim]`` float32 (:func:`group_queries`).
+    keys : torch.Tensor
+        ``[batch, kv_heads, keys, head_dim]`` float32 (a slice along ``keys`` is read without a copy).
+    scaling : float
+        Softmax scale.
+    softcap : float | None
+        Logit soft-cap ``c``, or None.
+    out : torch.Tensor | None
+        A float32 buffer of at least ``batch x q_heads x q x keys`` elements (any shape) to write
+        into, or None for a new tensor.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, kv_heads, group, q, keys]`` float32, equal to ``einsum("bhgqd,bhkd->bhgqk")`` times
+        ``scaling``, soft-capped.
+    """
+    b, h, g, q, d = query.shape
+    shape = torch.Size((b, h, g, q, keys.shape[2]))
+    rows, cols = query.reshape(b * h, g * q, d), keys.flatten(0, 1).mT
+    flat = None if out is None else out.view(-1)[: shape.numel()].view(b * h, g * q, -1)
+    logits = torch.bmm(rows, cols, out=flat).view(shape).mul_(scaling)
+    if softcap is None:
+        return logits
+    if logits.requires_grad:  # a backward needs tanh's output (KVgrad's probe forwards)
+        return softcap_logits(logits, softcap)
+    return logits.div_(softcap).tanh_().mul_(softcap)
+
+
 def prefill_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -66,6 +112,8 @@ def prefill_attention(
     b, hq = query.shape[:2]
     hkv = key.shape[1]
     out = torch.empty((b, hq, length, value.shape[-1]), dtype=query.dtype, device=query.device)
+    widest = min(length, chunk + (length if window is None else window - 1))  # a chunk's keys at most
+    buffer = torch.empty(b * hq * min(chunk, length) * widest, device=query.device, dtype=torch.float32)
     for start in range(0, length, chunk):
         stop = min(start + chunk, length)
         lo = 0 if window is None else max(0, start - window + 1)
@@ -75,9 +123,8 @@ def prefill_attention(
         if window is not None:
             allowed &= k_pos > q_pos - window
         q = group_queries(query[:, :, start:stop], hkv).float()
-        logits = torch.einsum("bhgqd,bhkd->bhgqk", q, key[:, :, lo:stop].float()).mul_(scaling)
-        logits = softcap_logits(logits, softcap).masked_fill_(~allowed, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
+        logits = grouped_logits(q, key[:, :, lo:stop].float(), scaling, softcap, out=buffer)
+        probs = torch.softmax(logits.masked_fill_(~allowed, float("-inf")), dim=-1, out=logits)
         rows = torch.einsum("bhgqk,bhkd->bhgqd", probs, value[:, :, lo:stop].float())
         out[:, :, start:stop] = rows.reshape(b, hq, stop - start, -1).to(query.dtype)
     return out

@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from kernels.prefill import group_queries, softcap_logits
+from kernels.prefill import group_queries, grouped_logits
 from methods.checks import option
 from methods.probing import Probe, Probing
 from methods.seam.contract import CompressionMethod
@@ -178,19 +178,14 @@ class KVCompose(Probing, CompressionMethod):
         ``scores`` field ``[batch, kv_heads, prompt]`` float32."""
         b, hkv, m = keys.shape[:3]
         n = layer.store.n_slots
-        every = torch.cat([layer.keys, keys], dim=2).float().flatten(0, 1).transpose(-1, -2)  # [b*hkv,d,keys]
+        every = torch.cat([layer.keys, keys], dim=2).float()
         own = torch.arange(m, device=keys.device)
-        # one block of logits, reused: a fresh one costs several times its product and softmax in page
-        # faults on a CPU, so each is written in place (the same values as fresh tensors)
-        buffer = every.new_empty(b * query.shape[1] * min(self.block, m) * (n + m))
+        buffer = every.new_empty(b * query.shape[1] * min(self.block, m) * (n + m))  # every block's logits
         best = None
         for a in range(0, m, self.block):
             last = min(a + self.block, m)
             q = group_queries(query[:, :, a:last], hkv).float()
-            shape = torch.Size((*q.shape[:-1], n + last))
-            flat = buffer[: shape.numel()].view(b * hkv, -1, n + last)  # a group's queries: one product
-            logits = torch.bmm(q.flatten(0, 1).flatten(1, 2), every[..., : n + last], out=flat).view(shape)
-            logits = softcap_logits(logits.mul_(scaling), layer.spec.softcap)
+            logits = grouped_logits(q, every[:, :, : n + last], scaling, layer.spec.softcap, out=buffer)
             logits[..., n + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
             probs = torch.softmax(logits, dim=-1, out=logits)[..., :n]  # [b, hkv, group, block, prompt]
             part = probs.amax(3) if self.agg_task == "max" else probs.sum(3)

@@ -29,7 +29,7 @@ from typing import ClassVar
 
 import torch
 
-from kernels.prefill import group_queries, softcap_logits
+from kernels.prefill import group_queries, grouped_logits
 from methods.checks import option
 from methods.criticalkv import output_norm
 from methods.probing import Probe, Probing
@@ -234,13 +234,15 @@ class KVzip(Probing, CompressionMethod):
         cached = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, start:stop], keys], dim=2).float()
         context = cached.shape[2] - n  # the sinks and the span; the chunk's own keys follow
         own = torch.arange(n, device=keys.device)
+        buffer = cached.new_empty(query.shape[0] * query.shape[1] * min(512, n) * cached.shape[2])
         for a in range(0, n, 512):
             q, last = group_queries(query[:, :, a : a + 512], hkv).float(), min(a + 512, n)
             # keys up to the block's last query: the chunk's later tokens take no part in any softmax
-            logits = torch.einsum("bhgqd,bhkd->bhgqk", q, cached[:, :, : context + last]).mul_(scaling)
-            logits = softcap_logits(logits, layer.spec.softcap)
+            logits = grouped_logits(
+                q, cached[:, :, : context + last], scaling, layer.spec.softcap, out=buffer
+            )
             logits[..., context + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
-            yield a, last, torch.log_softmax(logits, dim=-1)[..., sink:context]
+            yield a, last, torch.log_softmax(logits, dim=-1, out=logits)[..., sink:context]
 
     def plus_weights(
         self, layer: CompressedLayer, start: int, stop: int, hidden_norm: torch.Tensor | None

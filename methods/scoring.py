@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.prefill import group_queries, softcap_logits
+from kernels.prefill import group_queries, grouped_logits, softcap_logits
 from methods.score_memo import lookup, remember
 
 __all__ = [
@@ -60,8 +60,7 @@ def window_logits(
     length = keys.shape[-2]
     w = min(window, length)
     q = group_queries(query[:, :, length - w :], keys.shape[1]).float()
-    logits = softcap_logits(torch.einsum("bhgqd,bhkd->bhgqk", q, keys.float()).mul_(scaling), softcap)
-    return mask_future_block_(logits, length - w)
+    return mask_future_block_(grouped_logits(q, keys.float(), scaling, softcap), length - w)
 
 
 def window_attention(
@@ -154,14 +153,13 @@ def causal_column_sums(
     if (shared := lookup(query, keys, row_weights, args)) is not None:  # a grid's earlier setting
         return shared
     b, hkv, length, _ = keys.shape
-    q = group_queries(query, hkv)
+    q, k = group_queries(query, hkv), keys.float()
     out = torch.zeros((b, hkv, length), dtype=torch.float32, device=keys.device)
+    buffer = k.new_empty(b * query.shape[1] * min(chunk, length) * length)  # every chunk's logits
     for start in range(0, length, chunk):
         stop = min(start + chunk, length)
-        logits = torch.einsum("bhgqd,bhkd->bhgqk", q[:, :, :, start:stop].float(), keys[:, :, :stop].float())
-        logits = softcap_logits(logits.mul_(scaling), softcap)
-        mask_future_block_(logits, start)
-        probs = torch.softmax(logits, dim=-1)
+        logits = grouped_logits(q[:, :, :, start:stop].float(), k[:, :, :stop], scaling, softcap, out=buffer)
+        probs = torch.softmax(mask_future_block_(logits, start), dim=-1, out=logits)
         if row_weights is None:
             out[..., :stop] += probs.sum(dim=3).mean(dim=2)
         else:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kernels.prefill import group_queries, softcap_logits
+from kernels.prefill import group_queries, grouped_logits
 from methods.probing import Probe
 from methods.seam.architecture import attention_modules
 from methods.seam.cache import CompressedCache
@@ -83,7 +83,7 @@ def probe_attention(
                 q.flatten(1, 2), keys, values, attn_mask=mask, scale=scaling, enable_gqa=True
             )
         else:
-            logits = softcap_logits(torch.einsum("bhgqd,bhkd->bhgqk", q, keys) * scaling, spec.softcap)
+            logits = grouped_logits(q, keys, scaling, spec.softcap)
             chunk = torch.einsum("bhgqk,bhkd->bhgqd", (logits + mask[:, :, None]).softmax(dim=-1), values)
         out[:, :, start:stop] = chunk.reshape(b, -1, stop - start, values.shape[-1]).to(query.dtype)
     return out
