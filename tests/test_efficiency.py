@@ -15,7 +15,8 @@ from methods.seam.architecture import layer_specs
 from methods.seam.step import prefill_step
 from runners.generation.greedy import greedy_generate
 from runners.measure.efficiency import measure, summarise
-from runners.measure.oom import OOM_EXIT, Probe, largest_fitting, run_capped
+from runners.measure.oom import largest_fitting
+from runners.measure.oom_probe import OOM_EXIT, Probe, run_capped
 from runners.measure.timing import Decoder, TimedRun, timed_generate
 from runners.setup.options import EfficiencyOptions
 from tests.conftest import REPO
@@ -179,8 +180,8 @@ def test_bisection_stops_on_a_non_oom_failure():
 
 
 def test_capped_child_reports_oom_not_a_crash():
-    """A child that fails to allocate under RLIMIT_AS exits OOM_EXIT (as ``python -m runners.measure.oom``
-    does); a child killed by a signal also counts as oom; an ordinary failure is an error."""
+    """A child that fails to allocate under RLIMIT_AS exits OOM_EXIT (as a probe's child does); a
+    child killed by a signal also counts as oom; an ordinary failure is an error."""
     alloc = (
         "import sys\ntry:\n    b = bytearray(8 * 2**30)\nexcept MemoryError as e:\n"
         f"    print('MemoryError', file=sys.stderr); sys.exit({OOM_EXIT})\n"

@@ -1,7 +1,7 @@
 """OOM thresholds (``runner=oom``): the largest batch, or the longest prompt, of one method that
 fits a memory cap, found by bisection. An OOM is a recorded outcome of a probe, never a crash.
 
-- CPU: each probe runs in a child process (``python -m runners.measure.oom``) whose address space is
+- CPU: each probe runs in a child process (``runners.measure.oom_probe``) whose address space is
   capped with ``RLIMIT_AS`` (``runner.memory_cap_gb``); the child exits ``3`` on an allocation
   failure, and a child killed by a signal (the kernel OOM killer, an abort on ``bad_alloc``) also
   counts as ``oom``.
@@ -20,41 +20,23 @@ the child). KeepKV Table 1's throughput at the largest batch a method fits.
 
 from __future__ import annotations
 
-import gc
-import json
-import resource
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
-from omegaconf import OmegaConf
 
 from runners.measure.efficiency import measure, start_synthetic_run
-from runners.output.record import failure, is_oom, new_record, recording
+from runners.measure.oom_probe import Probe, check_cap_leaves_room, cpu_probe, cuda_probe
+from runners.output.record import new_record, recording
 from runners.setup.budget import resolve_budget
-from runners.setup.build import build_method, run_budget
+from runners.setup.build import run_budget
 from runners.setup.options import EfficiencyOptions, OomOptions
-from runners.setup.quant_kind import storage_of
-from runners.setup.settings import RunSettings, check_device, read_settings
+from runners.setup.settings import RunSettings, check_device
 from tasks.errors import KVBenchError
 from tasks.generators.fit import bisect_fitting
 
 SEARCHES = ("batch", "context")
 OOM_EXIT = 3
-
-
-@dataclass
-class Probe:
-    """One tried value: ``outcome`` is ``ok``, ``oom`` or ``error`` (``detail`` says why)."""
-
-    value: int
-    outcome: str
-    detail: str = ""
-    seconds: float = 0.0
 
 
 def largest_fitting(fits: Callable[[int], Probe], low: int, high: int) -> tuple[int | None, list[Probe]]:
@@ -102,101 +84,6 @@ def probe_shape(r: OomOptions, search: str, value: int) -> tuple[int, int]:
     """``(batch, prompt_len)`` of a probe at ``value`` of the searched quantity (``r``: the runner's
     options)."""
     return (value, r.prompt_len) if search == "batch" else (r.batch_size, value)
-
-
-def run_probe(
-    settings: RunSettings, batch: int, prompt_len: int, model: torch.nn.Module | None = None
-) -> None:
-    """One measurement shape (raises on OOM). Loads the model unless given."""
-    from runners.measure.timing import synthetic_prompts, timed_generate
-    from runners.models.loading import load_model
-
-    method = build_method(settings)
-    storage = storage_of(settings, method)
-    model = model if model is not None else load_model(settings.model, "cpu")
-    budget = resolve_budget(
-        None if not method.traits.budget_applies else settings.budget,
-        prompt_len,
-        settings.model.max_context,
-        settings.budget_unit,
-    )
-    r = settings.runner
-    steps = r.probe_steps if r.probe_steps is not None else r.gen_len - 1
-    ids = synthetic_prompts(model.config.vocab_size, batch, prompt_len, settings.seed).to(model.device)
-    timed_generate(model, ids, method, budget, steps, storage=storage)
-
-
-def run_capped(argv: list[str], cap_bytes: int, timeout: float) -> tuple[str, str]:
-    """Run a child process under an address-space cap of ``cap_bytes``; ``(outcome, detail)``.
-
-    Outcome ``ok`` (exit 0), ``oom`` (exit ``OOM_EXIT``, or killed by a signal: the OOM killer, an
-    abort on ``bad_alloc``) or ``error`` (any other exit, or the timeout); detail is the last line
-    the child wrote to stderr.
-    """
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
-
-    try:
-        proc = subprocess.run(argv, preexec_fn=limit, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "error", f"probe exceeded {timeout:.0f} s"
-    tail = (proc.stderr.strip().splitlines() or [""])[-1][:300]
-    if proc.returncode == 0:
-        return "ok", ""
-    if proc.returncode == OOM_EXIT or (proc.returncode == 1 and tail.startswith("MemoryError")):
-        return "oom", tail  # the child's own verdict, or a MemoryError before it could give one
-    if proc.returncode < 0:
-        return "oom", f"killed by {signal.Signals(-proc.returncode).name}: {tail}"
-    return "error", tail
-
-
-def check_cap_leaves_room(settings: RunSettings, cap_bytes: int, timeout: float) -> None:
-    """Start a capped child that only imports KVBench and loads the model: a cap below that is not
-    an OOM threshold of the method but a cap too small to measure anything.
-
-    Raises
-    ------
-    KVBenchError
-        If the child fails under the cap (naming the cap and the child's last line).
-    """
-    payload = json.dumps({"cfg": OmegaConf.to_container(settings.config, resolve=True), "load_only": True})
-    outcome, detail = run_capped([sys.executable, "-m", "runners.measure.oom", payload], cap_bytes, timeout)
-    if outcome != "ok":
-        raise KVBenchError(
-            f"runner.memory_cap_gb={settings.runner.memory_cap_gb} leaves no room to start: importing "
-            f"KVBench and loading {settings.model.name} under the cap failed "
-            f"({outcome}: {detail or 'no message'}); raise the cap"
-        )
-
-
-def cpu_probe(settings: RunSettings, batch: int, prompt_len: int, cap_bytes: int, timeout: float) -> Probe:
-    """Run one probe in a child process (``python -m runners.measure.oom``, which reads the run's
-    config at its own door) under ``cap_bytes``."""
-    value = batch if settings.runner.search == "batch" else prompt_len
-    payload = json.dumps(
-        {"cfg": OmegaConf.to_container(settings.config, resolve=True), "batch": batch, "prompt": prompt_len}
-    )
-    start = time.perf_counter()
-    outcome, detail = run_capped([sys.executable, "-m", "runners.measure.oom", payload], cap_bytes, timeout)
-    return Probe(value, outcome, detail, time.perf_counter() - start)
-
-
-def cuda_probe(settings: RunSettings, model: torch.nn.Module, batch: int, prompt_len: int) -> Probe:
-    """Run one probe on the CUDA device of ``model`` in this process."""
-    value = batch if settings.runner.search == "batch" else prompt_len
-    start = time.perf_counter()
-    try:
-        run_probe(settings, batch, prompt_len, model)
-        outcome, detail = "ok", ""
-    except Exception as err:
-        result = failure(err)
-        if result["status"] != "oom":
-            return Probe(value, "error", result["error"], time.perf_counter() - start)
-        outcome, detail = "oom", result["error"][:300]
-    gc.collect()
-    torch.cuda.empty_cache()
-    return Probe(value, outcome, detail, time.perf_counter() - start)
 
 
 def check_search(settings: RunSettings) -> None:
@@ -319,25 +206,3 @@ def run_oom(settings: RunSettings) -> dict:
         )
     print(f"{method.label}: largest {r.search} that fits = {threshold}")
     return record
-
-
-def _child(payload: str) -> int:
-    """Child-process entry of a CPU probe, the door of its run's config: exit 0 (fits), ``OOM_EXIT``
-    (allocation failed) or 1."""
-    args = json.loads(payload)
-    cfg = OmegaConf.create(args["cfg"])
-    try:
-        if args.get("load_only"):
-            from runners.models.loading import load_model
-
-            load_model(cfg.model, "cpu")
-            return 0
-        run_probe(read_settings(cfg), args["batch"], args["prompt"])
-    except Exception as err:
-        print(f"{type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
-        return OOM_EXIT if is_oom(err) else 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))
