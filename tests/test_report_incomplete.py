@@ -15,9 +15,9 @@ from reports.experiment import build
 from reports.runs import Filters
 from runners.results.sharded import ShardedStore, whole_run_id, with_shard
 from runners.results.store import ResultStore
+from tests.experiment_fixtures import fill
 from tests.report_fixtures import config, efficiency_runs, niah_runs, quality_runs, write_run
 from tests.ruler_fixtures import ruler_config, ruler_runs
-from tests.test_experiment_reports import fill
 
 LEFT_OUT = "left out, incomplete"
 

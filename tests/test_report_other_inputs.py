@@ -17,6 +17,7 @@ from reports.runs import Filters
 from reports.summary import render
 from reports.tables import runs_table
 from runners.results.store import ResultStore
+from tests.experiment_fixtures import fill
 from tests.pairing_fixtures import rerun_on_other_inputs
 from tests.report_fixtures import (
     N_SAMPLES,
@@ -27,7 +28,6 @@ from tests.report_fixtures import (
     write_run,
 )
 from tests.ruler_fixtures import ruler_runs
-from tests.test_experiment_reports import fill
 
 ALSO = "also run on other inputs"
 

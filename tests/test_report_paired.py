@@ -262,7 +262,7 @@ def test_every_report_that_compares_methods_shows_the_same_paired_differences(tm
 def test_experiment_table_lists_each_cells_paired_difference(tmp_path):
     from reports.experiment import build
     from runners.sweeps.experiment_jobs import sweep_jobs
-    from tests.test_experiment_reports import fixture_record
+    from tests.experiment_fixtures import fixture_record
 
     base, jobs = sweep_jobs("zsmerge_table2", "smoke")
     store = ResultStore(tmp_path / "store")

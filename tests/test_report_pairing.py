@@ -18,9 +18,9 @@ from reports.runs import MIN_N, Filters, mean_interval
 from reports.summary import render
 from runners.results.store import ResultStore
 from runners.sweeps.experiment_jobs import sweep_jobs
+from tests.experiment_fixtures import fill
 from tests.pairing_fixtures import KVMERGER_KEPT, UNEQUAL_SCORES, unequal_niah_runs, unequal_store
 from tests.report_fixtures import efficiency_runs
-from tests.test_experiment_reports import fill
 
 #: FullKV's mean on the samples the methods ran (ids 0 and 1), and on all three.
 PAIRED_FULLKV = (UNEQUAL_SCORES["fullkv"]["0"] + UNEQUAL_SCORES["fullkv"]["1"]) / 2
@@ -166,7 +166,7 @@ def test_budget_axis_stays_in_range_at_two_samples(store, tmp_path):
 
 
 def test_budget_band_is_clipped_at_the_metric_maximum(tmp_path):
-    from tests.test_experiment_reports import write_quality
+    from tests.experiment_fixtures import write_quality
 
     store = ResultStore(tmp_path)
     write_quality(store, "f", "fullkv", None, [100.0] * 6)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runners.results.store import ResultStore
-from tests.test_experiment_reports import write_quality
+from tests.experiment_fixtures import write_quality
 
 
 def test_reports_cli_writes_the_summary_and_rejects_unknown_experiments(tmp_path, capsys):
