@@ -8,11 +8,9 @@ Order of work (bad input fails before anything expensive): the settings, checked
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 
-import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
@@ -25,12 +23,7 @@ from methods.seam.uniform import SlotStore
 from runners.generation.batched import decode_rows, start_row
 from runners.generation.greedy import GenerationResult, Row, eos_token_ids
 from runners.models.loading import load_model
-from runners.output.environment import (
-    peak_device_bytes,
-    peak_rss_bytes,
-    process_peak_device_bytes,
-    process_peak_rss_bytes,
-)
+from runners.output.quality_record import close_record, prediction_row
 from runners.output.record import new_record, recording, run_config, stored_run
 from runners.output.summary_table import print_summary
 from runners.setup.budget import resolve_budget
@@ -164,62 +157,6 @@ def question_tokens(tokenizer, task: Task, samples: list, prompts: list, starts:
     return out
 
 
-def _efficiency(results: list[GenerationResult], prompt_lens: list[int], device: torch.device) -> dict:
-    prefill_s = sum(r.prefill_seconds for r in results)
-    steps = [s for r in results for s in r.step_seconds]
-    n = len(results)
-    kept_fractions = [
-        [s / r.prefill_tokens for s in r.prefill_slots] for r in results
-    ]  # of the tokens the prefill compressed (the context of a query-agnostic run)
-    counters = {f"{name}_total": sum(r.counters[name] for r in results) for name in results[0].counters}
-    return counters | {
-        "prefill_seconds_sum": prefill_s,
-        "decode_seconds_sum": sum(steps),
-        "prefill_tokens_per_s": sum(prompt_lens) / prefill_s if prefill_s else None,
-        "decode_tokens_per_s": len(steps) / sum(steps) if steps else None,
-        "decode_step_ms_median": 1000 * statistics.median(steps) if steps else None,
-        "prompt_tokens_mean": sum(prompt_lens) / n,
-        "generated_tokens_mean": sum(len(r.tokens) for r in results) / n,
-        "budget_slots_mean": (sum(r.budget for r in results) / n) if results[0].budget is not None else None,
-        "kv_bytes_end_mean": sum(r.kv_bytes for r in results) / n,
-        "allocated_bytes_end_mean": sum(r.allocated_bytes for r in results) / n,
-        "fullkv_bytes_end_mean": sum(r.fullkv_bytes for r in results) / n,
-        "kv_fraction_of_fullkv": sum(r.kv_bytes for r in results) / sum(r.fullkv_bytes for r in results),
-        "state_bytes_end_mean": sum(r.state_bytes for r in results) / n,
-        "prefill_kept_fraction": sum(sum(kept) / len(kept) for kept in kept_fractions) / n,
-        "prefill_kept_fraction_per_layer": [sum(col) / n for col in zip(*kept_fractions, strict=True)],
-        # slots per KV head after the prefill, over every layer and sample: the heads' spread
-        "prefill_head_slots_min": min(s[0] for r in results for s in r.prefill_head_slots),
-        "prefill_head_slots_mean": statistics.fmean(s[1] for r in results for s in r.prefill_head_slots),
-        "prefill_head_slots_max": max(s[2] for r in results for s in r.prefill_head_slots),
-        "peak_rss_bytes": peak_rss_bytes(),
-        "peak_rss_process_bytes": process_peak_rss_bytes(),
-        "peak_device_bytes": peak_device_bytes(device),
-        "peak_device_process_bytes": process_peak_device_bytes(device),
-    }
-
-
-def prediction_row(tokenizer, sample, ids: torch.Tensor, start: int | None, res: GenerationResult) -> dict:
-    """The line a quality run stores for one sample (``predictions.jsonl``)."""
-    return {
-        "id": sample.id,
-        "prediction": tokenizer.decode(res.tokens, skip_special_tokens=True).strip(),
-        "references": sample.references,
-        "meta": sample.meta,
-        "prompt_tokens": ids.shape[1],
-        "question_start": start,
-        "generated_tokens": len(res.tokens),
-        "budget_slots": res.budget,
-        "slots_end": res.slots[0],
-        "kv_bytes_end": res.kv_bytes,
-        "allocated_bytes_end": res.allocated_bytes,
-        "prefill_head_slots": [list(s) for s in res.prefill_head_slots],
-        "fullkv_bytes_end": res.fullkv_bytes,
-        "prefill_seconds": res.prefill_seconds,
-        "decode_seconds": sum(res.step_seconds),
-    }
-
-
 def sample_rows(
     model, tokenizer, task: Task, method: CompressionMethod, samples: list, prompts: list, budgets: list,
     starts: list, eos: set[int], storage: StorageKind = SlotStore,
@@ -237,25 +174,6 @@ def sample_rows(
         )  # fmt: skip
 
     return [(i, begin(i)) for i in range(len(samples))]
-
-
-def close_record(
-    record: dict,
-    task: Task,
-    samples: list,
-    prompts: list,
-    results: list[GenerationResult],
-    predictions: list[dict],
-    device: torch.device,
-) -> None:
-    """Score the predictions (each line gets its ``metrics``) and set the record's status, metrics
-    and efficiency."""
-    metrics, per_sample = task.score([p["prediction"] for p in predictions], samples)
-    for p, m in zip(predictions, per_sample, strict=True):
-        p["metrics"] = m
-    record.update(
-        status="ok", metrics=metrics, efficiency=_efficiency(results, [p.shape[1] for p in prompts], device)
-    )
 
 
 def run_quality(settings: RunSettings) -> dict:

@@ -32,13 +32,12 @@ from methods.seam.storage import StorageKind
 from runners.generation.greedy import GenerationResult, eos_token_ids
 from runners.generation.shared_prefill import shared_generate
 from runners.models.loading import load_model
+from runners.output.quality_record import close_record, prediction_row
 from runners.output.record import claim_run, failure, identify_run, new_record, presets, recording, run_config
 from runners.quality import (
     check_batch_size,
     check_budgets,
     check_lengths,
-    close_record,
-    prediction_row,
     question_starts,
     question_tokens,
     stop_token_ids,
