@@ -32,60 +32,13 @@ import torch
 from kernels.prefill import group_queries, grouped_logits
 from methods.checks import option
 from methods.criticalkv import output_norm
+from methods.kvzip_prompt import ReconstructionPrompt
 from methods.probing import Probe, Probing
 from methods.seam.architecture import UnsupportedArchitectureError
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.plan import budget_share
 from methods.seam.traits import NO_DECODE_RULE, Traits
-from tasks.chat import user_turn
-
-#: The reconstruction instructions (kvpress's ``KVzipPress.prepare``; the official code's, without
-#: its trailing space after "with").
-REPEAT = "\n\nRepeat the previous context exactly."
-RESUME = "\n\nRepeat the part of the previous context exactly, starting with"
-
-
-@dataclass(frozen=True)
-class ReconstructionPrompt:
-    """KVzip's reconstruction prompt as token ids of the model's tokenizer.
-
-    Attributes
-    ----------
-    head : tuple[int, ...]
-        The chat template before the user message (system prompt, user header): a prompt that starts
-        with it has it kept and not reconstructed.
-    repeat, resume : tuple[int, ...]
-        :data:`REPEAT` (first chunk) and :data:`RESUME` (later chunks).
-    tail : tuple[int, ...]
-        The template after the user message (end of turn, generation prompt); ``"\\n"`` without one.
-    """
-
-    head: tuple[int, ...]
-    repeat: tuple[int, ...]
-    resume: tuple[int, ...]
-    tail: tuple[int, ...]
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer, template_kwargs: dict) -> ReconstructionPrompt:
-        """The pieces as kvpress derives them: the template around a dummy message, split where
-        the message is (``tasks.chat.user_turn``).
-
-        Raises
-        ------
-        KVBenchError
-            If the chat template rewrites the user message.
-        """
-        head, tail = "", "\n"
-        if getattr(tokenizer, "chat_template", None) is not None:
-            content = "dummy context"
-            text, tail = user_turn(tokenizer, content, template_kwargs)
-            head = text.split(content)[0]
-
-        def encode(text: str) -> tuple[int, ...]:
-            return tuple(tokenizer.encode(text, add_special_tokens=False))
-
-        return cls(encode(head), encode(REPEAT), encode(RESUME), encode(tail))
 
 
 @dataclass

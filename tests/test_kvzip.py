@@ -11,7 +11,8 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import rotate_half
 
 from methods import FullKV
-from methods.kvzip import KVzip, ReconstructionPrompt
+from methods.kvzip import KVzip
+from methods.kvzip_prompt import ReconstructionPrompt
 from methods.probing import Probe
 from runners.generation.model_run import ModelRun, model_forward
 from runners.generation.probe import ProbeCache

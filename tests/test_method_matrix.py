@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from methods import METHOD_REGISTRY, TOVA, AdaKV, FullKV, KNorm, SnapKV
-from methods.kvzip import ReconstructionPrompt
+from methods.kvzip_prompt import ReconstructionPrompt
 from runners.generation.greedy import greedy_generate
 from tests.conftest import REPO
 from tests.test_less import tiny_kernels
