@@ -11,8 +11,8 @@ import pytest
 from gguf import GGUFEndian, GGUFWriter
 from hydra import compose, initialize_config_dir
 
+from runners.models.gguf_sources import embedded_files
 from runners.models.identity import gguf_identity, gguf_metadata
-from runners.models.sources import embedded_files
 from tasks.errors import KVBenchError
 from tests.conftest import REPO
 

@@ -17,8 +17,10 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from runners.models.gguf_sources import embedded_files
 from runners.models.loading import resolve_model_config
-from runners.models.sources import MODEL_SOURCES, cache_dir, embedded_files, model_identity
+from runners.models.paths import cache_dir
+from runners.models.sources import MODEL_SOURCES, model_identity
 from runners.output.record import new_record, run_config, run_inputs, stored_run
 from runners.results.lock import run_locks
 from runners.results.store import ResultStore, run_id, setting_id

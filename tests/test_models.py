@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from runners.models.loading import load_model, resolve_model_config, validate_model_config
-from runners.models.sources import safe_name
+from runners.models.paths import safe_name
 from tasks.errors import KVBenchError
 from tests.architectures import tiny_family
 from tests.conftest import REPO

@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from methods.seam.architecture import UnsupportedArchitectureError, check_supported, text_config
 from methods.seam.attention import ATTN_IMPLEMENTATION
-from runners.models.sources import MODEL_SOURCES, default_name, safe_name
+from runners.models.paths import safe_name
+from runners.models.sources import MODEL_SOURCES, default_name
 from tasks.chat import check_template_kwargs
 from tasks.errors import KVBenchError
 

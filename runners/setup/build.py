@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from methods import METHOD_REGISTRY, CompressionMethod
 from methods.seam.contract import AssetRequest
 from runners.models.loading import load_tokenizer, resolve_model_config
-from runners.models.sources import MODEL_SOURCES, safe_name
+from runners.models.paths import safe_name
+from runners.models.sources import MODEL_SOURCES
 from runners.setup.budget import validate_budget
 from runners.setup.decode_rule import apply_decode_rule
 from runners.setup.kernel_proof import check_kernels
