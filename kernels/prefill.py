@@ -67,6 +67,14 @@ def grouped_logits(
     return logits.div_(softcap).tanh_().mul_(softcap)
 
 
+def logits_buffer(query: torch.Tensor, rows: int, keys: int) -> torch.Tensor:
+    """A flat float32 buffer for :func:`grouped_logits`' ``out``: ``rows`` queries of every query head
+    of ``query`` ``[batch, q_heads, ...]`` over at most ``keys`` keys, on the query's device."""
+    return torch.empty(
+        query.shape[0] * query.shape[1] * rows * keys, dtype=torch.float32, device=query.device
+    )
+
+
 def prefill_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -113,7 +121,7 @@ def prefill_attention(
     hkv = key.shape[1]
     out = torch.empty((b, hq, length, value.shape[-1]), dtype=query.dtype, device=query.device)
     widest = min(length, chunk + (length if window is None else window - 1))  # a chunk's keys at most
-    buffer = torch.empty(b * hq * min(chunk, length) * widest, device=query.device, dtype=torch.float32)
+    buffer = logits_buffer(query, min(chunk, length), widest)
     for start in range(0, length, chunk):
         stop = min(start + chunk, length)
         lo = 0 if window is None else max(0, start - window + 1)

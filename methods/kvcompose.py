@@ -24,9 +24,10 @@ from typing import ClassVar
 
 import torch
 
-from kernels.prefill import group_queries, grouped_logits
+from kernels.prefill import group_queries, grouped_logits, logits_buffer
 from methods.checks import option
 from methods.probing import Probe, Probing
+from methods.scoring import mask_future_block_
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
 from methods.seam.traits import NO_DECODE_RULE, Traits
@@ -176,17 +177,15 @@ class KVCompose(Probing, CompressionMethod):
         the cached prompt and the re-read's causal part, reduced over the queries (``agg_task``) and the
         group (``agg_group``), times ``||v||`` (``add_v_norm``), plus the heads' mean; written to the
         ``scores`` field ``[batch, kv_heads, prompt]`` float32."""
-        b, hkv, m = keys.shape[:3]
-        n = layer.store.n_slots
+        hkv, n, m = keys.shape[1], layer.store.n_slots, keys.shape[2]
         every = torch.cat([layer.keys, keys], dim=2).float()
-        own = torch.arange(m, device=keys.device)
-        buffer = every.new_empty(b * query.shape[1] * min(self.block, m) * (n + m))  # every block's logits
+        buffer = logits_buffer(query, min(self.block, m), n + m)  # every block's logits
         best = None
         for a in range(0, m, self.block):
             last = min(a + self.block, m)
             q = group_queries(query[:, :, a:last], hkv).float()
             logits = grouped_logits(q, every[:, :, : n + last], scaling, layer.spec.softcap, out=buffer)
-            logits[..., n + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
+            mask_future_block_(logits, n + a)  # the re-read's own keys after each query
             probs = torch.softmax(logits, dim=-1, out=logits)[..., :n]  # [b, hkv, group, block, prompt]
             part = probs.amax(3) if self.agg_task == "max" else probs.sum(3)
             if best is None:

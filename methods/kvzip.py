@@ -29,11 +29,12 @@ from typing import ClassVar
 
 import torch
 
-from kernels.prefill import group_queries, grouped_logits
+from kernels.prefill import group_queries, grouped_logits, logits_buffer
 from methods.checks import option
 from methods.criticalkv import output_norm
 from methods.kvzip_prompt import ReconstructionPrompt
 from methods.probing import Probe, Probing
+from methods.scoring import mask_future_block_
 from methods.seam.architecture import UnsupportedArchitectureError
 from methods.seam.contract import CompressionMethod
 from methods.seam.layer import CompressedLayer
@@ -186,15 +187,14 @@ class KVzip(Probing, CompressionMethod):
         sink, n, hkv = min(self.n_sink, start), keys.shape[2], keys.shape[1]
         cached = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, start:stop], keys], dim=2).float()
         context = cached.shape[2] - n  # the sinks and the span; the chunk's own keys follow
-        own = torch.arange(n, device=keys.device)
-        buffer = cached.new_empty(query.shape[0] * query.shape[1] * min(512, n) * cached.shape[2])
+        buffer = logits_buffer(query, min(512, n), cached.shape[2])
         for a in range(0, n, 512):
             q, last = group_queries(query[:, :, a : a + 512], hkv).float(), min(a + 512, n)
             # keys up to the block's last query: the chunk's later tokens take no part in any softmax
             logits = grouped_logits(
                 q, cached[:, :, : context + last], scaling, layer.spec.softcap, out=buffer
             )
-            logits[..., context + a :].masked_fill_(own[None, a:last] > own[a:last, None], -torch.inf)
+            mask_future_block_(logits, context + a)  # the chunk's own keys after each query
             yield a, last, torch.log_softmax(logits, dim=-1, out=logits)[..., sink:context]
 
     def plus_weights(

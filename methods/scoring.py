@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.prefill import group_queries, grouped_logits, softcap_logits
+from kernels.prefill import group_queries, grouped_logits, logits_buffer, softcap_logits
 from methods.score_memo import lookup, remember
 
 __all__ = [
@@ -155,7 +155,7 @@ def causal_column_sums(
     b, hkv, length, _ = keys.shape
     q, k = group_queries(query, hkv), keys.float()
     out = torch.zeros((b, hkv, length), dtype=torch.float32, device=keys.device)
-    buffer = k.new_empty(b * query.shape[1] * min(chunk, length) * length)  # every chunk's logits
+    buffer = logits_buffer(query, min(chunk, length), length)  # every chunk's logits
     for start in range(0, length, chunk):
         stop = min(start + chunk, length)
         logits = grouped_logits(q[:, :, :, start:stop].float(), k[:, :, :stop], scaling, softcap, out=buffer)
