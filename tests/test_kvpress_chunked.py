@@ -1,6 +1,7 @@
 """Block, Chunk, EntropyGatedChunkKV and Finch (kvpress's ``BlockPress``, ``ChunkPress``,
 ``EntropyGatedChunkKVPress``, ``FinchPress``) against references written here from kvpress's rule, in
-the style of ``tests/test_kvpress_methods.py`` (one layer of tiny random tensors, plain loops)."""
+the style of ``tests/test_kvpress_methods.py`` (one layer of tiny random tensors, plain loops; helpers:
+``tests/press_fixtures.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from methods import METHOD_REGISTRY as M
-from tests.test_kvpress_methods import GROUP, HKV, attention, kept, prefilled, tensors
+from tests.press_fixtures import GROUP, HKV, attention, kept, prefilled, tensors
 
 
 def keydiff(keys: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from methods import CAM, KNorm, Merging, SnapKV
-from tests.test_kvpress_methods import GROUP, HKV, D, attention, kept, prefilled, tensors
+from tests.press_fixtures import GROUP, HKV, D, attention, kept, prefilled, tensors
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

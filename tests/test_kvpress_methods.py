@@ -1,5 +1,6 @@
-"""ObservedAttention, ChunkKV, DMS, LeverageScore, CurDKV, SimLayerKV, KeyRerotation and LagKV against
-references written here from each rule (the paper's, or kvpress's press where the method is kvpress's).
+"""ObservedAttention, ChunkKV, DMS, PyramidKV, SimLayerKV and LagKV against references written here from
+each rule (the paper's, or kvpress's press where the method is kvpress's; the presses that read pre-RoPE
+keys: test_kvpress_rotary.py).
 
 Each test prefills one layer of tiny random tensors (2 KV heads, 3 query heads each) and compares
 the positions each head keeps with a straightforward implementation of the rule: full attention
@@ -10,54 +11,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotate_half
 
 from methods import (
     DMS,
-    AdaKV,
     ChunkKV,
-    CurDKV,
-    KeyRerotation,
     KNorm,
     LagKV,
-    LeverageScore,
     ObservedAttention,
     SimLayerKV,
 )
-from methods.seam.architecture import LayerSpec
-from methods.seam.layer import CompressedLayer
-from methods.seam.rope import LayerRotary
-from methods.seam.step import prefill_step
-
-HKV, GROUP, D = 2, 3, 8
-
-
-def tensors(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(keys, values, query)``: ``[1, HKV, n, D]`` twice and ``[1, HKV * GROUP, n, D]``."""
-    gen = torch.Generator().manual_seed(seed)
-    keys, values = torch.randn(1, HKV, n, D, generator=gen), torch.randn(1, HKV, n, D, generator=gen)
-    return keys, values, 2 * torch.randn(1, HKV * GROUP, n, D, generator=gen)
-
-
-def prefilled(method, keys, values, query, budget: int | None, spec: LayerSpec | None = None):
-    """A layer holding ``keys``, ``values`` after ``method``'s prefill under ``budget``."""
-    layer = CompressedLayer(method.traits.state_fill, budget, spec)
-    layer.update(keys, values)
-    prefill_step(method, layer, query, None, None, D**-0.5)
-    return layer
-
-
-def kept(layer) -> list[list[int]]:
-    """Per KV head, the sorted positions held (ragged padding, position -1, left out)."""
-    return [sorted(p for p in layer.store.positions[0, h].tolist() if p >= 0) for h in range(HKV)]
-
-
-def attention(keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-    """Causal softmax attention ``[q_heads, n, n]`` of every query over every key."""
-    n = keys.shape[2]
-    logits = torch.einsum("hqd,hkd->hqk", query[0], keys[0].repeat_interleave(GROUP, 0)) * D**-0.5
-    return torch.softmax(logits.masked_fill(torch.ones(n, n).triu(1).bool(), -torch.inf), -1)
+from tests.press_fixtures import GROUP, HKV, attention, kept, prefilled, tensors
 
 
 @pytest.mark.parametrize("budget", [7, 20])
@@ -189,87 +152,6 @@ def test_dms_evicts_what_scores_below_the_threshold_outside_the_window():
     assert layer.store.head_slots()[0].tolist() == [len(w) for w in want]
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, rotary: LlamaRotaryEmbedding) -> torch.Tensor:
-    """Llama's RoPE of ``x`` ``[..., n, D]`` at ``positions`` ``[n]``."""
-    cos, sin = rotary(x, positions[None])
-    return x * cos[0] + rotate_half(x) * sin[0]
-
-
-def rotary_spec() -> tuple[LayerSpec, LlamaRotaryEmbedding]:
-    config = LlamaConfig(hidden_size=D * HKV * GROUP, num_attention_heads=HKV * GROUP, head_dim=D)
-    emb = LlamaRotaryEmbedding(config)
-    return LayerSpec(rotary=LayerRotary(emb), layer_idx=1), emb
-
-
-def leverage_kept(pre: torch.Tensor, phi: torch.Tensor, budget: int) -> list[list[int]]:
-    """Per KV head, the top ``budget`` leverage scores ``diag(X (X^T X + 1e-2 I)^-1 X^T)`` of the centred
-    pre-RoPE keys ``pre`` ``[1, HKV, n, D]`` sketched by ``phi`` ``[HKV, D, s]`` (explicit inverse,
-    float64)."""
-    want = []
-    for h in range(HKV):
-        x = (pre[0, h] - pre[0, h].mean(0)).double() @ phi[h].double()
-        lev = torch.diag(x @ torch.linalg.inv(x.T @ x + 1e-2 * torch.eye(phi.shape[-1])) @ x.T)
-        want.append(sorted(lev.topk(budget).indices.tolist()))
-    return want
-
-
-@pytest.mark.parametrize("sketch", [4, 48])
-def test_leverage_score_keeps_the_highest_leverage_of_the_pre_rope_keys(sketch):
-    """kvpress ``LeverageScorePress`` (Chari & Van Durme 2025): the pre-RoPE keys centred over the
-    sequence, sketched ``X = (K - mean) Phi``, leverage ``diag(X (X^T X + 1e-2 I)^-1 X^T)`` (an explicit
-    inverse here, in float64), z-scored; the top ``budget`` kept. The layer holds post-RoPE keys."""
-    n, budget = 30, 12
-    pre, values, query = tensors(n, seed=3)
-    spec, emb = rotary_spec()
-    method = LeverageScore(sketch_dimension=sketch, seed=7)
-    layer = prefilled(method, rope(pre, torch.arange(n), emb), values, query, budget, spec)
-    phi = method.sketch(layer, HKV, D, pre.device).double()
-    want = leverage_kept(pre, phi, budget)
-    assert kept(layer) == want
-
-
-def test_leverage_score_without_a_seed_draws_kvpress_sketch_from_the_global_generator():
-    """``seed=None``: the sketch is ``torch.randn(1, kv_heads, head_dim, s) / sqrt(s)`` from torch's global
-    generator at prefill, kvpress's draw: seeded alike, the kept sets are those of that very sketch
-    (and not those of the seeded default)."""
-    n, budget, sketch = 30, 12, 4
-    pre, values, query = tensors(n, seed=3)
-    spec, emb = rotary_spec()
-    torch.manual_seed(11)
-    layer = prefilled(LeverageScore(sketch_dimension=sketch, seed=None), rope(pre, torch.arange(n), emb),
-                      values, query, budget, spec)  # fmt: skip
-    torch.manual_seed(11)
-    phi = (torch.randn(1, HKV, D, sketch) / sketch**0.5)[0].double()  # kvpress's draw
-    want = leverage_kept(pre, phi, budget)
-    assert kept(layer) == want
-    seeded = prefilled(LeverageScore(sketch_dimension=sketch), rope(pre, torch.arange(n), emb),
-                       values, query, budget, spec)  # fmt: skip
-    assert kept(seeded) != want
-
-
-@pytest.mark.parametrize(("n", "leverage_type"), [(45, "kv_product"), (48, "kv_avg")])
-def test_cur_keeps_the_sinks_and_the_best_block_normalised_norms(n, leverage_type):
-    """CurDKV (arXiv 2509.15038; kvpress ``CURPress``): per head, ``||k||^2`` and ``||v||^2`` each divided
-    by their sum over blocks of 16 tokens from token 0 (a shorter last block at n = 45), combined, the
-    first 4 tokens kept, then the best scores; post-RoPE keys (their norms are the pre-RoPE ones)."""
-    budget = 14
-    pre, values, query = tensors(n, seed=5)
-    spec, emb = rotary_spec()
-    layer = prefilled(
-        CurDKV(leverage_type=leverage_type), rope(pre, torch.arange(n), emb), values, query, budget, spec
-    )
-    want = []
-    for h in range(HKV):
-        k2, v2 = pre[0, h].double().square().sum(-1), values[0, h].double().square().sum(-1)
-        for x in (k2, v2):
-            for s in range(0, n, 16):
-                x[s : s + 16] /= x[s : s + 16].sum().clone()
-        score = k2 * v2 if leverage_type == "kv_product" else (k2 + v2) / 2
-        score[:4] = float("inf")
-        want.append(sorted(score.topk(budget).indices.tolist()))
-    assert kept(layer) == want
-
-
 @pytest.mark.parametrize("lazy", [True, False])
 def test_simlayerkv_lazy_layer_keeps_sinks_and_recent_tokens(lazy):
     """SimLayerKV (Zhang et al. 2024; kvpress ``SimLayerKVPress``, ``n_last`` 1): the last query's
@@ -286,23 +168,3 @@ def test_simlayerkv_lazy_layer_keeps_sinks_and_recent_tokens(lazy):
     window = list(range(n_initial)) + list(range(n - n_recent + 1, n))
     assert kept(layer) == [window if lazy else list(range(n))] * HKV
     assert int(layer.scalars.get("lazy_layers", torch.zeros(1)).sum()) == int(lazy)
-
-
-@pytest.mark.parametrize("wrapped", [KNorm(), AdaKV(scorer=KNorm())], ids=["knorm", "adakv_knorm"])
-def test_key_rerotation_turns_the_kept_keys_to_contiguous_positions(wrapped):
-    """kvpress ``KeyRerotationPress``: the wrapped method's tokens, their keys re-rotated to contiguous
-    positions. KVBench's new tokens keep their true positions, so each head's ``k`` kept keys sit at
-    ``n - k .. n - 1`` (every distance to a later query is kvpress's): ``RoPE(k_pre, n - k + rank)``."""
-    n, budget = 40, 10
-    pre, values, query = tensors(n, seed=5)
-    spec, emb = rotary_spec()
-    post = rope(pre, torch.arange(n), emb)
-    alone = kept(prefilled(wrapped, post, values, query, budget, spec))
-    layer = prefilled(KeyRerotation(scorer=wrapped), post, values, query, budget, spec)
-    assert kept(layer) == alone
-    for h in range(HKV):
-        pos = layer.store.positions[0, h]
-        slots = [s for s in pos.argsort().tolist() if pos[s] >= 0]
-        k = len(slots)
-        want = rope(pre[0, h, alone[h]], torch.arange(n - k, n), emb)
-        torch.testing.assert_close(layer.keys[0, h, slots], want, atol=1e-5, rtol=1e-5)

@@ -1,7 +1,7 @@
 """NonCausalAttn, Compactor and CAPKV against references written here from kvpress's rules
 (``non_causal_attention_press.py``, ``compactor_press.py``, ``cap_press.py``): loops over chunks and
 queries, explicit inverses in float64, rotation matrices, on one layer of tiny random tensors (the
-helpers of ``tests/test_kvpress_methods.py``)."""
+helpers of ``tests/press_fixtures.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from methods import Cap, Compactor, NonCausalAttn
-from tests.test_kvpress_methods import GROUP, HKV, D, kept, prefilled, rope, rotary_spec, tensors
+from tests.press_fixtures import GROUP, HKV, D, kept, prefilled, rope, rotary_spec, tensors
 
 
 def chunk_scores(keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor, chunk: int) -> torch.Tensor:
