@@ -26,7 +26,7 @@ from methods.seam.cache import CompressedCache
 from methods.seam.step import decode_step, prefill_step
 from runners.generation.greedy import greedy_generate
 from tests.conftest import REPO
-from tests.test_method_matrix import NEW, prompt
+from tests.method_settings import NEW, prompt
 
 PATTERN = str(REPO / "tests" / "data" / "duo_pattern_2x2.tsv")  # tiny_llama: 2 layers x 2 KV heads
 

@@ -19,7 +19,7 @@ from methods.seam.sliding import sliding_bound
 from runners.generation.greedy import greedy_generate
 from runners.generation.model_run import cache_arguments
 from tests.architectures import FAMILIES, VOCAB, WINDOW, tiny_family
-from tests.test_method_matrix import SETTINGS
+from tests.method_settings import SETTINGS
 
 PROMPT, NEW = 40, 24  # PROMPT > WINDOW; decoding runs far past the window
 #: Every method runs on Llama; the other families run the methods whose code reads what differs between

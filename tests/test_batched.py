@@ -14,7 +14,7 @@ from runners.generation.batched import decode_rows, start_row
 from runners.generation.greedy import greedy_generate
 from runners.generation.rows import RowsCache
 from tests.architectures import FAMILIES, tiny_family
-from tests.test_method_matrix import CASES, build_preset, preset_names
+from tests.method_settings import CASES, build_preset, preset_names
 
 LENGTHS = (40, 57, 33, 64, 48)  # five prompts, all different
 NEW, BUDGET, BATCH = 12, 20, 3
@@ -78,7 +78,7 @@ def test_presets_batched_equal_batch_one_on_every_family(family):
 
 @pytest.mark.parametrize(("name", "kwargs", "budget"), CASES)
 def test_every_registered_method_batched_equals_batch_one(tiny_model, name, kwargs, budget):
-    """Every registered method at a mild and a harsh setting (tests/test_method_matrix.py)."""
+    """Every registered method at a mild and a harsh setting (tests/method_settings.py)."""
     ids = [torch.randint(3, 128, (1, 64), generator=torch.Generator().manual_seed(i)) for i in range(3)]
     own = [greedy_generate(tiny_model, p, METHOD_REGISTRY[name](**kwargs), budget, NEW, set()) for p in ids]
     limits = {"max_new_tokens": [NEW] * 3, "eos_token_ids": [set()] * 3}

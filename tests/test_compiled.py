@@ -19,7 +19,7 @@ from runners.measure.timing import synthetic_prompts
 from runners.results.store import run_identity
 from runners.setup.budget import resolve_budget
 from tests.conftest import REPO
-from tests.test_method_matrix import TINY_PROMPT
+from tests.method_settings import TINY_PROMPT
 
 pytestmark = pytest.mark.integration
 

@@ -98,7 +98,7 @@ def test_defaults_are_the_main_job():
 
 @pytest.mark.parametrize("option", options("method"))
 def test_method_configs_build_registered_methods(option):
-    from tests.test_method_matrix import build_preset  # fills what a user must give (a pattern, ratios)
+    from tests.method_settings import build_preset  # fills what a user must give (a pattern, ratios)
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"method={option}"])

@@ -17,7 +17,7 @@ from runners.generation.greedy import greedy_generate
 from runners.measure.efficiency import measure, summarise
 from runners.measure.timing import Decoder, TimedRun, timed_generate
 from runners.setup.options import EfficiencyOptions
-from tests.test_method_matrix import BYTES_PER_SLOT, SETTINGS
+from tests.method_settings import BYTES_PER_SLOT, SETTINGS
 
 PROMPT, STEPS = 48, 10
 

@@ -15,7 +15,7 @@ from methods import METHOD_REGISTRY, FullKV
 from runners.generation.greedy import greedy_generate
 from tests.architectures import FAMILIES, tiny_family
 from tests.conftest import REPO
-from tests.test_method_matrix import NEW, PROMPT, prompt
+from tests.method_settings import NEW, PROMPT, prompt
 
 
 @pytest.fixture(scope="module")

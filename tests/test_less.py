@@ -8,22 +8,9 @@ import pytest
 import torch
 
 from methods import H2O, LESS, CompressedLayer
-from methods.less.kernels import LessKernels
 from methods.seam.step import prefill_step
 from runners.generation.greedy import greedy_generate
-
-B, HQ, HKV, D, R = 1, 6, 2, 16, 8
-SCALE = D**-0.5
-
-
-def tiny_kernels(layers: int = 2, scale: float = 1.0) -> list[LessKernels]:
-    """Random kernels for the tiny test Llama; ``scale`` sets |D| (0 gives psi = 0: a zero state)."""
-    kernels = [LessKernels(HQ, HKV, D, rank=R, hidden=32) for _ in range(layers)]
-    with torch.no_grad():
-        for k in kernels:
-            k.d.fill_(scale)
-            k.d2.fill_(0.5 * scale)
-    return kernels
+from tests.method_settings import HKV, HQ, SCALE, B, D, R, tiny_kernels
 
 
 def test_feature_maps_are_non_negative_with_gqa_shapes():

@@ -11,7 +11,7 @@ import torch
 from methods import LESS, CompressedLayer
 from methods.less.checkpoints import load_kernel_set
 from methods.less.student import h2o_keep_mask, lambda_keep_mask, student_attention
-from tests.test_less import HKV, HQ, SCALE, D, tiny_kernels
+from tests.method_settings import HKV, HQ, SCALE, D, tiny_kernels
 
 L = 40
 

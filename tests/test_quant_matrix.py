@@ -19,7 +19,7 @@ from methods.quant.quanto import ROW
 from methods.seam.ragged import RaggedStore
 from methods.seam.uniform import SlotStore
 from runners.generation.greedy import greedy_generate
-from tests.test_method_matrix import NEW, PROMPT, SETTINGS, prompt
+from tests.method_settings import NEW, PROMPT, SETTINGS, prompt
 
 HEAD_DIM, KV_HEADS, FP32 = 16, 2, 4
 CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "quant"

@@ -21,7 +21,7 @@ from runners.setup.quant_kind import storage_of
 from runners.setup.settings import read_settings
 from tasks.errors import KVBenchError
 from tests.conftest import REPO
-from tests.test_method_matrix import SETTINGS
+from tests.method_settings import SETTINGS
 
 QUANTS = sorted(p.stem for p in (REPO / "configs" / "quant").glob("*.yaml"))
 

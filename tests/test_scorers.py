@@ -16,7 +16,7 @@ import torch
 from methods import METHOD_REGISTRY
 from methods.random import hashed_uniform
 from runners.generation.greedy import greedy_generate
-from tests.test_method_matrix import NEW, prompt
+from tests.method_settings import NEW, prompt
 
 
 def spied(cls: type, records: dict) -> type:

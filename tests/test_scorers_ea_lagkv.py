@@ -19,7 +19,7 @@ import torch
 
 from methods import METHOD_REGISTRY
 from runners.generation.greedy import greedy_generate
-from tests.test_method_matrix import NEW, prompt
+from tests.method_settings import NEW, prompt
 from tests.test_scorers import generate_spied
 
 

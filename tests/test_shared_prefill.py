@@ -15,7 +15,7 @@ from methods import H2O, FullKV
 from runners.generation.greedy import ModelRun, greedy_generate
 from runners.generation.shared_prefill import shared_generate
 from tests.architectures import tiny_family
-from tests.test_method_matrix import build_preset
+from tests.method_settings import build_preset
 
 PROMPT, QUESTION, NEW = 56, 8, 10
 PRESETS = ("snapkv", "h2o", "streamingllm", "keepkv", "adakv_snapkv", "pyramidkv", "kvzip", "kvzip_layerwise")

@@ -13,7 +13,7 @@ from methods.quant import storage_kind
 from methods.seam.uniform import SlotStore
 from methods.think import KeptChannels, kept_channels
 from runners.generation.greedy import greedy_generate
-from tests.test_method_matrix import NEW, prompt
+from tests.method_settings import NEW, prompt
 
 
 def reference_channels(query: torch.Tensor, keys: torch.Tensor, window: int, ratio: float) -> list[list[set]]:
