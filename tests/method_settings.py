@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from methods import TOVA, AdaKV, KNorm, SnapKV
+from methods import METHOD_REGISTRY, TOVA, AdaKV, KNorm, SnapKV
 from methods.kvzip_prompt import ReconstructionPrompt
 from methods.less.kernels import LessKernels
+from runners.generation.greedy import greedy_generate
 from tests.conftest import REPO
 
 B, HQ, HKV, D, R = 1, 6, 2, 16, 8
@@ -164,3 +165,14 @@ def build_preset(name: str):
     if method.traits.probes:  # what the runners read from the tokenizer (runners.setup.build.build_method)
         method.prompt = TINY_PROMPT
     return method
+
+
+def generate_spied(model, spy, name: str, kwargs: dict, budget: int) -> dict[int, list]:
+    """Generate ``NEW`` tokens with ``spy(METHOD_REGISTRY[name], records)(**kwargs)`` at ``budget``;
+    assert the budget holds after the prefill and every step; return the spy's records."""
+    records: dict[int, list] = {}
+    sizes = []
+    method = spy(METHOD_REGISTRY[name], records)(**kwargs)
+    greedy_generate(model, prompt(4), method, budget, NEW, set(), lambda c: sizes.append(max(c.n_slots)))
+    assert len(sizes) == NEW and max(sizes) <= budget
+    return records

@@ -97,3 +97,7 @@ def rerun_on_other_inputs(
         rerun |= {"curve": [scaled(c) for c in record["curve"]]} if record.get("curve") else {}
     store.write(rerun, predictions)
     return rerun
+
+
+def caption(fig) -> str:
+    return " ".join(" ".join(t.get_text() for t in fig.texts).split())

@@ -5,6 +5,7 @@ efficiency runs with context-growth curves. Scores are seeded random numbers."""
 from __future__ import annotations
 
 import random
+import re
 
 from runners.results.store import ResultStore, run_id
 
@@ -253,3 +254,24 @@ def xsum_scored(store: ResultStore, scores: dict[tuple[str, float | None], dict[
             )
         )
     return out
+
+
+def check_latex(text: str, columns: int) -> None:
+    envs = re.findall(r"\\(begin|end)\{(\w+\*?)\}", text)
+    stack = []
+    for kind, name in envs:
+        if kind == "begin":
+            stack.append(name)
+        else:
+            assert stack.pop() == name
+    assert not stack
+    for rule in ("\\toprule", "\\midrule", "\\bottomrule"):
+        assert text.count(rule) == 1
+    spec = re.search(r"\\begin\{tabular\}\{([lrc]+)\}", text).group(1)
+    assert len(spec) == columns
+    body = text.split("\\toprule")[1].split("\\bottomrule")[0]
+    for line in body.splitlines():
+        if line.endswith("\\\\"):
+            spans = [int(n) for n in re.findall(r"\\multicolumn\{(\d+)\}", line)]
+            cells = line.removesuffix("\\\\").split(" & ")
+            assert len(cells) - len(spans) + sum(spans) == columns, line

@@ -5,7 +5,6 @@ tokenizer, no download), recorded in the run's protocol."""
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
 
 import runners.setup.build
 from runners.models.loading import load_tokenizer
@@ -14,18 +13,9 @@ from tasks.base import Sample, Task
 from tasks.chat import template_kwargs
 from tasks.errors import KVBenchError
 from tasks.ruler import Ruler
-from tests.conftest import DATA_DIR, REPO
+from tests.chat_templates import QWEN3, SMOLLM2
+from tests.conftest import DATA_DIR
 
-#: Qwen3's template, its thinking switch kept (system prompt and tool calls left out).
-QWEN3 = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
-)
-SMOLLM2 = OmegaConf.load(REPO / "configs" / "model" / "smollm2-135m.yaml")
 NO_THINKING = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 

@@ -4,28 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import REPO
-
-
-def run_cli(tmp_path, *overrides: str, data_dir: str | None = None) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "KVBENCH_RESULTS_DIR": str(tmp_path / "results"),
-        "KVBENCH_LOG_DIR": str(tmp_path / "logs"),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-    }
-    if data_dir is not None:
-        env["KVBENCH_DATA_DIR"] = data_dir
-    cmd = [sys.executable, "run.py", "logger=table", "runner.progress=false", *overrides]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+from tests.cli_runs import run_cli
 
 
 def read_only_dir(tmp_path: Path) -> Path:

@@ -81,7 +81,7 @@ def test_every_method_without_a_decode_time_rule_refuses_decode_budget_true_and_
 
     from hydra.utils import instantiate
 
-    from tests.test_failure_records import method_configs
+    from tests.faults import method_configs
 
     model = SimpleNamespace(num_hidden_layers=2, num_key_value_heads=2, num_attention_heads=2)
     docs = (REPO / "docs" / "methods.md").read_text(encoding="utf-8")

@@ -132,7 +132,7 @@ def _legend_texts(fig) -> list[str]:
 
 
 def test_table2_figure_draws_rouge_1_2_l_and_shows_a_failed_method(tmp_path):
-    from tests.test_report_figures import _check_latex
+    from tests.report_fixtures import check_latex
 
     store = ResultStore(tmp_path / "results")
     _, jobs = sweep_jobs("zsmerge_table2", "smoke")
@@ -152,7 +152,7 @@ def test_table2_figure_draws_rouge_1_2_l_and_shows_a_failed_method(tmp_path):
     assert any(t.startswith("ZSMerge (xsum_paper)") for t in texts)
     assert plot.fig.axes[-1].get_legend().get_title().get_text() == "method (preset)"
     tex = (tmp_path / "out" / "zsmerge_table2_smoke.tex").read_text()
-    _check_latex(
+    check_latex(
         tex.split("\n\n")[0] if "\n\n" in tex else tex.split("\\end{table*}")[0] + "\\end{table*}", 1 + 9
     )
 

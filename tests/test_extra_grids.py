@@ -9,8 +9,7 @@ import pytest
 from runners.results.store import ResultStore
 from runners.sweeps.grid_settings import setting_configs
 from tasks.errors import KVBenchError
-from tests.test_run_lock import composed, tiny_quality
-from tests.test_shards import ROWS, lines, run
+from tests.store_runs import ROWS, composed, lines, run, tiny_quality
 
 EXTRA = (
     '{methods:[tova,h2o],budgets:[0.5],overrides:["decode_budget=false"]}',

@@ -14,6 +14,7 @@ from runners.output.record import record_failure
 from runners.results.store import ResultStore, run_config, setting_id, setting_of
 from runners.sweeps.summary import job_setting_id, sweep_counts
 from tests.conftest import REPO
+from tests.faults import method_configs
 
 #: Methods whose traits say the budget does not drive them (``Traits.budget_applies`` False).
 BUDGET_IGNORED = [
@@ -45,24 +46,6 @@ def test_a_failed_run_is_stored_under_its_own_setting_and_counted_failed(tmp_pat
     assert ResultStore(tmp_path / "results").read(rid)["status"] == "error"
     counts = sweep_counts(sweep, tmp_path / "results")
     assert (counts["ok"], counts["failed"], counts["no_record"]) == (0, 1, 0)
-
-
-#: What a method config leaves for the user to give.
-USER_INPUT = {
-    "duo_attention": ["method.pattern=tests/data/duo_pattern_2x2.tsv"],
-    "layer_ratios": ["method.ratios=[1,2]"],
-}
-
-
-def method_configs() -> list[dict]:
-    """Every method config file, resolved, with :data:`USER_INPUT` given."""
-    configs = []
-    for path in sorted((REPO / "configs" / "method").glob("*.yaml")):
-        overrides = USER_INPUT.get(path.stem, [])
-        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=[f"method={path.stem}", *overrides])
-        configs.append(OmegaConf.to_container(cfg.method, resolve=True))
-    return configs
 
 
 def test_the_reports_copy_of_budget_applies_agrees_with_every_method():

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from runners.results.store import ResultStore
+from tests.cli_runs import TINY, multirun, records, sweep_env
 from tests.conftest import REPO
-from tests.test_sweeps import TINY, _env, multirun, records
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def single(
 ) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "run.py", *tiny(*overrides)]
     return subprocess.run(
-        cmd, cwd=REPO, env=_env(tmp_path, data_dir), capture_output=True, text=True, timeout=timeout
+        cmd, cwd=REPO, env=sweep_env(tmp_path, data_dir), capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -71,7 +71,7 @@ def interrupt(tmp_path: Path, data_dir: Path, overrides: list[str], sig: signal.
     the records open), and check that it ends with exit code 130 and a last line ``interrupted``."""
     cmd = [sys.executable, "run.py", *overrides]
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cmd, cwd=REPO, env=sweep_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, preexec_fn=_foreground_signals,
     )  # fmt: skip
     for line in proc.stdout:
@@ -87,7 +87,7 @@ def test_sigkill_of_a_sweep_mid_job_loses_no_finished_run(tmp_path, data_dir):
     sweep = ["method=h2o", "budget=0.1,0.2,0.3", "task.max_new_tokens=48"]
     cmd = [sys.executable, "run.py", "-m", *tiny(*sweep)]
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        cmd, cwd=REPO, env=sweep_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         start_new_session=True, text=True,
     )  # fmt: skip
     runs = tmp_path / "results" / "runs"
@@ -99,7 +99,7 @@ def test_sigkill_of_a_sweep_mid_job_loses_no_finished_run(tmp_path, data_dir):
     assert len(before) == 1 and len(records(tmp_path)) == 1  # the store lists exactly the finished run
     assert not list(runs.glob("*/.record.json.*"))  # no half-written record left behind as a record
     resumed = subprocess.run(
-        [sys.executable, "run.py", "-m", *tiny(*sweep)], cwd=REPO, env=_env(tmp_path, data_dir),
+        [sys.executable, "run.py", "-m", *tiny(*sweep)], cwd=REPO, env=sweep_env(tmp_path, data_dir),
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -122,7 +122,7 @@ def test_ctrl_c_of_a_single_run_records_interrupted_and_a_rerun_repeats_it(tmp_p
 
 
 def test_two_sweeps_and_four_parallel_submitit_jobs_share_one_store(tmp_path, data_dir):
-    env = _env(tmp_path, data_dir)
+    env = sweep_env(tmp_path, data_dir)
     sweeps = [
         ["hydra/launcher=submitit_local", "method=h2o,snapkv,streamingllm,zsmerge", "budget=0.2"],
         ["method=h2o,streamingllm", "budget=0.1"],
@@ -181,7 +181,7 @@ def test_a_truncated_record_is_reported_by_path_and_rerun(tmp_path, data_dir):
     kept_bytes = keep.read_bytes()
     victim.write_bytes(victim.read_bytes()[:100])
     listing = subprocess.run(
-        [sys.executable, "-m", "reports", "runs"], cwd=REPO, env=_env(tmp_path, data_dir),
+        [sys.executable, "-m", "reports", "runs"], cwd=REPO, env=sweep_env(tmp_path, data_dir),
         capture_output=True, text=True,
     )  # fmt: skip
     assert listing.returncode == 0 and "Traceback" not in listing.stderr

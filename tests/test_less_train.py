@@ -106,7 +106,7 @@ def test_training_beats_the_sparse_policy_on_held_out_text(tmp_path, data_dir, m
     with pytest.raises(FileNotFoundError):  # two of 30 layers: the set is not finished
         load_kernel_set(part.parent)
     # The loss curves went to W&B (offline run under paths.results_dir), one history row per epoch.
-    from tests.test_wandb_logger import history_rows, offline_run
+    from tests.wandb_records import history_rows, offline_run
 
     _, by_type = offline_run(tmp_path, record["run_id"])
     epochs = [row for row in history_rows(by_type) if "train_loss/epoch" in row]

@@ -15,8 +15,8 @@ from runners.models.loading import load_model, resolve_model_config, validate_mo
 from runners.models.paths import safe_name
 from tasks.errors import KVBenchError
 from tests.architectures import tiny_family
+from tests.cli_runs import run_cli
 from tests.conftest import REPO
-from tests.test_cli import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 
 from runners.measure.oom import largest_fitting
 from runners.measure.oom_probe import OOM_EXIT, Probe, run_capped
+from tests.cli_runs import run_cli
 from tests.conftest import REPO
-from tests.test_cli import run_cli
 
 
 class FakeAllocator:

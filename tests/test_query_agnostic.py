@@ -11,8 +11,8 @@ import torch
 
 from methods import FullKV
 from runners.generation.greedy import ModelRun, eos_token_ids, greedy_generate
+from tests.generate_reference import hf_greedy
 from tests.method_settings import build_preset
-from tests.test_generate import hf_greedy
 
 CONTEXT, QUESTION, BUDGET = 48, 9, 16
 

@@ -3,8 +3,6 @@ real runs write it: what the figures show is read back from the matplotlib objec
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 from matplotlib.collections import PolyCollection
@@ -14,7 +12,7 @@ from reports.runs import Filters
 from reports.tables import latex, runs_table
 from runners.results.store import ResultStore
 from tasks.errors import KVBenchError
-from tests.report_fixtures import BUDGETS, N_SAMPLES, efficiency_runs, full_store, quality_runs
+from tests.report_fixtures import BUDGETS, N_SAMPLES, check_latex, efficiency_runs, full_store, quality_runs
 
 
 @pytest.fixture
@@ -147,27 +145,6 @@ def test_runs_table_is_compact_and_sorted_by_time(store):
     assert not table.astype(str).apply(lambda c: c.str.contains("nan|<NA>")).any().any()
 
 
-def _check_latex(text: str, columns: int) -> None:
-    envs = re.findall(r"\\(begin|end)\{(\w+\*?)\}", text)
-    stack = []
-    for kind, name in envs:
-        if kind == "begin":
-            stack.append(name)
-        else:
-            assert stack.pop() == name
-    assert not stack
-    for rule in ("\\toprule", "\\midrule", "\\bottomrule"):
-        assert text.count(rule) == 1
-    spec = re.search(r"\\begin\{tabular\}\{([lrc]+)\}", text).group(1)
-    assert len(spec) == columns
-    body = text.split("\\toprule")[1].split("\\bottomrule")[0]
-    for line in body.splitlines():
-        if line.endswith("\\\\"):
-            spans = [int(n) for n in re.findall(r"\\multicolumn\{(\d+)\}", line)]
-            cells = line.removesuffix("\\\\").split(" & ")
-            assert len(cells) - len(spans) + sum(spans) == columns, line
-
-
 def test_latex_has_booktabs_and_multicolumn_groups_per_budget():
     import pandas as pd
 
@@ -176,7 +153,7 @@ def test_latex_has_booktabs_and_multicolumn_groups_per_budget():
         "paper: rouge1 @ 0.2": [30.59, 30.83], "rouge1 @ 0.1": [30.0, 25.0], "rouge2 @ 0.1": [11.0, 9.0],
     })  # fmt: skip
     text = latex(frame, "Table 2: 5% & more")
-    _check_latex(text, 6)
+    check_latex(text, 6)
     assert "\\multicolumn{3}{c}{20\\%}" in text and "\\multicolumn{2}{c}{10\\%}" in text
     assert "\\cmidrule(lr){2-4}" in text and "\\cmidrule(lr){5-6}" in text
     assert "rouge1 (paper)" in text and "H2O\\_x" in text and "5\\% \\& more" in text

@@ -19,7 +19,7 @@ from reports.summary import render
 from runners.results.store import ResultStore
 from runners.sweeps.experiment_jobs import sweep_jobs
 from tests.experiment_fixtures import fill
-from tests.pairing_fixtures import KVMERGER_KEPT, UNEQUAL_SCORES, unequal_niah_runs, unequal_store
+from tests.pairing_fixtures import KVMERGER_KEPT, UNEQUAL_SCORES, caption, unequal_niah_runs, unequal_store
 from tests.report_fixtures import efficiency_runs
 
 #: FullKV's mean on the samples the methods ran (ids 0 and 1), and on all three.
@@ -30,10 +30,6 @@ ALL_FULLKV = sum(UNEQUAL_SCORES["fullkv"].values()) / 3
 @pytest.fixture
 def store(tmp_path) -> ResultStore:
     return unequal_store(tmp_path / "results")
-
-
-def _caption(fig) -> str:
-    return " ".join(" ".join(t.get_text() for t in fig.texts).split())
 
 
 def _not_paired(notes: list[str]) -> list[str]:
@@ -67,7 +63,7 @@ def test_budget_reference_is_fullkv_on_the_same_samples(store):
     assert PAIRED_FULLKV != pytest.approx(ALL_FULLKV)
     (note,) = _not_paired(plot.notes)
     assert "FullKV" in note and "3 samples (ids 0, 1, 2)" in note and "2 samples (ids 0, 1)" in note
-    assert "Not paired (other samples): FullKV on 3 samples" in _caption(plot.fig)
+    assert "Not paired (other samples): FullKV on 3 samples" in caption(plot.fig)
     assert set(plot.data["n"]) == {2}
 
 
@@ -76,7 +72,7 @@ def test_pareto_draws_one_model_one_fullkv_star(store):
     (ax,) = plot.fig.axes
     stars = [line for line in ax.get_lines() if line.get_marker() == "*"]
     assert len(stars) == 1 and list(stars[0].get_ydata()) == [pytest.approx(PAIRED_FULLKV)]
-    assert len(_not_paired(plot.notes)) == 1 and "Not paired" in _caption(plot.fig)
+    assert len(_not_paired(plot.notes)) == 1 and "Not paired" in caption(plot.fig)
 
 
 def test_summary_ranks_on_the_same_samples_and_lists_the_rest(store, tmp_path):
@@ -159,7 +155,7 @@ def test_budget_axis_stays_in_range_at_two_samples(store, tmp_path):
     (plot,) = budget_figure.build(store, Filters(task="xsum"))
     (ax,) = plot.fig.axes
     assert 0.0 <= ax.get_ylim()[0] and ax.get_ylim()[1] <= 102.0  # 2% of room above the range
-    assert f"No interval where n < {MIN_N} samples (smallest n = 2)" in _caption(plot.fig)
+    assert f"No interval where n < {MIN_N} samples (smallest n = 2)" in caption(plot.fig)
     plot.save(tmp_path / "out")
     csv = pd.read_csv(tmp_path / "out" / "budget_xsum_rouge1.csv")
     assert csv["ci_low"].isna().all() and csv["ci_high"].isna().all()

@@ -4,7 +4,6 @@ lock, then skips the finished run; a grid takes the same locks; a crashed holder
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import subprocess
 import sys
@@ -13,15 +12,12 @@ import time
 
 import pytest
 from filelock import FileLock, Timeout
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
 
 from runners.output import record
 from runners.registry import run_from_config
 from runners.results.store import ResultStore
-from tests.architectures import tiny_family
 from tests.conftest import REPO
+from tests.store_runs import composed, tiny_quality
 
 ROW = {"document": "Rain fell on the town all day, and the river rose.", "summary": "Rain.", "id": "1"}
 
@@ -30,31 +26,6 @@ ROW = {"document": "Rain fell on the town all day, and the river rose.", "summar
 def setting(tmp_path_factory, tokenizer) -> list[str]:
     """Overrides of a tiny quality run: a random Llama with the embedded tokenizer, one XSum row."""
     return tiny_quality(tmp_path_factory.mktemp("lock"), tokenizer, [ROW], max_new_tokens=4)
-
-
-def tiny_quality(root, tokenizer, rows: list[dict], max_new_tokens: int) -> list[str]:
-    """Overrides of a quality run of a random Llama with ``tokenizer`` (saved under ``root``) on the
-    XSum ``rows`` (all of them), ``max_new_tokens`` each."""
-    tiny_family("llama", vocab_size=len(tokenizer), max_position_embeddings=4096).save_pretrained(root / "m")
-    tokenizer.save_pretrained(root / "m")
-    (root / "data" / "xsum").mkdir(parents=True)
-    (root / "data" / "xsum" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return ["model=hf", f"model.id={root / 'm'}", f"task.data_dir={root / 'data'}", f"task.limit={len(rows)}",
-            f"task.max_new_tokens={max_new_tokens}", "logger=table", "runner.progress=false"]  # fmt: skip
-
-
-def composed(tmp_path, *overrides: str, monkeypatch=None):
-    """The run config of ``overrides``; with ``monkeypatch``, also Hydra's view of this job (a grid
-    composes its settings from the job's overrides), restored after the test."""
-    overrides = (*overrides, f"paths.results_dir={tmp_path / 'results'}")
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides), return_hydra_config=monkeypatch is not None)
-    if monkeypatch is not None:
-        monkeypatch.setattr(HydraConfig.instance(), "cfg", None)
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            del cfg["hydra"]
-    return cfg
 
 
 def race(monkeypatch, first: tuple[str, object], second: tuple[str, object]) -> tuple[dict, list[str]]:

@@ -18,8 +18,8 @@ from runners.setup.build import load_prompts
 from runners.setup.schema import check_config, check_node
 from tasks.errors import KVBenchError
 from tasks.xsum import XSum
+from tests.chat_templates import SMOLLM2
 from tests.conftest import REPO
-from tests.test_chat_template_kwargs import SMOLLM2
 
 #: (overrides, the error line) of inputs that crashed after "loading model" or ran a wrong value.
 REFUSED = [
@@ -140,7 +140,7 @@ def test_valid_options_pass_and_a_model_bound_waits_for_the_model():
 
 def test_chat_template_kwargs_with_no_chat_template_are_noted(tmp_path, monkeypatch, capsys):
     """``task.chat_template=none`` renders no template: the kwargs do not apply, and the run says so."""
-    from tests.test_chat_template_kwargs import QWEN3
+    from tests.chat_templates import QWEN3
 
     tokenizer = runners.setup.build.load_tokenizer(SMOLLM2)
     tokenizer.chat_template = QWEN3
@@ -161,7 +161,7 @@ def test_a_template_variable_the_template_never_reads_is_refused():
     from types import SimpleNamespace
 
     from tasks.chat import template_kwargs
-    from tests.test_chat_template_kwargs import QWEN3
+    from tests.chat_templates import QWEN3
 
     tokenizer = SimpleNamespace(chat_template=QWEN3)
     assert template_kwargs(tokenizer, {"enable_thinking": True}) == {"enable_thinking": True}

@@ -13,10 +13,8 @@ import math
 import pytest
 import torch
 
-from methods import METHOD_REGISTRY
 from methods.random import hashed_uniform
-from runners.generation.greedy import greedy_generate
-from tests.method_settings import NEW, prompt
+from tests.method_settings import NEW, generate_spied
 
 
 def spied(cls: type, records: dict) -> type:
@@ -48,17 +46,6 @@ def spied(cls: type, records: dict) -> type:
             records[layer.spec.layer_idx][-1].append(layer.store.positions.clone())
 
     return Spy
-
-
-def generate_spied(model, spy, name: str, kwargs: dict, budget: int) -> dict[int, list]:
-    """Generate ``NEW`` tokens with ``spy(METHOD_REGISTRY[name], records)(**kwargs)`` at ``budget``;
-    assert the budget holds after the prefill and every step; return the spy's records."""
-    records: dict[int, list] = {}
-    sizes = []
-    method = spy(METHOD_REGISTRY[name], records)(**kwargs)
-    greedy_generate(model, prompt(4), method, budget, NEW, set(), lambda c: sizes.append(max(c.n_slots)))
-    assert len(sizes) == NEW and max(sizes) <= budget
-    return records
 
 
 def paper_scores(name: str, kwargs: dict, kept: list[list[int]], keys: dict, query, scaling, layer_idx: int):

@@ -19,8 +19,7 @@ import torch
 
 from methods import METHOD_REGISTRY
 from runners.generation.greedy import greedy_generate
-from tests.method_settings import NEW, prompt
-from tests.test_scorers import generate_spied
+from tests.method_settings import NEW, generate_spied, prompt
 
 
 def spied(cls: type, records: dict) -> type:

@@ -15,18 +15,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from reports.__main__ import main as reports_main
-from runners.registry import run_from_config
 from runners.results.sharded import INCOMPLETE, ShardedStore, merge, sharded_view
 from runners.results.store import ResultStore, run_id, setting_id
 from tasks.xsum import rouge_f1
 from tests.conftest import REPO
-from tests.test_run_lock import composed, tiny_quality
+from tests.store_runs import ROWS, lines, run, tiny_quality
 
-ROWS = [
-    {"document": f"Story {i}: rain fell on town {i}; the river rose {i} metres.", "summary": f"Rain {i}.",
-     "id": str(100 + i)} for i in range(5)
-]  # fmt: skip
-TIMINGS = ("prefill_seconds", "decode_seconds")  # the only fields of a line that two runs may differ in
 GRID = ("runner=quality_grid", "runner.methods=[fullkv,snapkv]", "runner.budgets=[0.5]")
 
 
@@ -34,16 +28,6 @@ GRID = ("runner=quality_grid", "runner.methods=[fullkv,snapkv]", "runner.budgets
 def setting(tmp_path_factory, tokenizer) -> list[str]:
     """Overrides of a tiny quality run: a random Llama with the embedded tokenizer, five XSum rows."""
     return tiny_quality(tmp_path_factory.mktemp("shards"), tokenizer, ROWS, max_new_tokens=6)
-
-
-def lines(store: ResultStore, rid: str) -> list[str]:
-    """A run's predictions.jsonl lines without their timings, as stored (key order included)."""
-    text = (store.run_dir(rid) / "predictions.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.dumps({k: v for k, v in json.loads(t).items() if k not in TIMINGS}) for t in text]
-
-
-def run(path, *overrides, monkeypatch=None) -> dict:
-    return run_from_config(composed(path, *overrides, monkeypatch=monkeypatch))
 
 
 @pytest.mark.parametrize("kind", ["quality", "quality_grid"])

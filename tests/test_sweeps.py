@@ -14,32 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runners.results.store import ResultStore
+from tests.cli_runs import TINY, multirun, records, sweep_env
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
-
-TINY = ["task.limit=1", "task.max_new_tokens=4", "logger=table", "runner.progress=false"]
-
-
-def _env(tmp_path: Path, data_dir: Path) -> dict:
-    return os.environ | {
-        "KVBENCH_DATA_DIR": str(data_dir),
-        "KVBENCH_RESULTS_DIR": str(tmp_path / "results"),
-        "KVBENCH_LOG_DIR": str(tmp_path / "logs"),
-        "HYDRA_FULL_ERROR": "1",
-    }
-
-
-def multirun(tmp_path: Path, data_dir: Path, *overrides: str, timeout: int = 600):
-    cmd = [sys.executable, "run.py", "-m", *overrides, *TINY]
-    return subprocess.run(
-        cmd, cwd=REPO, env=_env(tmp_path, data_dir), capture_output=True, text=True, timeout=timeout
-    )
-
-
-def records(tmp_path: Path) -> dict[str, dict]:
-    return {r["run_id"]: r for r in ResultStore(tmp_path / "results").records()}
 
 
 def summary(result: subprocess.CompletedProcess) -> str:
@@ -82,8 +60,8 @@ def test_a_grid_writes_one_record_per_job_keeps_going_past_a_failure_and_a_rerun
 def test_killing_a_sweep_between_jobs_leaves_readable_records_and_it_resumes(tmp_path, data_dir):
     cmd = [sys.executable, "run.py", "-m", "method=h2o", "budget=0.1,0.2,0.3", *TINY]
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=_env(tmp_path, data_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        cmd, cwd=REPO, env=sweep_env(tmp_path, data_dir), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     runs = tmp_path / "results" / "runs"
     deadline = time.time() + 300

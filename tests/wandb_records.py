@@ -8,7 +8,9 @@ blocks of 32 KiB whose chunks (crc32 seeded by the chunk type, length, type: ful
 
 from __future__ import annotations
 
+import json
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,3 +59,33 @@ def read_records(path: str | Path) -> list[wandb_internal_pb2.Record]:
             record.ParseFromString(parts)
             out.append(record)
     return out
+
+
+def offline_run(wandb_dir: Path, rid: str) -> tuple[Path, dict[str, list]]:
+    """The offline run directory of run ``rid`` and its transaction-log records by type. wandb's
+    service process may still be writing the log when ``run.finish()`` returns: the log is read
+    until it holds the run's ``exit`` record (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while True:
+        dirs = list((wandb_dir / "wandb").glob(f"offline-run-*-{rid}"))
+        try:
+            records = read_records(dirs[0] / f"run-{rid}.wandb") if len(dirs) == 1 else []
+        except (OSError, ValueError):  # not there yet, or a chunk half written
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    (run_dir,) = dirs
+    by_type: dict[str, list] = {}
+    for rec in records:
+        kind = rec.WhichOneof("record_type")
+        by_type.setdefault(kind, []).append(getattr(rec, kind))
+    return run_dir, by_type
+
+
+def history_rows(by_type: dict[str, list]) -> list[dict]:
+    """Each history step as ``{"a/b": value}`` (values decoded from JSON)."""
+    return [
+        {"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in step.item}
+        for step in by_type.get("history", [])
+    ]
