@@ -1,4 +1,5 @@
-"""Fault injectors the fault-injection suite (tests/test_faults.py) plugs into real runs."""
+"""Fault injectors the fault-injection suite (tests/test_faults.py) plugs into real runs, and every
+method config resolved with what a user must give (:func:`method_configs`)."""
 
 from __future__ import annotations
 

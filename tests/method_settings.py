@@ -1,6 +1,7 @@
 """What the method tests share on the tiny random Llama (2 layers, 6 query / 2 KV heads, head_dim 16):
 every registered method's mild and harsh settings (``SETTINGS``, ``CASES``), the prompts, the presets
-of configs/method built as the runners build them, and LESS's random kernels of that geometry."""
+of configs/method built as the runners build them, a run with a spied method, the bytes of a slot,
+and LESS's random kernels of that geometry."""
 
 from __future__ import annotations
 

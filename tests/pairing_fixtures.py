@@ -1,6 +1,6 @@
 """Stores whose runs do not pair one to one, for the report tests: a user's FullKV run on 3 samples and
 again on 2 beside methods on those 2 (:func:`unequal_store`, :func:`unequal_niah_runs`), and a setting
-run again on other inputs (:func:`rerun_on_other_inputs`)."""
+run again on other inputs (:func:`rerun_on_other_inputs`); :func:`caption` reads a figure's caption."""
 
 from __future__ import annotations
 

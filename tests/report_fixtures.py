@@ -1,6 +1,7 @@
 """A fixture result store written with ResultStore as real runs write it: XSum quality runs (three
 methods x three budgets + FullKV, per-sample ROUGE in predictions.jsonl), a needle grid, and
-efficiency runs with context-growth curves. Scores are seeded random numbers."""
+efficiency runs with context-growth curves. Scores are seeded random numbers. :func:`check_latex`
+checks a LaTeX table's shape."""
 
 from __future__ import annotations
 

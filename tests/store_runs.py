@@ -1,5 +1,5 @@
 """Quality runs in process on the tiny model against a result store: composed configs, a tiny quality
-task, sharded runs and the lines a store holds."""
+task, a run of them (:func:`run`) and the lines a store holds."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ keys: test_kvpress_rotary.py).
 
 Each test prefills one layer of tiny random tensors (2 KV heads, 3 query heads each) and compares
 the positions each head keeps with a straightforward implementation of the rule: full attention
-matrices, explicit inverses, loops over chunks.
+matrices, loops over chunks.
 """
 
 from __future__ import annotations

@@ -224,13 +224,13 @@ def test_pareto_of_ruler_runs_says_why_it_draws_no_bars(tmp_path):
     """RULER's ``avg`` is a run-level mean of task means with no per-sample value: the pareto figure
     draws no interval and its caption says so (and where the paired intervals are), never "bars"."""
     from reports import pareto
-    from tests.pairing_fixtures import caption
+    from tests.pairing_fixtures import caption as figure_caption
 
     store = ResultStore(tmp_path)
     ruler_runs(store, methods=("snapkv",), ratios=(0.5,), per_task=1)
     (plot,) = pareto.build(store, Filters(task="ruler"))
     assert plot.data["ci_low"].isna().all()
-    caption = caption(plot.fig)
+    caption = figure_caption(plot.fig)
     assert "no bars (avg has no per-sample values; paired intervals: python -m reports ruler)" in caption
     assert "bars: 95%" not in caption
 
