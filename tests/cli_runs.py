@@ -12,14 +12,16 @@ from runners.results.store import ResultStore
 from tests.conftest import REPO
 
 
-def run_cli(tmp_path, *overrides: str, data_dir: str | None = None) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
+def store_env(tmp_path: Path) -> dict:
+    """This process's environment with the results and logs of a run under ``tmp_path``."""
+    return os.environ | {
         "KVBENCH_RESULTS_DIR": str(tmp_path / "results"),
         "KVBENCH_LOG_DIR": str(tmp_path / "logs"),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
     }
+
+
+def run_cli(tmp_path, *overrides: str, data_dir: str | None = None) -> subprocess.CompletedProcess:
+    env = store_env(tmp_path) | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     if data_dir is not None:
         env["KVBENCH_DATA_DIR"] = data_dir
     cmd = [sys.executable, "run.py", "logger=table", "runner.progress=false", *overrides]
@@ -30,12 +32,7 @@ TINY = ["task.limit=1", "task.max_new_tokens=4", "logger=table", "runner.progres
 
 
 def sweep_env(tmp_path: Path, data_dir: Path) -> dict:
-    return os.environ | {
-        "KVBENCH_DATA_DIR": str(data_dir),
-        "KVBENCH_RESULTS_DIR": str(tmp_path / "results"),
-        "KVBENCH_LOG_DIR": str(tmp_path / "logs"),
-        "HYDRA_FULL_ERROR": "1",
-    }
+    return store_env(tmp_path) | {"KVBENCH_DATA_DIR": str(data_dir), "HYDRA_FULL_ERROR": "1"}
 
 
 def multirun(tmp_path: Path, data_dir: Path, *overrides: str, timeout: int = 600):

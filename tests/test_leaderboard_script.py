@@ -3,24 +3,20 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
 
+from tests.cli_runs import store_env
 from tests.conftest import REPO
 
 
 @pytest.mark.parametrize("grid", ["quant", "ratios"])
 @pytest.mark.parametrize("shards", ["26", "-1", "abc", "", "26,27", "1,,2", "3,", "1,1", "007", "0x1", " 1"])
 def test_a_bad_shard_list_is_one_error_line_and_nothing_written(tmp_path, grid, shards):
-    env = os.environ | {
-        "KVBENCH_RESULTS_DIR": str(tmp_path / "results"),
-        "KVBENCH_LOG_DIR": str(tmp_path / "logs"),
-    }
     done = subprocess.run(
         ["bash", str(REPO / "scripts" / "leaderboard.sh"), grid, shards],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path, env=store_env(tmp_path), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert (done.returncode, done.stdout) == (2, "")
     (line,) = done.stderr.splitlines()

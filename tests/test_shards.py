@@ -5,7 +5,6 @@ metrics recomputed from every sample), and reports read an unfinished split as i
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from reports.__main__ import main as reports_main
 from runners.results.sharded import INCOMPLETE, ShardedStore, merge, sharded_view
 from runners.results.store import ResultStore, run_id, setting_id
 from tasks.xsum import rouge_f1
+from tests.cli_runs import store_env
 from tests.conftest import REPO
 from tests.store_runs import ROWS, lines, run, tiny_quality
 
@@ -151,8 +151,7 @@ def test_a_slurm_job_array_of_shards_composes():
 
 @pytest.mark.integration
 def test_shards_run_as_parallel_local_processes_through_submitit(tmp_path, setting):
-    env = os.environ | {"KVBENCH_RESULTS_DIR": str(tmp_path / "results"),
-                        "KVBENCH_LOG_DIR": str(tmp_path / "logs"), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env = store_env(tmp_path) | {"OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "run.py", "-m", "hydra/launcher=submitit_local", "method=snapkv", "budget=0.5",
            *setting, "runner.num_shards=2", "runner.shard_index=range(2)"]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
